@@ -1,0 +1,119 @@
+"""``mcp-lossless``: ``serve`` the lossless MCP server (more commands join as they land)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+from dataclasses import fields
+from typing import Any
+
+from .server.config import ServerConfig
+
+
+def _dev_client(value: str) -> tuple[str, str]:
+    client_id, sep, secret = value.partition(":")
+    if not sep or not client_id or not secret:
+        raise argparse.ArgumentTypeError("expected ID:SECRET")
+    return client_id, secret
+
+
+def _serve_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the lossless MCP server (demo tools search and fetch)")
+    p.add_argument("--config", help="TOML file with server settings (flags override it)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--path", help="MCP endpoint path (default /mcp)")
+    p.add_argument("--public-url", help="canonical server URI as clients see it, when behind a proxy")
+    p.add_argument("--store", help="memory | sqlite:PATH (default sqlite:mcp-lossless.db)")
+    p.add_argument("--issuer", help="'dev' for the embedded authorization server (default) or an issuer URL")
+    p.add_argument("--auth", choices=["jwt", "none"], help="'none' disables auth: loopback conformance runs only")
+    p.add_argument(
+        "--dev-client",
+        action="append",
+        type=_dev_client,
+        metavar="ID:SECRET",
+        help="static confidential client of the embedded AS (repeatable)",
+    )
+    p.add_argument(
+        "--least-privilege",
+        action="store_true",
+        default=None,
+        help="embedded AS: every refresh narrows to the resources it asks for",
+    )
+    p.add_argument(
+        "--single-audience",
+        action="store_true",
+        default=None,
+        help="embedded AS: refuse several resources per token (invalid_target), like oidc-provider",
+    )
+    p.add_argument("--token-ttl", type=int, help="embedded AS access token lifetime, seconds")
+    p.add_argument("--json-response", action="store_true", default=None, help="answer POSTs with JSON, not SSE")
+    p.add_argument("--retry-ms", type=int, help="SSE retry: the client's reconnect delay")
+    p.add_argument("--max-body-bytes", type=int)
+    p.add_argument("--session-idle-seconds", type=float)
+    p.add_argument("--allowed-origin", action="append", dest="allowed_origins", metavar="ORIGIN")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def build_config(args: argparse.Namespace) -> ServerConfig:
+    settings: dict[str, Any] = {}
+    if args.config:
+        with open(args.config, "rb") as handle:
+            settings.update(tomllib.load(handle))
+    names = {f.name for f in fields(ServerConfig)}
+    unknown = set(settings) - names
+    if unknown:
+        raise SystemExit(f"unknown settings in {args.config}: {', '.join(sorted(unknown))}")
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None:
+            settings[name] = value
+    if args.dev_client:
+        settings["dev_clients"] = dict(args.dev_client)
+    if "allowed_origins" in settings:
+        settings["allowed_origins"] = tuple(settings["allowed_origins"])
+    if args.auth == "none":
+        settings["issuer"] = None
+    config = ServerConfig(**settings)
+    if config.issuer is None and not config.loopback:
+        raise SystemExit("--auth none is refused on a non-loopback host: it would serve tools to anyone")
+    return config
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .server.app import create_app
+    from .server.observability import configure_logging
+
+    config = build_config(args)
+    configure_logging(config.log_level)
+    app = create_app(config)
+    print(f"mcp-lossless: MCP endpoint  {config.canonical_uri}", file=sys.stderr)
+    print(f"mcp-lossless: metadata      {app.state.prm_url}", file=sys.stderr)
+    if config.issuer == "dev":
+        print(f"mcp-lossless: dev issuer    {config.dev_issuer}", file=sys.stderr)
+        print(f"mcp-lossless: token URL     {config.dev_issuer}/token", file=sys.stderr)
+        print(f"mcp-lossless: dev clients   {', '.join(config.dev_clients)}", file=sys.stderr)
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="mcp-lossless", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        sys.exit(serve(args))

@@ -1,0 +1,19 @@
+"""JSON-RPC error codes: the standard ones and the two this project defines (documented in docs/errors.md)."""
+
+from __future__ import annotations
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+REQUEST_CANCELLED = -32800
+
+DELIVERY_REFUSED = -32041
+"""An event of this request could not be delivered to the stream's token; re-authorize and resume."""
+
+EXECUTION_LOST = -32042
+"""The process running this request ended before it answered; the tool may have run."""
+
+FORBIDDEN = -32043
+"""A tools/call whose token does not cover the tool's resource indicator."""

@@ -1,0 +1,98 @@
+"""Wire frames: SSE events and the JSON-RPC messages that make refusals explicit.
+
+JSON is encoded with orjson, which never emits a raw newline, so a message always fits one ``data:``
+line. Error frames carry no ``id:`` line: an SSE ``id`` moves the client's Last-Event-ID, and the
+cursor must stay on the last event actually delivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from .errors import DELIVERY_REFUSED, EXECUTION_LOST
+from .events import RequestId
+from .replay import Refusal
+
+REFUSAL_LOGGER = "mcp-lossless"
+
+
+def sse(event_id: str | None, data: bytes, retry_ms: int | None = None) -> bytes:
+    """One SSE event. ``event_id=None`` leaves the client's cursor where it is."""
+    head = b""
+    if event_id is not None:
+        head = b"id: " + event_id.encode("ascii") + b"\n"
+    if retry_ms is not None:
+        head += b"retry: %d\n" % retry_ms
+    return head + b"data: " + data + b"\n\n"
+
+
+def dumps(message: dict[str, Any]) -> bytes:
+    return orjson.dumps(message)
+
+
+def result(request_id: RequestId, value: dict[str, Any]) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "result": value})
+
+
+def error(request_id: RequestId | None, code: int, message: str, data: Any = None) -> bytes:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": err})
+
+
+def notification(method: str, params: dict[str, Any]) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params})
+
+
+def refusal_data(refusal: Refusal) -> dict[str, Any]:
+    """The documented ``data`` of a DELIVERY_REFUSED error and of a pre-commit 403 body."""
+    return {
+        "reason": refusal.reason.value,
+        "eventId": refusal.event_id,
+        "requiredResources": list(refusal.missing),
+        "lastEventId": refusal.cursor,
+        "resumable": True,
+    }
+
+
+def refusal_message(refusal: Refusal) -> str:
+    what = "has expired" if refusal.reason.value == "token_expired" else "does not cover"
+    resources = ", ".join(refusal.missing) or "this stream"
+    return (
+        f"event {refusal.event_id} not delivered: the token {what} {resources}; "
+        f"re-authorize and resume from Last-Event-ID {refusal.cursor}"
+    )
+
+
+def refusal_frames(refusal: Refusal, unanswered: Iterable[RequestId]) -> bytes:
+    """In-band refusal on a committed stream: a log notification, then an error per unanswered request.
+
+    Stock clients understand both: logging notifications are surfaced, and the error response ends each
+    affected call explicitly. None of the frames has an ``id:`` line.
+    """
+    data = refusal_data(refusal)
+    message = refusal_message(refusal)
+    out = [
+        sse(
+            None,
+            notification(
+                "notifications/message",
+                {"level": "error", "logger": REFUSAL_LOGGER, "data": {**data, "message": message}},
+            ),
+        )
+    ]
+    out.extend(sse(None, error(rid, DELIVERY_REFUSED, message, data)) for rid in unanswered)
+    return b"".join(out)
+
+
+def execution_lost(request_id: RequestId) -> bytes:
+    return error(
+        request_id,
+        EXECUTION_LOST,
+        "execution lost: the process running this request ended before it answered; the tool may have run",
+        {"reason": "execution_lost", "requestId": request_id, "resumable": False},
+    )

@@ -1,0 +1,23 @@
+"""MCP protocol revisions this implementation speaks, and what each allows."""
+
+from __future__ import annotations
+
+LATEST = "2025-11-25"
+SUPPORTED = ("2025-11-25", "2025-06-18", "2025-03-26")
+STATELESS = "2026-07-28"
+"""Removed sessions and resumption; our server refuses it with a 400 (docs/decisions/0004)."""
+DEFAULT_WITHOUT_HEADER = "2025-03-26"
+
+
+def negotiate(requested: object) -> str:
+    """The version a server answers an ``initialize`` with: the client's if supported, else the latest."""
+    return requested if isinstance(requested, str) and requested in SUPPORTED else LATEST
+
+
+def allows_batches(version: str) -> bool:
+    return version == "2025-03-26"
+
+
+def primes_streams(version: str) -> bool:
+    """Priming events (id + empty data) only for clients that can parse them (>= 2025-11-25)."""
+    return version >= "2025-11-25"

@@ -1,0 +1,263 @@
+"""RFC 8707 resource rules and the in-memory codes, grants and refresh tokens of the development AS.
+
+Nothing here speaks HTTP: the server turns :class:`OAuthError` into an RFC 6749 error response and
+:class:`Issue` into a signed access token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from base64 import urlsafe_b64encode
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+from mcp_lossless.core.resources import InvalidResource, canonical_resource
+
+CODE_TTL = 60.0
+PKCE_VERIFIER = re.compile(r"[A-Za-z0-9\-._~]{43,128}")
+SWEEP_INTERVAL = 60.0
+
+
+class OAuthError(Exception):
+    """An RFC 6749 §5.2 error (``invalid_target`` from RFC 8707 §2)."""
+
+    def __init__(self, error: str, description: str, status: int = 400) -> None:
+        super().__init__(f"{error}: {description}")
+        self.error = error
+        self.description = description
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """What the next access token says, and the refresh token that goes with it (if any)."""
+
+    subject: str
+    client_id: str
+    audience: tuple[str, ...]
+    scope: str
+    refresh_token: str | None = None
+
+
+class ResourceRules:
+    """Which resource indicators exist and how a grant's audience narrows.
+
+    A resource is *within* a grant when the grant names it, or when the grant names the aggregate (the MCP
+    server's own URI) and the resource is one of its tools.
+    """
+
+    def __init__(
+        self,
+        resources: Callable[[], Collection[str]] | Collection[str],
+        aggregate: str,
+        *,
+        least_privilege: bool,
+        single_audience: bool,
+    ) -> None:
+        self._resources = resources
+        self.aggregate = canonical_resource(aggregate)
+        self.least_privilege = least_privilege
+        self.single_audience = single_audience
+
+    def tools(self) -> frozenset[str]:
+        listed = self._resources() if callable(self._resources) else self._resources
+        return frozenset(canonical_resource(r) for r in listed)
+
+    def parse(self, values: Sequence[str]) -> tuple[str, ...]:
+        """Canonical, de-duplicated, known indicators in request order, else ``invalid_target``."""
+        known = self.tools() | {self.aggregate}
+        out: list[str] = []
+        for value in values:
+            try:
+                resource = canonical_resource(value)
+            except InvalidResource as exc:
+                raise OAuthError("invalid_target", str(exc)) from None
+            if resource not in known:
+                raise OAuthError("invalid_target", f"unknown resource indicator: {value!r}")
+            if resource not in out:
+                out.append(resource)
+        return tuple(out)
+
+    def check_within(self, requested: Sequence[str], granted: Sequence[str]) -> None:
+        tools = self.tools() if self.aggregate in granted else frozenset()
+        for resource in requested:
+            if resource not in granted and resource not in tools:
+                raise OAuthError("invalid_target", f"resource {resource!r} is not within the grant")
+
+    def refresh_audience(self, requested: tuple[str, ...], granted: tuple[str, ...]) -> tuple[str, ...]:
+        if not requested:
+            return granted
+        if self.least_privilege or self.aggregate not in granted or self.aggregate in requested:
+            return requested
+        return (*requested, self.aggregate)
+
+    def check_single(self, audience: Sequence[str]) -> None:
+        """Imitates ASes such as oidc-provider that put exactly one audience in a token."""
+        if self.single_audience and len(audience) > 1:
+            raise OAuthError(
+                "invalid_target",
+                "only a single resource indicator value may be requested or resolved per token request",
+            )
+
+
+def narrow_scope(requested: str | None, granted: str) -> str:
+    if requested is None:
+        return granted
+    extra = set(requested.split()) - set(granted.split())
+    if extra:
+        raise OAuthError("invalid_scope", f"scope not granted: {' '.join(sorted(extra))}")
+    return " ".join(requested.split())
+
+
+def s256(verifier: str) -> str:
+    return urlsafe_b64encode(hashlib.sha256(verifier.encode("ascii")).digest()).rstrip(b"=").decode("ascii")
+
+
+@dataclass(slots=True)
+class _Code:
+    client_id: str
+    redirect_uri: str
+    challenge: str
+    subject: str
+    resources: tuple[str, ...]
+    scope: str
+    expires_at: float
+    grant_id: str | None = None  # set once redeemed, so a replay can revoke what it produced
+
+
+def _binding_mismatch(record: _Code, client_id: str, redirect_uri: str, verifier: str) -> str | None:
+    if record.client_id != client_id:
+        return "authorization code was issued to another client"
+    if record.redirect_uri != redirect_uri:
+        return "redirect_uri differs from the authorization request"
+    if not PKCE_VERIFIER.fullmatch(verifier):
+        return "code_verifier must be 43-128 characters of [A-Za-z0-9-._~] (RFC 7636)"
+    if not hmac.compare_digest(s256(verifier), record.challenge):
+        return "code_verifier does not match the code_challenge (PKCE)"
+    return None
+
+
+@dataclass(slots=True)
+class _Grant:
+    client_id: str
+    subject: str
+    resources: tuple[str, ...]
+    scope: str
+    rotates: bool
+    refresh_tokens: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Refresh:
+    grant_id: str
+    expires_at: float
+    rotated: bool = False
+
+
+class GrantStore:
+    """Authorization codes (single use, PKCE-bound) and refresh-token grants, all in memory."""
+
+    def __init__(self, rules: ResourceRules, *, refresh_ttl: float, clock: Callable[[], float]) -> None:
+        self._rules = rules
+        self._refresh_ttl = refresh_ttl
+        self._clock = clock
+        self._codes: dict[str, _Code] = {}
+        self._grants: dict[str, _Grant] = {}
+        self._refresh: dict[str, _Refresh] = {}
+        self._swept_at = clock()
+
+    def issue_code(
+        self,
+        *,
+        client_id: str,
+        redirect_uri: str,
+        challenge: str,
+        subject: str,
+        resources: tuple[str, ...],
+        scope: str,
+    ) -> str:
+        self._sweep()
+        code = secrets.token_urlsafe(32)
+        expires_at = self._clock() + CODE_TTL
+        self._codes[code] = _Code(client_id, redirect_uri, challenge, subject, resources, scope, expires_at)
+        return code
+
+    def exchange_code(
+        self,
+        code: str,
+        *,
+        client_id: str,
+        redirect_uri: str,
+        verifier: str,
+        requested: tuple[str, ...],
+        scope: str | None,
+        public_client: bool,
+    ) -> Issue:
+        """A binding mismatch burns the code; a bad ``resource`` or ``scope`` leaves it usable."""
+        self._sweep()
+        record = self._codes.get(code)
+        if record is None or record.expires_at <= self._clock():
+            raise OAuthError("invalid_grant", "authorization code is unknown or expired")
+        if record.grant_id is not None:
+            self._revoke(record.grant_id)
+            raise OAuthError("invalid_grant", "authorization code was already used; its tokens are revoked")
+        mismatch = _binding_mismatch(record, client_id, redirect_uri, verifier)
+        if mismatch is not None:
+            del self._codes[code]
+            raise OAuthError("invalid_grant", mismatch)
+        self._rules.check_within(requested, record.resources)
+        audience = requested or record.resources
+        self._rules.check_single(audience)
+        granted_scope = narrow_scope(scope, record.scope)
+        grant_id = secrets.token_urlsafe(16)
+        self._grants[grant_id] = _Grant(client_id, record.subject, record.resources, record.scope, public_client)
+        record.grant_id = grant_id
+        return Issue(record.subject, client_id, audience, granted_scope, self._new_refresh(grant_id))
+
+    def refresh(self, token: str, *, client_id: str, requested: tuple[str, ...], scope: str | None) -> Issue:
+        """Narrow (never widen) the grant's audience; rotate the token for public clients."""
+        self._sweep()
+        record = self._refresh.get(token)
+        grant = self._grants.get(record.grant_id) if record is not None else None
+        if record is None or grant is None or record.expires_at <= self._clock():
+            raise OAuthError("invalid_grant", "refresh token is unknown, expired or revoked")
+        if grant.client_id != client_id:
+            raise OAuthError("invalid_grant", "refresh token was issued to another client")
+        if record.rotated:
+            self._revoke(record.grant_id)
+            raise OAuthError("invalid_grant", "refresh token was already used; its grant is revoked")
+        self._rules.check_within(requested, grant.resources)
+        audience = self._rules.refresh_audience(requested, grant.resources)
+        self._rules.check_single(audience)
+        granted_scope = narrow_scope(scope, grant.scope)
+        if grant.rotates:
+            record.rotated = True
+            token = self._new_refresh(record.grant_id)
+        return Issue(grant.subject, client_id, audience, granted_scope, token)
+
+    def _new_refresh(self, grant_id: str) -> str:
+        token = secrets.token_urlsafe(32)
+        self._refresh[token] = _Refresh(grant_id, self._clock() + self._refresh_ttl)
+        self._grants[grant_id].refresh_tokens.append(token)
+        return token
+
+    def _revoke(self, grant_id: str) -> None:
+        grant = self._grants.pop(grant_id, None)
+        for token in grant.refresh_tokens if grant is not None else ():
+            self._refresh.pop(token, None)
+
+    def _sweep(self) -> None:
+        """Drop expired codes and refresh tokens now and then, so a long dev session stays small."""
+        now = self._clock()
+        if now - self._swept_at < SWEEP_INTERVAL:
+            return
+        self._swept_at = now
+        self._codes = {c: r for c, r in self._codes.items() if r.expires_at > now}
+        self._refresh = {t: r for t, r in self._refresh.items() if r.expires_at > now}
+        for grant_id, grant in list(self._grants.items()):
+            grant.refresh_tokens = [t for t in grant.refresh_tokens if t in self._refresh]
+            if not grant.refresh_tokens:
+                del self._grants[grant_id]

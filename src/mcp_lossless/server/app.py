@@ -1,0 +1,191 @@
+"""The ASGI application: the MCP endpoint, protected resource metadata, metrics and the dev AS, composed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from urllib.parse import urlsplit
+
+import httpx
+
+from ..asgi import Receive, Scope, Send, header, respond, respond_json
+from ..core.resources import canonical_resource
+from ..stores.base import EventStore, open_store
+from . import metadata
+from .auth import JwtVerifier, RemoteJwks, StaticJwks, TokenVerifier, discover_jwks_uri
+from .config import LOOPBACK_HOSTS, ServerConfig
+from .demo import demo_tools
+from .observability import log_decision, now
+from .state import ServerState
+from .tools import ToolRegistry
+from .transport import Transport, rpc_error
+
+log = logging.getLogger("mcp_lossless.app")
+
+
+def _host_of(value: str) -> str:
+    """``host`` of a ``Host`` header value or an origin URL, without port or brackets."""
+    netloc = urlsplit(value).netloc if "://" in value else value
+    if netloc.startswith("["):
+        return netloc[1 : netloc.find("]")]
+    return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
+
+
+class LosslessApp:
+    """Build with :func:`create_app`; serve with any ASGI server (the CLI uses uvicorn)."""
+
+    def __init__(self, state: ServerState, dev_as: object | None = None) -> None:
+        self.state = state
+        self.config = state.config
+        self.transport = Transport(state)
+        self.dev_as = dev_as
+        self._dev_prefix = urlsplit(self.config.dev_issuer).path if dev_as is not None else None
+        self._prm = {metadata.metadata_path(r): r for r in state.resources()}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http_request(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _http_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        if path == self.config.path or path == self.config.path + "/":
+            if await self._rebinding_guard(scope, send):
+                await self.transport(scope, receive, send)
+        elif path in self._prm and scope["method"] in ("GET", "HEAD"):
+            resource = self._prm[path]
+            await respond_json(
+                send,
+                200,
+                metadata.metadata_document(resource, self.state.authorization_servers, f"mcp-lossless {resource}"),
+                [(b"access-control-allow-origin", b"*")],
+            )
+        elif path == metadata.PRM_WELL_KNOWN and scope["method"] == "GET":
+            await respond_json(
+                send,
+                200,
+                metadata.metadata_document(self.state.canonical, self.state.authorization_servers, "mcp-lossless"),
+            )
+        elif path == "/metrics":
+            await respond(send, 200, self.state.metrics.render(), b"text/plain; version=0.0.4")
+        elif self.dev_as is not None and self._dev_paths(path):
+            await self.dev_as(scope, receive, send)  # type: ignore[operator]
+        else:
+            await respond_json(send, 404, {"error": "not_found", "error_description": f"no resource at {path}"})
+
+    def _dev_paths(self, path: str) -> bool:
+        prefix = self._dev_prefix or ""
+        return path.startswith(prefix + "/") or (path.startswith("/.well-known/") and path.endswith(prefix))
+
+    async def _rebinding_guard(self, scope: Scope, send: Send) -> bool:
+        """DNS-rebinding protection: Origin (and, on loopback, Host) must be ours (MCP transport MUST)."""
+        config = self.config
+        origin = header(scope, b"origin")
+        if origin is not None and origin != "null":
+            allowed = (
+                origin in config.allowed_origins
+                or origin.rstrip("/") == config.base_url
+                or (config.loopback and _host_of(origin) in LOOPBACK_HOSTS)
+            )
+            if not allowed:
+                await respond_json(send, 403, rpc_error(-32600, f"origin {origin!r} is not allowed"))
+                return False
+        host = header(scope, b"host")
+        if config.loopback and config.public_url is None and host is not None and _host_of(host) not in LOOPBACK_HOSTS:
+            await respond_json(send, 403, rpc_error(-32600, f"host {host!r} is not allowed for a loopback server"))
+            return False
+        return True
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def startup(self) -> None:
+        state = self.state
+        await state.start()
+        issuer = self.config.issuer
+        if state.verifier is None and issuer is not None and issuer != "dev":
+            self._http = httpx.AsyncClient(timeout=10)
+            jwks_uri = await discover_jwks_uri(issuer, self._http)
+            state.verifier = JwtVerifier(
+                issuer, RemoteJwks(jwks_uri, http=self._http), leeway=self.config.leeway_seconds
+            )
+        self._sweeper = asyncio.create_task(self._sweep())
+        log_decision(
+            "started",
+            canonical=state.canonical,
+            store=self.config.store.split(":", 1)[0],
+            auth=issuer or "none",
+            instance=state.instance,
+        )
+
+    async def shutdown(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for session in self.state.sessions.all():
+            await session.close("shutdown")
+        await self.state.store.close()
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def _sweep(self) -> None:
+        idle = self.config.session_idle_seconds
+        while True:
+            await asyncio.sleep(min(60.0, idle / 4))
+            expired = await self.state.sessions.expire(now() - idle)
+            if expired:
+                log_decision("sessions_expired", count=expired)
+                self.state.metrics.sessions.set(len(self.state.sessions))
+
+
+def create_app(
+    config: ServerConfig,
+    tools: ToolRegistry | None = None,
+    *,
+    store: EventStore | None = None,
+    verifier: TokenVerifier | None = None,
+) -> LosslessApp:
+    """The server for ``config``. ``issuer="dev"`` mounts the embedded authorization server under /dev-as."""
+    registry = tools if tools is not None else demo_tools()
+    store = store if store is not None else open_store(config.store)
+    dev_as = None
+    servers: list[str] = []
+    if config.issuer == "dev":
+        from ..devauth.server import DevAuthServer
+
+        canonical = canonical_resource(config.canonical_uri)
+        dev_as = DevAuthServer(
+            config.dev_issuer,
+            resources=[canonical_resource(t.resource or f"{canonical}/tools/{n}") for n, t in registry.tools.items()],
+            aggregate=canonical,
+            clients=config.dev_clients,
+            least_privilege=config.least_privilege,
+            single_audience=config.single_audience,
+            token_ttl=config.token_ttl,
+        )
+        if verifier is None:
+            verifier = JwtVerifier(config.dev_issuer, StaticJwks(dev_as.keys), leeway=config.leeway_seconds)
+        servers = [config.dev_issuer]
+    elif config.issuer is not None:
+        servers = [config.issuer]
+    state = ServerState(config, registry, store, verifier, servers)
+    return LosslessApp(state, dev_as)

@@ -1,0 +1,81 @@
+"""Everything a request handler needs, built once per server: settings, tools, policy, store, codec, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from ..core.eventids import EventIdCodec, new_key
+from ..core.principal import ANONYMOUS, Grant
+from ..core.resources import AudiencePolicy, canonical_resource
+from ..stores.base import EventStore
+from . import metadata
+from .auth import TokenVerifier
+from .config import ServerConfig
+from .observability import Metrics
+from .sessions import SessionRegistry
+from .tools import RESOURCE_META_KEY, ToolRegistry
+
+
+class ServerState:
+    def __init__(
+        self,
+        config: ServerConfig,
+        tools: ToolRegistry,
+        store: EventStore,
+        verifier: TokenVerifier | None,
+        authorization_servers: Iterable[str] = (),
+    ) -> None:
+        self.config = config
+        canonical = canonical_resource(config.canonical_uri)
+        self.canonical = canonical
+        self.tools = tools.tools
+        self.tool_resource = {
+            name: canonical_resource(tool.resource or f"{canonical}/tools/{name}") for name, tool in self.tools.items()
+        }
+        self.tool_tags = {name: frozenset({uri}) for name, uri in self.tool_resource.items()}
+        """One interned tag set per tool: replay checks memoize on it."""
+        self.policy = AudiencePolicy(canonical, self.tool_resource.values())
+        self.tools_list = [self._describe(name) for name in self.tools]
+        self.store = store
+        self.sessions = SessionRegistry(store)
+        self.verifier = verifier
+        self.authorization_servers = list(authorization_servers)
+        self.metrics = Metrics()
+        self.instance = new_key(os.urandom(12))
+        """This process; streams it opens are its own until it dies."""
+        self.anonymous = Grant(ANONYMOUS, frozenset({canonical}))
+        self.leeway = config.leeway_seconds
+        self.orphan_lock = asyncio.Lock()
+        self.prm_url = metadata.metadata_url(canonical)
+        self._codec: EventIdCodec | None = None
+
+    @property
+    def codec(self) -> EventIdCodec:
+        if self._codec is None:
+            raise RuntimeError("server not started: the event-id secret comes from the store at startup")
+        return self._codec
+
+    async def start(self) -> None:
+        await self.store.open()
+        self._codec = EventIdCodec(await self.store.secret())
+
+    def _describe(self, name: str) -> dict[str, Any]:
+        tool = self.tools[name]
+        entry: dict[str, Any] = {"name": name, "description": tool.description, "inputSchema": tool.input_schema()}
+        if tool.annotations:
+            entry["annotations"] = tool.annotations
+        entry["_meta"] = {RESOURCE_META_KEY: self.tool_resource[name]}
+        return entry
+
+    def resources(self) -> list[str]:
+        """Every resource indicator this server answers for: the aggregate first, then each tool's."""
+        return [self.canonical, *self.tool_resource.values()]
+
+    def prm_url_for(self, resource: str) -> str:
+        return metadata.metadata_url(resource)
+
+    def challenge(self, error: str | None, description: str | None, prm: str, resources: Iterable[str] = ()) -> bytes:
+        return metadata.challenge(error, description, prm, resources)

@@ -1,0 +1,96 @@
+"""Streams this process is producing, and the append path that keeps store-before-send order."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..core.eventids import EventIdCodec
+from ..core.events import RequestId, StoredEvent, StreamRecord
+from ..stores.base import EventStore
+
+
+class LiveStream:
+    """A stream with events still to come from this process.
+
+    Events are stored before they are published here, and published in position order, so any writer
+    that sends what it finds here never sends an event a resume could not find again.
+    """
+
+    __slots__ = ("_lock", "_waiters", "close_generation", "done", "events", "generation", "record", "writer")
+
+    def __init__(self, record: StreamRecord) -> None:
+        self.record = record
+        self.events: list[StoredEvent] = []
+        self.done = False
+        self.generation = 0
+        """Bumped when a writer attaches; an older writer sees it and steps aside."""
+        self.writer: int | None = None
+        """Generation of the writer currently sending this stream, if any."""
+        self.close_generation = -1
+        """A tool asked to close the connection of this writer generation (SEP-1699)."""
+        self._lock = asyncio.Lock()
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def after(self, seq: int) -> list[StoredEvent]:
+        events = self.events
+        if not events:
+            return []
+        start = max(0, seq + 1 - events[0].seq)
+        return events[start:] if start < len(events) else []
+
+    def notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def waiter(self) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        return future
+
+    def attach(self) -> int:
+        self.generation += 1
+        self.notify()
+        return self.generation
+
+    def request_close(self) -> None:
+        self.close_generation = self.generation
+        self.notify()
+
+    async def append(
+        self,
+        store: EventStore,
+        codec: EventIdCodec,
+        data: bytes,
+        request_id: RequestId | None = None,
+        tool: str | None = None,
+        resources: frozenset[str] = frozenset(),
+        terminal: bool = False,
+    ) -> StoredEvent:
+        """Store one event, then publish it; returns it. Completion is recorded when the last request is answered."""
+        record = self.record
+        async with self._lock:
+            seq = record.last_seq + 1
+            event = StoredEvent(
+                record.session_id,
+                record.stream,
+                seq,
+                codec.encode(record.session_id, record.stream, seq),
+                data,
+                request_id,
+                tool,
+                resources,
+                terminal,
+            )
+            await store.append(event)
+            record.last_seq = seq
+            if terminal and request_id is not None:
+                record.answered = record.answered | {request_id}
+            self.events.append(event)
+            if record.requests and not record.unanswered():
+                record.completed = True
+                await store.complete_stream(record.stream)
+                self.done = True
+        self.notify()
+        return event

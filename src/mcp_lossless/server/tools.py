@@ -1,0 +1,170 @@
+"""Declaring tools: a typed function becomes an MCP tool with an input schema and a resource indicator.
+
+Each tool names the RFC 8707 resource a token must cover to call it (by default
+``<canonical server URI>/tools/<name>``); ``tools/list`` publishes it under :data:`RESOURCE_META_KEY`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+import pydantic
+
+from ..core.principal import Grant, Principal
+
+RESOURCE_META_KEY = "io.github.mcp-lossless/resource"
+
+ToolResult = str | dict[str, Any]
+
+
+class ToolContext:
+    """What a running tool may use: its caller, progress reporting, cancellation, stream control."""
+
+    __slots__ = ("_close_stream", "_progress", "_progress_token", "cancelled", "grant", "request_id")
+
+    def __init__(
+        self,
+        grant: Grant,
+        request_id: str | int,
+        progress_token: str | int | None,
+        progress: Callable[[dict[str, Any]], Awaitable[None]],
+        close_stream: Callable[[], None],
+    ) -> None:
+        self.grant = grant
+        self.request_id = request_id
+        self.cancelled = asyncio.Event()
+        self._progress_token = progress_token
+        self._progress = progress
+        self._close_stream = close_stream
+
+    @property
+    def principal(self) -> Principal:
+        return self.grant.principal
+
+    async def report_progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """Send ``notifications/progress`` when the caller asked for it (a request ``progressToken``)."""
+        if self._progress_token is None:
+            return
+        params: dict[str, Any] = {"progressToken": self._progress_token, "progress": progress}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        await self._progress(params)
+
+    def close_stream(self) -> None:
+        """Close the SSE connection now (SEP-1699 polling); the client resumes with GET + Last-Event-ID."""
+        self._close_stream()
+
+
+class ToolInputError(ValueError):
+    pass
+
+
+@dataclass(slots=True)
+class Tool:
+    name: str
+    description: str
+    fn: Callable[..., Awaitable[ToolResult]]
+    arguments: type[pydantic.BaseModel]
+    context_param: str | None
+    annotations: dict[str, Any] = field(default_factory=dict)
+    resource: str | None = None
+    """Explicit resource indicator; ``None`` means ``<canonical>/tools/<name>``."""
+
+    def input_schema(self) -> dict[str, Any]:
+        schema = self.arguments.model_json_schema()
+        schema.pop("title", None)
+        return schema
+
+    def bind(self, raw: object) -> dict[str, Any]:
+        """Validate call arguments; a :class:`ToolInputError` says which argument is wrong."""
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ToolInputError("arguments must be an object")
+        try:
+            model = self.arguments.model_validate(raw)
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors())
+            raise ToolInputError(problems) from None
+        return {name: getattr(model, name) for name in type(model).model_fields}
+
+
+def _arguments_model(name: str, fn: Callable[..., Any]) -> tuple[type[pydantic.BaseModel], str | None]:
+    hints = get_type_hints(fn)
+    fields: dict[str, Any] = {}
+    context_param = None
+    for param in inspect.signature(fn).parameters.values():
+        hint = hints.get(param.name, Any)
+        if hint is ToolContext:
+            context_param = param.name
+            continue
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (hint, default)
+    config = pydantic.ConfigDict(extra="forbid")
+    model = pydantic.create_model(f"{name}_arguments", __config__=config, **fields)
+    return model, context_param
+
+
+class ToolRegistry:
+    """The tools a server offers, in declaration order."""
+
+    def __init__(self) -> None:
+        self.tools: dict[str, Tool] = {}
+
+    def tool(
+        self,
+        name: str | None = None,
+        *,
+        description: str | None = None,
+        resource: str | None = None,
+        idempotent: bool | None = None,
+        read_only: bool | None = None,
+        title: str | None = None,
+    ) -> Callable[[Callable[..., Awaitable[ToolResult]]], Callable[..., Awaitable[ToolResult]]]:
+        """Register an async function as a tool. Parameters typed :class:`ToolContext` receive the context."""
+
+        def register(fn: Callable[..., Awaitable[ToolResult]]) -> Callable[..., Awaitable[ToolResult]]:
+            tool_name = name or fn.__name__
+            if tool_name in self.tools:
+                raise ValueError(f"tool {tool_name!r} declared twice")
+            if not inspect.iscoroutinefunction(fn):
+                raise TypeError(f"tool {tool_name!r} must be an async function")
+            arguments, context_param = _arguments_model(tool_name, fn)
+            annotations: dict[str, Any] = {}
+            if title is not None:
+                annotations["title"] = title
+            if idempotent is not None:
+                annotations["idempotentHint"] = idempotent
+            if read_only is not None:
+                annotations["readOnlyHint"] = read_only
+            self.tools[tool_name] = Tool(
+                name=tool_name,
+                description=description or inspect.getdoc(fn) or "",
+                fn=fn,
+                arguments=arguments,
+                context_param=context_param,
+                annotations=annotations,
+                resource=resource,
+            )
+            return fn
+
+        return register
+
+
+def content_of(value: ToolResult) -> dict[str, Any]:
+    """A ``CallToolResult`` from what a tool returned: text for a string, as-is for a result dict."""
+    if isinstance(value, str):
+        return {"content": [{"type": "text", "text": value}], "isError": False}
+    if "content" in value:
+        return value
+    return {
+        "content": [{"type": "text", "text": pydantic.TypeAdapter(Any).dump_json(value).decode()}],
+        "structuredContent": value,
+        "isError": False,
+    }

@@ -1,0 +1,692 @@
+"""The Streamable HTTP endpoint: POST opens a stream per request batch, GET resumes or listens, DELETE ends.
+
+Everything a client can get wrong is answered with a status and a JSON body saying what; nothing raises to
+the ASGI server. Replays are planned against the resuming token before any byte is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import orjson
+
+from .. import __version__
+from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, respond, respond_json
+from ..core import errors, frames, protocol
+from ..core.eventids import Cursor, CursorProblem, Unverified, new_key
+from ..core.events import PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
+from ..core.principal import Grant
+from ..core.replay import DeliveryGate, Refusal, plan_replay
+from ..stores.base import EventsEvicted, StoreUnavailable
+from .auth import InvalidToken
+from .observability import fingerprint, log_decision, now
+from .sessions import Session
+from .state import ServerState
+from .streams import LiveStream
+from .tools import ToolContext, ToolInputError, content_of
+
+log = logging.getLogger("mcp_lossless.transport")
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),
+]
+CURSOR_STATUS = {
+    CursorProblem.MALFORMED: 400,
+    CursorProblem.UNKNOWN: 400,
+    CursorProblem.FOREIGN_SESSION: 409,
+    CursorProblem.FOREIGN_STREAM: 409,
+    CursorProblem.EVICTED: 410,
+}
+CURSOR_TEXT = {
+    CursorProblem.MALFORMED: "Last-Event-ID is not an event id this server issues",
+    CursorProblem.UNKNOWN: "Last-Event-ID names no event of this session",
+    CursorProblem.FOREIGN_SESSION: "Last-Event-ID belongs to another session",
+    CursorProblem.FOREIGN_STREAM: "Last-Event-ID does not belong to the stream it names",
+    CursorProblem.EVICTED: "events after Last-Event-ID are no longer retained; replaying the rest would lose them",
+}
+
+
+class ToolError(Exception):
+    """Raise from a tool to return an ``isError`` result whose text the caller may see."""
+
+
+def rpc_error(code: int, message: str, request_id: RequestId | None = None, data: Any = None) -> dict[str, Any]:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": err}
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+class Transport:
+    def __init__(self, state: ServerState) -> None:
+        self.s = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        try:
+            if method == "POST":
+                await self.post(scope, receive, send)
+            elif method == "GET":
+                await self.get(scope, receive, send)
+            elif method == "DELETE":
+                await self.delete(scope, send)
+            else:
+                await respond_json(
+                    send,
+                    405,
+                    rpc_error(errors.INVALID_REQUEST, "use POST, GET or DELETE"),
+                    [(b"allow", b"GET, POST, DELETE")],
+                )
+        except StoreUnavailable:
+            await respond_json(
+                send,
+                503,
+                rpc_error(errors.INTERNAL_ERROR, "event store unavailable; retry later"),
+                [(b"retry-after", b"1")],
+            )
+
+    # -- shared checks -------------------------------------------------------------------------------
+
+    async def _authenticate(self, scope: Scope, send: Send) -> Grant | None:
+        s = self.s
+        if s.verifier is None:
+            return s.anonymous
+        raw = header(scope, b"authorization")
+        prm = s.prm_url
+        if raw is None or not raw.lower().startswith("bearer "):
+            await respond_json(
+                send,
+                401,
+                rpc_error(errors.INVALID_REQUEST, "authorization required"),
+                [(b"www-authenticate", s.challenge(None, None, prm))],
+            )
+            return None
+        try:
+            grant = await s.verifier.verify(raw[7:].strip())
+        except InvalidToken as exc:
+            await self._invalid_token(send, exc.description)
+            return None
+        if not s.policy.admits(grant.audience):
+            await self._invalid_token(send, "token audience does not include this server or any of its tools")
+            return None
+        return grant
+
+    async def _invalid_token(self, send: Send, description: str) -> None:
+        await respond_json(
+            send,
+            401,
+            rpc_error(errors.INVALID_REQUEST, description),
+            [(b"www-authenticate", self.s.challenge("invalid_token", description, self.s.prm_url))],
+        )
+
+    async def _version(self, scope: Scope, send: Send, session: Session | None) -> str | None:
+        value = header(scope, b"mcp-protocol-version")
+        if value is None:
+            return session.version if session is not None else protocol.DEFAULT_WITHOUT_HEADER
+        if value in protocol.SUPPORTED:
+            return value
+        if value == protocol.STATELESS:
+            message = (
+                f"protocol {value} (stateless, no resumption) is not served here; "
+                f"initialize with one of {', '.join(protocol.SUPPORTED)}"
+            )
+        else:
+            message = f"unsupported MCP-Protocol-Version {value!r}; supported: {', '.join(protocol.SUPPORTED)}"
+        await respond_json(
+            send, 400, rpc_error(errors.INVALID_REQUEST, message, data={"supported": list(protocol.SUPPORTED)})
+        )
+        return None
+
+    async def _session(self, scope: Scope, send: Send, grant: Grant) -> Session | None:
+        session_id = header(scope, b"mcp-session-id")
+        if session_id is None:
+            await respond_json(send, 400, rpc_error(errors.INVALID_REQUEST, "Mcp-Session-Id header required"))
+            return None
+        session = await self.s.sessions.find(session_id, grant.principal)
+        if session is None:
+            await respond_json(send, 404, rpc_error(errors.INVALID_REQUEST, "session not found"))
+            return None
+        await self.s.sessions.touch(session, now())
+        return session
+
+    # -- POST ----------------------------------------------------------------------------------------
+
+    async def post(self, scope: Scope, receive: Receive, send: Send) -> None:
+        s = self.s
+        grant = await self._authenticate(scope, send)
+        if grant is None:
+            return
+        accept = header(scope, b"accept") or ""
+        if "application/json" not in accept or "text/event-stream" not in accept:
+            await respond_json(
+                send,
+                406,
+                rpc_error(errors.INVALID_REQUEST, "Accept must list both application/json and text/event-stream"),
+            )
+            return
+        content_type = header(scope, b"content-type") or ""
+        if not content_type.lower().startswith("application/json"):
+            await respond_json(send, 415, rpc_error(errors.INVALID_REQUEST, "Content-Type must be application/json"))
+            return
+        try:
+            body = await read_body(receive, s.config.max_body_bytes)
+        except BodyTooLarge:
+            await respond_json(
+                send, 413, rpc_error(errors.INVALID_REQUEST, f"body exceeds {s.config.max_body_bytes} bytes")
+            )
+            return
+        except ClientGone:
+            return
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            await respond_json(send, 400, rpc_error(errors.PARSE_ERROR, f"body is not JSON: {exc.msg}"))
+            return
+        messages = payload if isinstance(payload, list) else [payload]
+        problem = _validate(messages)
+        if problem is not None:
+            await respond_json(send, 400, rpc_error(errors.INVALID_REQUEST, problem))
+            return
+        first = messages[0]
+        if first.get("method") == "initialize" and "id" in first:
+            if len(messages) > 1:
+                await respond_json(send, 400, rpc_error(errors.INVALID_REQUEST, "initialize cannot be batched"))
+                return
+            await self._initialize(send, grant, first)
+            return
+        session = await self._session(scope, send, grant)
+        if session is None:
+            return
+        version = await self._version(scope, send, session)
+        if version is None:
+            return
+        if isinstance(payload, list) and not protocol.allows_batches(session.version):
+            await respond_json(
+                send,
+                400,
+                rpc_error(
+                    errors.INVALID_REQUEST,
+                    "JSON-RPC batches are only accepted on sessions negotiated at 2025-03-26 "
+                    f"(this one: {session.version})",
+                ),
+            )
+            return
+        requests = []
+        for message in messages:
+            if "method" in message and "id" in message:
+                requests.append(message)
+            elif message.get("method") == "notifications/cancelled":
+                self._cancel(session, message.get("params"))
+        if not requests:
+            await respond(send, 202)
+            return
+        pending, refused = self._plan_requests(session, requests, grant)
+        if refused:
+            await self._forbid_call(send, refused, requests)
+            return
+        await self._open_post_stream(
+            scope, receive, send, session, grant, version, requests, pending, batch=isinstance(payload, list)
+        )
+
+    async def _initialize(self, send: Send, grant: Grant, message: dict[str, Any]) -> None:
+        params = message.get("params")
+        version = protocol.negotiate(params.get("protocolVersion") if isinstance(params, dict) else None)
+        session = await self.s.sessions.create(grant.principal, version, now())
+        self.s.metrics.sessions.set(len(self.s.sessions))
+        result = {
+            "protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": False}, "logging": {}},
+            "serverInfo": {"name": "mcp-lossless", "version": __version__},
+            "instructions": "Tool results are never lost or leaked: resume with GET + Last-Event-ID.",
+        }
+        log_decision("session_created", session=fingerprint(session.id), version=version)
+        await respond(
+            send,
+            200,
+            frames.result(message["id"], result),
+            b"application/json",
+            [(b"mcp-session-id", session.id.encode())],
+        )
+
+    def _cancel(self, session: Session, params: object) -> None:
+        if isinstance(params, dict):
+            task = session.tasks.get(params.get("requestId"))  # type: ignore[arg-type]
+            if task is not None:
+                task.cancel("cancelled by client")
+
+    def _plan_requests(
+        self, session: Session, requests: list[dict[str, Any]], grant: Grant
+    ) -> tuple[list[PendingRequest], list[str]]:
+        """Each request with the resources its events need; the resources the token lacks for any call."""
+        pending = []
+        refused: set[str] = set()
+        for message in requests:
+            tool_name = None
+            resources: frozenset[str] = frozenset()
+            if message["method"] == "tools/call":
+                params = message.get("params")
+                name = params.get("name") if isinstance(params, dict) else None
+                tool = self.s.tools.get(name) if isinstance(name, str) else None
+                if tool is not None:
+                    tool_name = tool.name
+                    resources = self.s.tool_tags[tool.name]
+                    refused |= self.s.policy.missing(grant.audience, resources)
+            pending.append(PendingRequest(message["id"], message["method"], tool_name, resources))
+        return pending, sorted(refused)
+
+    async def _forbid_call(self, send: Send, missing: list[str], requests: list[dict[str, Any]]) -> None:
+        s = self.s
+        description = f"token audience does not cover {' '.join(missing)}"
+        self.s.metrics.refusals.labels("insufficient_audience", "call").inc()
+        body = [rpc_error(errors.FORBIDDEN, description, m["id"], {"requiredResources": missing}) for m in requests]
+        await respond_json(
+            send,
+            403,
+            body if len(body) > 1 else body[0],
+            [(b"www-authenticate", s.challenge("insufficient_scope", description, s.prm_url_for(missing[0]), missing))],
+        )
+
+    async def _open_post_stream(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        session: Session,
+        grant: Grant,
+        version: str,
+        requests: list[dict[str, Any]],
+        pending: list[PendingRequest],
+        batch: bool,
+    ) -> None:
+        s = self.s
+        record = StreamRecord(session.id, new_key(os.urandom(16)), StreamKind.POST, s.instance, tuple(pending))
+        await s.store.open_stream(record)
+        live = LiveStream(record)
+        session.live[record.stream] = live
+        s.metrics.streams.labels("post").inc()
+        sse = not s.config.json_response
+        if sse and protocol.primes_streams(version):
+            await live.append(s.store, s.codec, b"")
+        for message, request in zip(requests, pending, strict=True):
+            await self._dispatch(session, live, grant, message, request)
+        if sse:
+            await self._write(receive, send, session, live, DeliveryGate(grant, s.policy, None, s.leeway), -1, b"")
+        else:
+            await self._write_json(receive, send, live, batch)
+
+    async def _dispatch(
+        self, session: Session, live: LiveStream, grant: Grant, message: dict[str, Any], request: PendingRequest
+    ) -> None:
+        s = self.s
+        rid = request.request_id
+        method = request.method
+        if rid in session.tasks or sum(1 for r in live.record.requests if r.request_id == rid) > 1:
+            await self._answer(
+                live,
+                request,
+                frames.error(rid, errors.INVALID_REQUEST, f"request id {rid!r} is already in use in this session"),
+            )
+            return
+        if method == "ping":
+            await self._answer(live, request, frames.result(rid, {}))
+        elif method == "tools/list":
+            await self._answer(live, request, frames.result(rid, {"tools": s.tools_list}))
+        elif method == "tools/call":
+            params = message.get("params")
+            if request.tool is None:
+                name = params.get("name") if isinstance(params, dict) else None
+                await self._answer(live, request, frames.error(rid, errors.INVALID_PARAMS, f"unknown tool {name!r}"))
+                return
+            assert isinstance(params, dict)
+            task = asyncio.create_task(self._run_tool(session, live, grant, request, params))
+            session.tasks[rid] = task
+        elif method == "logging/setLevel":
+            await self._answer(live, request, frames.result(rid, {}))
+        else:
+            await self._answer(
+                live, request, frames.error(rid, errors.METHOD_NOT_FOUND, f"method {method!r} not found")
+            )
+
+    async def _answer(self, live: LiveStream, request: PendingRequest, data: bytes) -> None:
+        await live.append(
+            self.s.store, self.s.codec, data, request.request_id, request.tool, request.resources, terminal=True
+        )
+
+    async def _run_tool(
+        self, session: Session, live: LiveStream, grant: Grant, request: PendingRequest, params: dict[str, Any]
+    ) -> None:
+        s = self.s
+        rid = request.request_id
+        tool = s.tools[request.tool or ""]
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+
+        async def progress(values: dict[str, Any]) -> None:
+            await live.append(
+                s.store,
+                s.codec,
+                frames.notification("notifications/progress", values),
+                rid,
+                request.tool,
+                request.resources,
+            )
+
+        ctx = ToolContext(grant, rid, token if _is_id(token) else None, progress, live.request_close)
+        try:
+            kwargs = tool.bind(params.get("arguments"))
+            if tool.context_param is not None:
+                kwargs[tool.context_param] = ctx
+            value = await tool.fn(**kwargs)
+            data = frames.result(rid, content_of(value))
+        except ToolInputError as exc:
+            data = frames.error(rid, errors.INVALID_PARAMS, f"invalid arguments for {tool.name}: {exc}")
+        except ToolError as exc:
+            data = frames.result(rid, {"content": [{"type": "text", "text": str(exc)}], "isError": True})
+        except asyncio.CancelledError:
+            if session.closing == "shutdown":
+                data = frames.execution_lost(rid)
+            else:
+                why = "cancelled by client" if session.closing is None else f"session {session.closing}"
+                data = frames.error(rid, errors.REQUEST_CANCELLED, f"request cancelled: {why}")
+        except Exception:
+            log.exception("tool %s failed", tool.name)
+            data = frames.result(
+                rid, {"content": [{"type": "text", "text": f"tool {tool.name} failed"}], "isError": True}
+            )
+        try:
+            await self._answer(live, request, data)
+        finally:
+            session.tasks.pop(rid, None)
+            if live.done:
+                session.live.pop(live.record.stream, None)
+
+    # -- writing streams -----------------------------------------------------------------------------
+
+    async def _write(
+        self,
+        receive: Receive,
+        send: Send,
+        session: Session,
+        live: LiveStream,
+        gate: DeliveryGate,
+        sent_seq: int,
+        head: bytes,
+    ) -> None:
+        """Deliver events of ``live`` after ``sent_seq`` until the stream ends, the client goes or a tool closes it."""
+        retry = self.s.config.retry_ms
+        generation = live.attach()
+        live.writer = generation
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        disconnect: asyncio.Task[None] | None = None
+        try:
+            while True:
+                chunk = [head] if head else []
+                head = b""
+                for event in live.after(sent_seq):
+                    refusal = gate.check(event, now())
+                    if refusal is not None:
+                        chunk.append(self._refuse_live(session, live, refusal))
+                        await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
+                        return
+                    chunk.append(frames.sse(event.event_id, event.data, retry if not event.data else None))
+                    gate.delivered(event)
+                    sent_seq = event.seq
+                if chunk:
+                    await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
+                if (live.done and sent_seq >= live.record.last_seq) or live.generation != generation:
+                    return
+                if live.close_generation == generation:
+                    live.close_generation = -1
+                    return
+                if disconnect is None:
+                    disconnect = asyncio.create_task(_wait_disconnect(receive))
+                waiter = live.waiter()
+                await asyncio.wait((waiter, disconnect), return_when=asyncio.FIRST_COMPLETED)
+                if disconnect.done():
+                    return
+        finally:
+            if disconnect is not None:
+                disconnect.cancel()
+            if live.writer == generation:
+                live.writer = None
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if live.done and not session.tasks.keys() & {r.request_id for r in live.record.requests}:
+                session.live.pop(live.record.stream, None)
+
+    def _refuse_live(self, session: Session, live: LiveStream, refusal: Refusal) -> bytes:
+        unanswered = [r.request_id for r in live.record.unanswered()]
+        self.s.metrics.refusals.labels(refusal.reason.value, "live").inc()
+        log_decision(
+            "delivery_refused",
+            session=fingerprint(session.id),
+            stream=live.record.stream,
+            reason=refusal.reason.value,
+            event_id=refusal.event_id,
+            missing=list(refusal.missing),
+            cursor=refusal.cursor,
+            requests=unanswered,
+        )
+        return frames.refusal_frames(refusal, unanswered)
+
+    async def _write_json(self, receive: Receive, send: Send, live: LiveStream, batch: bool) -> None:
+        while not live.done:
+            await live.waiter()
+        answers = [e.data for e in live.events if e.terminal]
+        body = b"[" + b",".join(answers) + b"]" if batch else answers[0]
+        await respond(send, 200, body, b"application/json")
+
+    # -- GET -----------------------------------------------------------------------------------------
+
+    async def get(self, scope: Scope, receive: Receive, send: Send) -> None:
+        grant = await self._authenticate(scope, send)
+        if grant is None:
+            return
+        accept = header(scope, b"accept") or ""
+        if "text/event-stream" not in accept:
+            await respond_json(send, 406, rpc_error(errors.INVALID_REQUEST, "Accept must list text/event-stream"))
+            return
+        session = await self._session(scope, send, grant)
+        if session is None:
+            return
+        if await self._version(scope, send, session) is None:
+            return
+        last_event_id = header(scope, b"last-event-id")
+        if last_event_id is None:
+            await self._listen(receive, send, session, grant)
+        else:
+            await self._resume(receive, send, session, grant, last_event_id.strip())
+
+    async def _listen(self, receive: Receive, send: Send, session: Session, grant: Grant) -> None:
+        """The standalone GET stream: server messages unrelated to any request, one listener at a time."""
+        s = self.s
+        live = session.live.get(session.get_stream) if session.get_stream else None
+        if live is None:
+            record = StreamRecord(session.id, new_key(os.urandom(16)), StreamKind.GET, s.instance)
+            await s.store.open_stream(record)
+            live = LiveStream(record)
+            session.live[record.stream] = live
+            session.get_stream = record.stream
+        elif live.writer is not None:
+            await respond_json(send, 409, rpc_error(errors.INVALID_REQUEST, "a GET stream is already open"))
+            return
+        s.metrics.streams.labels("get").inc()
+        start = live.record.last_seq
+        if protocol.primes_streams(session.version):
+            await live.append(s.store, s.codec, b"")
+        await self._write(receive, send, session, live, DeliveryGate(grant, s.policy, None, s.leeway), start, b"")
+
+    async def _resume(self, receive: Receive, send: Send, session: Session, grant: Grant, last_event_id: str) -> None:
+        s = self.s
+        cursor = await self._cursor(session, last_event_id)
+        if isinstance(cursor, CursorProblem):
+            await self._cursor_problem(send, session, cursor, last_event_id)
+            return
+        live = session.live.get(cursor.stream)
+        if live is not None:
+            events: list[StoredEvent] = live.after(cursor.seq)
+        else:
+            record = await s.store.get_stream(cursor.stream)
+            if record is None:
+                await self._cursor_problem(send, session, CursorProblem.EVICTED, last_event_id)
+                return
+            if cursor.seq > record.last_seq:
+                await self._cursor_problem(send, session, CursorProblem.UNKNOWN, last_event_id)
+                return
+            if not record.completed and record.kind is StreamKind.POST and not await self._owner_alive(record.owner):
+                await self._end_orphan(record)
+            try:
+                events = await s.store.read_after(cursor.stream, cursor.seq)
+            except EventsEvicted:
+                await self._cursor_problem(send, session, CursorProblem.EVICTED, last_event_id)
+                return
+        refusal = plan_replay(events, grant, s.policy, last_event_id)
+        if refusal is not None:
+            await self._refuse_replay(send, session, refusal)
+            return
+        s.metrics.resumes.labels("replayed").inc()
+        s.metrics.replayed.inc(len(events))
+        log_decision(
+            "resume",
+            session=fingerprint(session.id),
+            stream=cursor.stream,
+            cursor=last_event_id,
+            decision="replay",
+            events=len(events),
+            live=live is not None,
+        )
+        gate = DeliveryGate(grant, s.policy, last_event_id, s.leeway)
+        retry = b"retry: %d\n\n" % s.config.retry_ms
+        if live is not None:
+            await self._write(receive, send, session, live, gate, cursor.seq, retry)
+            return
+        body = [retry]
+        body.extend(frames.sse(e.event_id, e.data) for e in events)
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await send({"type": "http.response.body", "body": b"".join(body), "more_body": False})
+
+    async def _cursor(self, session: Session, raw: str) -> Cursor | CursorProblem:
+        decoded = self.s.codec.decode(raw, session.id)
+        if isinstance(decoded, Unverified):
+            record = await self.s.store.get_stream(decoded.stream)
+            if record is None:
+                return CursorProblem.UNKNOWN
+            if record.session_id != session.id:
+                return CursorProblem.FOREIGN_SESSION
+            return CursorProblem.FOREIGN_STREAM
+        return decoded
+
+    async def _cursor_problem(self, send: Send, session: Session, problem: CursorProblem, raw: str) -> None:
+        self.s.metrics.resumes.labels(problem.value).inc()
+        log_decision(
+            "resume", session=fingerprint(session.id), decision="rejected", reason=problem.value, cursor=raw[:80]
+        )
+        await respond_json(
+            send,
+            CURSOR_STATUS[problem],
+            {
+                "error": problem.value,
+                "error_description": CURSOR_TEXT[problem],
+                "lastEventId": raw[:200],
+                "resumable": False,
+            },
+        )
+
+    async def _refuse_replay(self, send: Send, session: Session, refusal: Refusal) -> None:
+        s = self.s
+        s.metrics.resumes.labels("refused").inc()
+        s.metrics.refusals.labels(refusal.reason.value, "replay").inc()
+        log_decision(
+            "resume",
+            session=fingerprint(session.id),
+            decision="refused",
+            reason=refusal.reason.value,
+            event_id=refusal.event_id,
+            missing=list(refusal.missing),
+            cursor=refusal.cursor,
+        )
+        description = frames.refusal_message(refusal)
+        body = {"error": "replay_refused", "error_description": description, **frames.refusal_data(refusal)}
+        await respond_json(
+            send,
+            403,
+            body,
+            [
+                (
+                    b"www-authenticate",
+                    s.challenge("insufficient_scope", description, s.prm_url_for(refusal.missing[0]), refusal.missing),
+                )
+            ],
+        )
+
+    async def _owner_alive(self, owner: str) -> bool:
+        return owner == self.s.instance or await self.s.store.owner_alive(owner)
+
+    async def _end_orphan(self, record: StreamRecord) -> None:
+        """A call whose process died: record EXECUTION_LOST for each unanswered request so the stream ends."""
+        s = self.s
+        async with s.orphan_lock:
+            fresh = await s.store.get_stream(record.stream)
+            if fresh is None or fresh.completed:
+                return
+            live = LiveStream(fresh)
+            for request in fresh.unanswered():
+                await live.append(
+                    s.store,
+                    s.codec,
+                    frames.execution_lost(request.request_id),
+                    request.request_id,
+                    request.tool,
+                    request.resources,
+                    terminal=True,
+                )
+                s.metrics.lost.inc()
+            log_decision("execution_lost", stream=record.stream, requests=[r.request_id for r in fresh.unanswered()])
+
+    # -- DELETE --------------------------------------------------------------------------------------
+
+    async def delete(self, scope: Scope, send: Send) -> None:
+        grant = await self._authenticate(scope, send)
+        if grant is None:
+            return
+        session = await self._session(scope, send, grant)
+        if session is None:
+            return
+        await self.s.sessions.delete(session)
+        self.s.metrics.sessions.set(len(self.s.sessions))
+        log_decision("session_deleted", session=fingerprint(session.id))
+        await respond(send, 204)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _validate(messages: list[Any]) -> str | None:
+    """Why a body is not a JSON-RPC message or batch, or ``None``."""
+    if not messages:
+        return "empty batch"
+    for message in messages:
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            return 'each message must be a JSON object with "jsonrpc": "2.0"'
+        if "method" in message:
+            if not isinstance(message["method"], str):
+                return "method must be a string"
+            if "id" in message and not _is_id(message["id"]):
+                return "request id must be a string or an integer"
+            if "params" in message and not isinstance(message["params"], dict | list):
+                return "params must be an object"
+        elif "id" not in message or ("result" not in message and "error" not in message):
+            return "message is neither a request, a notification nor a response"
+    return None

@@ -1,0 +1,79 @@
+"""The event-store interface every backend implements.
+
+A store holds sessions (with their principal binding), streams (with the requests they carry) and the
+append-only events of each stream with their authorization tags. Reads are all-or-error: a cursor that
+predates the retained window raises :class:`EventsEvicted`, never a partial replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..core.events import StoredEvent, StreamRecord
+from ..core.principal import Principal
+
+
+class EventsEvicted(Exception):
+    """Events after the cursor are no longer retained; replaying the rest would lose them silently."""
+
+
+class StoreUnavailable(Exception):
+    """The backend cannot be reached; the server answers 503 and acknowledges nothing."""
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    session_id: str
+    principal: Principal
+    protocol_version: str
+    created_at: float
+    last_seen: float
+
+
+class EventStore(Protocol):
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    async def secret(self) -> bytes:
+        """The event-id MAC secret, created on first use and kept as durable as the events."""
+        ...
+
+    async def put_session(self, record: SessionRecord) -> None: ...
+    async def get_session(self, session_id: str) -> SessionRecord | None: ...
+    async def touch_session(self, session_id: str, now: float) -> None: ...
+    async def delete_session(self, session_id: str) -> None:
+        """Forget the session with all its streams and events."""
+        ...
+
+    async def expire_sessions(self, idle_before: float) -> list[str]:
+        """Delete sessions idle since before ``idle_before``; return their ids."""
+        ...
+
+    async def open_stream(self, record: StreamRecord) -> None: ...
+    async def get_stream(self, stream: str) -> StreamRecord | None: ...
+    async def append(self, event: StoredEvent) -> None:
+        """Store ``event`` durably before it is sent; a terminal event marks its request answered."""
+        ...
+
+    async def complete_stream(self, stream: str) -> None: ...
+    async def read_after(self, stream: str, seq: int) -> list[StoredEvent]:
+        """Every retained event of ``stream`` with a position above ``seq``, in order."""
+        ...
+
+    async def owner_alive(self, owner: str) -> bool:
+        """Whether the server instance ``owner`` still runs (single-process stores: never another)."""
+        ...
+
+
+def open_store(spec: str) -> EventStore:
+    """Build a store from a CLI spec: ``memory``, ``sqlite:PATH`` or ``redis://…``."""
+    if spec == "memory":
+        from .memory import MemoryStore
+
+        return MemoryStore()
+    if spec.startswith("sqlite:"):
+        from .sqlite import SqliteStore
+
+        return SqliteStore(spec.removeprefix("sqlite:"))
+    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH")

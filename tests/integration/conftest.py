@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from mcp_lossless.server.app import create_app
+from mcp_lossless.server.config import ServerConfig
+from tests.support.servers import lossless_server
+
+CLIENTS = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    """Our server on loopback: embedded dev AS, memory store, demo tools, two dev clients."""
+
+    def make(port: int) -> object:
+        return create_app(ServerConfig(port=port, store="memory", dev_clients=CLIENTS, retry_ms=200))
+
+    with lossless_server(make) as url:
+        yield url
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=10) as client:
+        yield client
