@@ -1,0 +1,405 @@
+"""A durable single-file store on the stdlib ``sqlite3``: the default store of ``mcp-lossless serve``.
+
+Durability: WAL journal with ``synchronous=NORMAL``. Every method commits before it returns, so a crash
+of the server *process* (even SIGKILL) keeps every appended event, session, stream record and the
+event-id secret: a commit is in the WAL file, i.e. in the OS page cache, before ``append`` returns.
+An *OS* crash or power loss may roll back the last transactions, because WAL frames are fsynced only
+at checkpoints; that is the price of microsecond appends.
+
+Threading: sqlite3 is called directly on the event-loop thread, not through a worker thread. An append
+is one short transaction that takes tens of microseconds, less than a thread hop costs, and every event
+is appended before it is sent, so a hop would sit on the latency of every streamed event; handing the
+GIL to a worker while the loop is busy can add up to ``sys.getswitchinterval()`` (5 ms) per hop. A
+5,000-event ``read_after`` takes a few milliseconds, a fraction of the loop time that sending those
+events costs anyway. Measured numbers are in the module's benchmark note of the store report.
+
+Reads are all-or-error: each stream keeps ``first_seq``, the lowest position still retained; a cursor
+below it raises :class:`EventsEvicted`. With ``max_events_per_stream`` set, an append trims the oldest
+positions of its stream beyond the limit and advances ``first_seq`` in the same transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+
+from mcp_lossless.core.events import PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
+from mcp_lossless.core.principal import Principal
+
+from .base import EventsEvicted, SessionRecord, StoreUnavailable
+
+_SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    issuer TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    client_id TEXT NOT NULL,
+    protocol_version TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    last_seen REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sessions_by_last_seen ON sessions (last_seen);
+CREATE TABLE IF NOT EXISTS streams (
+    stream TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    requests TEXT NOT NULL,
+    last_seq INTEGER NOT NULL,
+    first_seq INTEGER NOT NULL,
+    completed INTEGER NOT NULL,
+    answered TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS streams_by_session ON streams (session_id);
+CREATE TABLE IF NOT EXISTS events (
+    stream TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event_id TEXT NOT NULL,
+    request_id TEXT,
+    tool TEXT,
+    resources TEXT NOT NULL,
+    data BLOB NOT NULL,
+    terminal INTEGER NOT NULL,
+    PRIMARY KEY (stream, seq)
+) WITHOUT ROWID;
+"""
+_TAG_CACHE_LIMIT = 4096
+_CHECKPOINT_EVERY = 500
+"""Write transactions between checkpoints: about the 1,000 WAL pages of SQLite's own auto-checkpoint."""
+
+
+class _Checkpointer:
+    """Copies the WAL into the database file on its own thread, so its fsyncs never stall the event loop.
+
+    A PASSIVE checkpoint takes no writer lock and sqlite3 releases the GIL while it runs. A failed attempt
+    only leaves the WAL longer; the next wake-up retries, and the WAL is replayed on open either way.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self._path, isolation_level=None)
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopping:
+                    return
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error:
+                    continue
+        finally:
+            conn.close()
+
+
+def _json(value: Any) -> str:
+    """JSON as TEXT, so the database stays readable with the ``sqlite3`` shell."""
+    return orjson.dumps(value).decode()
+
+
+def _encode_requests(requests: tuple[PendingRequest, ...]) -> str:
+    return _json(
+        [
+            {"id": r.request_id, "method": r.method, "tool": r.tool, "resources": sorted(r.resources)}
+            for r in requests
+        ]
+    )
+
+
+def _decode_requests(raw: str) -> tuple[PendingRequest, ...]:
+    return tuple(
+        PendingRequest(r["id"], r["method"], r["tool"], frozenset(r["resources"])) for r in orjson.loads(raw)
+    )
+
+
+class SqliteStore:
+    """The :class:`~mcp_lossless.stores.base.EventStore` on one SQLite file, owned by one server process."""
+
+    def __init__(self, path: str, *, max_events_per_stream: int | None = None) -> None:
+        if max_events_per_stream is not None and max_events_per_stream < 1:
+            raise ValueError("max_events_per_stream must be at least 1")
+        self.path = path
+        self.max_events_per_stream = max_events_per_stream
+        self._conn: sqlite3.Connection | None = None
+        self._checkpointer: _Checkpointer | None = None
+        self._writes = 0
+        self._secret: bytes | None = None
+        self._tags: dict[str, frozenset[str]] = {}
+        """Interned tag sets: events of one tool share one frozenset, which replay memoizes by."""
+
+    async def open(self) -> None:
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None)
+            try:
+                self._initialize(conn)
+            except BaseException:
+                conn.close()
+                raise
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnavailable(f"cannot open sqlite store {self.path!r}: {exc}") from exc
+        self._conn = conn
+        self._checkpointer = _Checkpointer(self.path)
+
+    def _initialize(self, conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=2000")
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, _SCHEMA_VERSION):
+            raise sqlite3.DatabaseError(f"schema version {version}, expected {_SCHEMA_VERSION}")
+        conn.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version={_SCHEMA_VERSION};COMMIT;")
+        conn.execute("INSERT OR IGNORE INTO meta VALUES ('secret', ?)", (os.urandom(32),))
+        self._secret = conn.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()[0]
+
+    async def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            self._checkpointer = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("SqliteStore used before open()")
+        return self._conn
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write; SQLite failures (locked, I/O, disk full) become :class:`StoreUnavailable`."""
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"sqlite store {self.path!r}: {exc}") from exc
+        self._writes += 1
+        if self._writes % _CHECKPOINT_EVERY == 0 and self._checkpointer is not None:
+            self._checkpointer.wake()
+
+    def _query(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"sqlite store {self.path!r}: {exc}") from exc
+
+    async def secret(self) -> bytes:
+        if self._secret is None:
+            raise RuntimeError("SqliteStore used before open()")
+        return self._secret
+
+    async def put_session(self, record: SessionRecord) -> None:
+        p = record.principal
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.session_id,
+                    p.issuer,
+                    p.subject,
+                    p.client_id,
+                    record.protocol_version,
+                    record.created_at,
+                    record.last_seen,
+                ),
+            )
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        rows = self._query(
+            "SELECT issuer, subject, client_id, protocol_version, created_at, last_seen"
+            " FROM sessions WHERE session_id = ?",
+            (session_id,),
+        )
+        if not rows:
+            return None
+        issuer, subject, client_id, version, created_at, last_seen = rows[0]
+        return SessionRecord(
+            session_id, Principal(issuer, subject, client_id), version, created_at, last_seen
+        )
+
+    async def touch_session(self, session_id: str, now: float) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE sessions SET last_seen = ? WHERE session_id = ?", (now, session_id))
+
+    async def delete_session(self, session_id: str) -> None:
+        with self._transaction() as db:
+            self._delete_session(db, session_id)
+
+    @staticmethod
+    def _delete_session(db: sqlite3.Connection, session_id: str) -> None:
+        db.execute(
+            "DELETE FROM events WHERE stream IN (SELECT stream FROM streams WHERE session_id = ?)",
+            (session_id,),
+        )
+        db.execute("DELETE FROM streams WHERE session_id = ?", (session_id,))
+        db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+
+    async def expire_sessions(self, idle_before: float) -> list[str]:
+        with self._transaction() as db:
+            gone = [
+                row[0]
+                for row in db.execute("SELECT session_id FROM sessions WHERE last_seen < ?", (idle_before,))
+            ]
+            for session_id in gone:
+                self._delete_session(db, session_id)
+        return gone
+
+    async def open_stream(self, record: StreamRecord) -> None:
+        """Create ``record``'s stream; opening an existing key starts it afresh, as the memory store does."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM events WHERE stream = ?", (record.stream,))
+            db.execute(
+                "INSERT OR REPLACE INTO streams VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                (
+                    record.stream,
+                    record.session_id,
+                    record.kind.value,
+                    record.owner,
+                    _encode_requests(record.requests),
+                    record.last_seq,
+                    int(record.completed),
+                    _json(list(record.answered)),
+                ),
+            )
+
+    async def get_stream(self, stream: str) -> StreamRecord | None:
+        rows = self._query(
+            "SELECT session_id, kind, owner, requests, last_seq, completed, answered"
+            " FROM streams WHERE stream = ?",
+            (stream,),
+        )
+        if not rows:
+            return None
+        session_id, kind, owner, requests, last_seq, completed, answered = rows[0]
+        return StreamRecord(
+            session_id,
+            stream,
+            StreamKind(kind),
+            owner,
+            _decode_requests(requests),
+            last_seq,
+            bool(completed),
+            frozenset(orjson.loads(answered)),
+        )
+
+    async def append(self, event: StoredEvent) -> None:
+        request_id = None if event.request_id is None else _json(event.request_id)
+        with self._transaction() as db:
+            found = db.execute(
+                "SELECT first_seq, answered FROM streams WHERE stream = ?", (event.stream,)
+            ).fetchone()
+            if found is None:
+                raise KeyError(f"append to unknown stream {event.stream}")
+            first_seq, answered = found
+            db.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    event.stream,
+                    event.seq,
+                    event.event_id,
+                    request_id,
+                    event.tool,
+                    _json(sorted(event.resources)),
+                    event.data,
+                    int(event.terminal),
+                ),
+            )
+            if event.terminal and event.request_id is not None:
+                ids = orjson.loads(answered)
+                if event.request_id not in ids:
+                    answered = _json([*ids, event.request_id])
+            limit = self.max_events_per_stream
+            if limit is not None and event.seq - limit + 1 > first_seq:
+                first_seq = event.seq - limit + 1
+                db.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (event.stream, first_seq))
+            db.execute(
+                "UPDATE streams SET last_seq = ?, first_seq = ?, answered = ? WHERE stream = ?",
+                (event.seq, first_seq, answered, event.stream),
+            )
+
+    async def complete_stream(self, stream: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE streams SET completed = 1 WHERE stream = ?", (stream,))
+
+    async def read_after(self, stream: str, seq: int) -> list[StoredEvent]:
+        db = self._db
+        try:
+            found = db.execute(
+                "SELECT session_id, first_seq FROM streams WHERE stream = ?", (stream,)
+            ).fetchone()
+            if found is None:
+                return []
+            session_id, first_seq = found
+            if seq + 1 < first_seq:
+                raise EventsEvicted(f"events {seq + 1}..{first_seq - 1} of stream {stream} were evicted")
+            rows = db.execute(
+                "SELECT seq, event_id, request_id, tool, resources, data, terminal"
+                " FROM events WHERE stream = ? AND seq > ? ORDER BY seq",
+                (stream, seq),
+            ).fetchall()
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"sqlite store {self.path!r}: {exc}") from exc
+        request_ids: dict[str, RequestId] = {}
+        events = []
+        for position, event_id, raw_rid, tool, raw_tags, data, terminal in rows:
+            rid = None
+            if raw_rid is not None:
+                rid = request_ids.get(raw_rid)
+                if rid is None:
+                    rid = request_ids[raw_rid] = orjson.loads(raw_rid)
+            events.append(
+                StoredEvent(
+                    session_id,
+                    stream,
+                    position,
+                    event_id,
+                    data,
+                    rid,
+                    tool,
+                    self._intern(raw_tags),
+                    bool(terminal),
+                )
+            )
+        return events
+
+    def _intern(self, raw_tags: str) -> frozenset[str]:
+        tags = self._tags.get(raw_tags)
+        if tags is None:
+            if len(self._tags) >= _TAG_CACHE_LIMIT:
+                self._tags.clear()
+            tags = self._tags[raw_tags] = frozenset(orjson.loads(raw_tags))
+        return tags
+
+    async def owner_alive(self, owner: str) -> bool:
+        """Always ``False``: one process owns the file, so any other owner ended with its process."""
+        return False
