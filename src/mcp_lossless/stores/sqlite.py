@@ -121,17 +121,12 @@ def _json(value: Any) -> str:
 
 def _encode_requests(requests: tuple[PendingRequest, ...]) -> str:
     return _json(
-        [
-            {"id": r.request_id, "method": r.method, "tool": r.tool, "resources": sorted(r.resources)}
-            for r in requests
-        ]
+        [{"id": r.request_id, "method": r.method, "tool": r.tool, "resources": sorted(r.resources)} for r in requests]
     )
 
 
 def _decode_requests(raw: str) -> tuple[PendingRequest, ...]:
-    return tuple(
-        PendingRequest(r["id"], r["method"], r["tool"], frozenset(r["resources"])) for r in orjson.loads(raw)
-    )
+    return tuple(PendingRequest(r["id"], r["method"], r["tool"], frozenset(r["resources"])) for r in orjson.loads(raw))
 
 
 class SqliteStore:
@@ -243,9 +238,7 @@ class SqliteStore:
         if not rows:
             return None
         issuer, subject, client_id, version, created_at, last_seen = rows[0]
-        return SessionRecord(
-            session_id, Principal(issuer, subject, client_id), version, created_at, last_seen
-        )
+        return SessionRecord(session_id, Principal(issuer, subject, client_id), version, created_at, last_seen)
 
     async def touch_session(self, session_id: str, now: float) -> None:
         with self._transaction() as db:
@@ -266,10 +259,7 @@ class SqliteStore:
 
     async def expire_sessions(self, idle_before: float) -> list[str]:
         with self._transaction() as db:
-            gone = [
-                row[0]
-                for row in db.execute("SELECT session_id FROM sessions WHERE last_seen < ?", (idle_before,))
-            ]
+            gone = [row[0] for row in db.execute("SELECT session_id FROM sessions WHERE last_seen < ?", (idle_before,))]
             for session_id in gone:
                 self._delete_session(db, session_id)
         return gone
@@ -294,8 +284,7 @@ class SqliteStore:
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         rows = self._query(
-            "SELECT session_id, kind, owner, requests, last_seq, completed, answered"
-            " FROM streams WHERE stream = ?",
+            "SELECT session_id, kind, owner, requests, last_seq, completed, answered FROM streams WHERE stream = ?",
             (stream,),
         )
         if not rows:
@@ -315,9 +304,7 @@ class SqliteStore:
     async def append(self, event: StoredEvent) -> None:
         request_id = None if event.request_id is None else _json(event.request_id)
         with self._transaction() as db:
-            found = db.execute(
-                "SELECT first_seq, answered FROM streams WHERE stream = ?", (event.stream,)
-            ).fetchone()
+            found = db.execute("SELECT first_seq, answered FROM streams WHERE stream = ?", (event.stream,)).fetchone()
             if found is None:
                 raise KeyError(f"append to unknown stream {event.stream}")
             first_seq, answered = found
@@ -354,9 +341,7 @@ class SqliteStore:
     async def read_after(self, stream: str, seq: int) -> list[StoredEvent]:
         db = self._db
         try:
-            found = db.execute(
-                "SELECT session_id, first_seq FROM streams WHERE stream = ?", (stream,)
-            ).fetchone()
+            found = db.execute("SELECT session_id, first_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
             if found is None:
                 return []
             session_id, first_seq = found
