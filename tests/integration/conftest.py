@@ -7,7 +7,7 @@ import pytest
 
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
-from tests.support.servers import lossless_server
+from tests.support.uvicorn_server import lossless_server
 
 CLIENTS = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
 

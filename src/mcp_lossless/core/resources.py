@@ -19,13 +19,16 @@ class InvalidResource(ValueError):
 
 def canonical_resource(uri: str) -> str:
     """Return the canonical form of ``uri`` or raise :class:`InvalidResource`."""
+    text = uri.strip()
+    if not text.isprintable() or any(c.isspace() for c in text):
+        raise InvalidResource(f"resource indicator must not contain whitespace or control characters: {uri!r}")
     try:
-        parts = urlsplit(uri.strip())
+        parts = urlsplit(text)
     except ValueError as exc:
         raise InvalidResource(f"not a URI: {uri!r}") from exc
     if not parts.scheme or not parts.netloc:
         raise InvalidResource(f"resource indicator must be an absolute URI: {uri!r}")
-    if parts.fragment or uri.endswith("#"):
+    if "#" in text:
         raise InvalidResource(f"resource indicator must not contain a fragment: {uri!r}")
     path = parts.path.rstrip("/")
     return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), path, parts.query, ""))

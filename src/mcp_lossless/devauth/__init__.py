@@ -1,1 +1,5 @@
-"""devauth"""
+"""The embedded development OAuth authorization server (RFC 8414, 8707, 9068, PKCE)."""
+
+from .server import DevAuthServer
+
+__all__ = ["DevAuthServer"]

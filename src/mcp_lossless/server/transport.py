@@ -434,7 +434,7 @@ class Transport:
                 for event in live.after(sent_seq):
                     refusal = gate.check(event, now())
                     if refusal is not None:
-                        chunk.append(self._refuse_live(session, live, refusal))
+                        chunk.append(self._refuse_live(session, live, refusal, sent_seq))
                         await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
                         return
                     chunk.append(frames.sse(event.event_id, event.data, retry if not event.data else None))
@@ -462,8 +462,10 @@ class Transport:
             if live.done and not session.tasks.keys() & {r.request_id for r in live.record.requests}:
                 session.live.pop(live.record.stream, None)
 
-    def _refuse_live(self, session: Session, live: LiveStream, refusal: Refusal) -> bytes:
-        unanswered = [r.request_id for r in live.record.unanswered()]
+    def _refuse_live(self, session: Session, live: LiveStream, refusal: Refusal, sent_seq: int) -> bytes:
+        """Frames ending a committed stream; every request whose answer this client has not received is named."""
+        received = {e.request_id for e in live.events if e.terminal and e.seq <= sent_seq}
+        unanswered = [r.request_id for r in live.record.requests if r.request_id not in received]
         self.s.metrics.refusals.labels(refusal.reason.value, "live").inc()
         log_decision(
             "delivery_refused",

@@ -1,0 +1,405 @@
+"""The EventStore contract, run against every backend, plus SQLite durability across a real SIGKILL."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import anyio
+import pytest
+
+from mcp_lossless.core.events import PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
+from mcp_lossless.core.principal import Principal
+from mcp_lossless.stores.base import EventsEvicted, EventStore, SessionRecord, StoreUnavailable
+from mcp_lossless.stores.memory import MemoryStore
+from mcp_lossless.stores.sqlite import SqliteStore
+
+pytestmark = pytest.mark.anyio
+
+TOOL_A = frozenset({"https://mcp.example/tools/a"})
+TOOL_BC = frozenset({"https://mcp.example/tools/b", "https://mcp.example/tools/c"})
+ALICE = Principal("https://issuer.example", "alice", "client-1")
+BOB = Principal("https://issuer.example", "bob", "client-2")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+OpenStore = Callable[[int | None], Awaitable[EventStore]]
+"""Opens a fresh store; the argument is its eviction limit (memory: total events, sqlite: per stream)."""
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OpenStore]:
+    opened: list[EventStore] = []
+
+    async def factory(limit: int | None = None) -> EventStore:
+        store: EventStore
+        if request.param == "memory":
+            store = MemoryStore() if limit is None else MemoryStore(max_events=limit)
+        else:
+            store = SqliteStore(str(tmp_path / f"store{len(opened)}.db"), max_events_per_stream=limit)
+        await store.open()
+        opened.append(store)
+        return store
+
+    yield factory
+    for store in opened:
+        await store.close()
+
+
+@pytest.fixture
+async def store(open_store: OpenStore) -> EventStore:
+    return await open_store(None)
+
+
+def session(session_id: str, principal: Principal = ALICE, last_seen: float = 100.0) -> SessionRecord:
+    return SessionRecord(session_id, principal, "2025-11-25", created_at=50.0, last_seen=last_seen)
+
+
+def stream(key: str, session_id: str = "s1", requests: tuple[PendingRequest, ...] = ()) -> StreamRecord:
+    return StreamRecord(session_id, key, StreamKind.POST, owner="instance-1", requests=requests)
+
+
+def event(
+    key: str,
+    seq: int,
+    *,
+    session_id: str = "s1",
+    request_id: RequestId | None = None,
+    tags: frozenset[str] = TOOL_A,
+    terminal: bool = False,
+) -> StoredEvent:
+    data = b"" if seq == 0 else b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"n":%d}}' % seq
+    tool = "a" if tags else None
+    return StoredEvent(session_id, key, seq, f"{key}.{seq:x}.mac", data, request_id, tool, tags, terminal)
+
+
+async def fill(store: EventStore, key: str, count: int, session_id: str = "s1") -> list[StoredEvent]:
+    events = [event(key, seq, session_id=session_id) for seq in range(count)]
+    for item in events:
+        await store.append(item)
+    return events
+
+
+async def test_secret_is_stable_and_strong_enough_for_event_ids(store: EventStore) -> None:
+    first = await store.secret()
+    assert len(first) >= 16
+    assert await store.secret() == first
+
+
+async def test_session_round_trip_touch_and_replace(store: EventStore) -> None:
+    assert await store.get_session("s1") is None
+    await store.put_session(session("s1"))
+    await store.put_session(session("s2", BOB))
+    assert await store.get_session("s1") == session("s1")
+    assert await store.get_session("s2") == session("s2", BOB)
+
+    await store.touch_session("s1", 175.5)
+    touched = await store.get_session("s1")
+    assert touched is not None
+    assert touched.last_seen == 175.5
+    assert touched.created_at == 50.0
+    await store.touch_session("nobody", 175.5)
+    assert await store.get_session("nobody") is None
+
+    await store.put_session(replace(session("s1"), protocol_version="2025-06-18"))
+    replaced = await store.get_session("s1")
+    assert replaced is not None
+    assert replaced.protocol_version == "2025-06-18"
+
+
+async def test_delete_session_removes_its_streams_and_events_only(store: EventStore) -> None:
+    await store.put_session(session("s1"))
+    await store.put_session(session("s2", BOB))
+    await store.open_stream(stream("stream-of-s1"))
+    await store.open_stream(stream("stream-of-s2", "s2"))
+    await fill(store, "stream-of-s1", 3)
+    kept = await fill(store, "stream-of-s2", 2, session_id="s2")
+
+    await store.delete_session("s1")
+
+    assert await store.get_session("s1") is None
+    assert await store.get_stream("stream-of-s1") is None
+    assert await store.read_after("stream-of-s1", -1) == []
+    assert await store.get_session("s2") is not None
+    assert await store.read_after("stream-of-s2", -1) == kept
+
+
+async def test_expire_sessions_deletes_only_idle_ones_with_their_events(store: EventStore) -> None:
+    await store.put_session(session("idle", last_seen=10.0))
+    await store.put_session(session("exactly-at-limit", last_seen=20.0))
+    await store.put_session(session("active", last_seen=30.0))
+    await store.open_stream(stream("idle-stream", "idle"))
+    await fill(store, "idle-stream", 2, session_id="idle")
+
+    assert await store.expire_sessions(20.0) == ["idle"]
+
+    assert await store.get_session("idle") is None
+    assert await store.get_stream("idle-stream") is None
+    assert await store.read_after("idle-stream", -1) == []
+    assert await store.get_session("exactly-at-limit") is not None
+    assert await store.get_session("active") is not None
+    assert await store.expire_sessions(20.0) == []
+
+
+async def test_stream_round_trip_keeps_requests_and_id_types(store: EventStore) -> None:
+    requests = (
+        PendingRequest(1, "tools/call", "a", TOOL_A),
+        PendingRequest("1", "tools/call", "bc", TOOL_BC),
+        PendingRequest("ping-é", "ping"),
+    )
+    record = stream("k1", requests=requests)
+    await store.open_stream(record)
+
+    got = await store.get_stream("k1")
+    assert got == record
+    assert got is not None
+    assert [type(r.request_id) for r in got.requests] == [int, str, str]
+    assert got.unanswered() == requests
+    assert await store.get_stream("missing") is None
+
+
+async def test_returned_stream_record_is_a_copy(store: EventStore) -> None:
+    await store.open_stream(stream("k1"))
+    got = await store.get_stream("k1")
+    assert got is not None
+    got.completed = True
+    got.last_seq = 99
+    assert await store.get_stream("k1") == stream("k1")
+
+
+async def test_complete_stream_marks_it_completed(store: EventStore) -> None:
+    await store.open_stream(stream("k1"))
+    await store.complete_stream("k1")
+    got = await store.get_stream("k1")
+    assert got is not None
+    assert got.completed
+
+
+async def test_append_then_read_after_follows_cursor_semantics(store: EventStore) -> None:
+    await store.open_stream(stream("k1"))
+    await store.open_stream(stream("k2"))
+    events = await fill(store, "k1", 6)
+    await fill(store, "k2", 2)
+
+    assert await store.read_after("k1", -1) == events
+    assert await store.read_after("k1", 0) == events[1:]
+    assert await store.read_after("k1", 3) == events[4:]
+    assert await store.read_after("k1", 5) == []
+    assert await store.read_after("k1", 40) == []
+    assert await store.read_after("unknown", -1) == []
+    got = await store.get_stream("k1")
+    assert got is not None
+    assert got.last_seq == 5
+
+
+async def test_read_events_round_trip_every_field(store: EventStore) -> None:
+    await store.open_stream(stream("k1"))
+    ids: list[RequestId | None] = [None, 7, "7", 2**64 - 1, -(2**63), "naïve ☃"]
+    written = [
+        StoredEvent("s1", "k1", seq, f"id-{seq}", bytes([seq, 0, 255]), rid, "bc", TOOL_BC, seq % 2 == 1)
+        for seq, rid in enumerate(ids)
+    ]
+    for item in written:
+        await store.append(item)
+
+    read = await store.read_after("k1", -1)
+
+    assert read == written
+    assert [type(e.request_id) for e in read] == [type(rid) for rid in ids]
+
+
+async def test_terminal_events_mark_only_their_request_answered(store: EventStore) -> None:
+    int_call = PendingRequest(1, "tools/call", "a", TOOL_A)
+    str_call = PendingRequest("1", "tools/call", "a", TOOL_A)
+    await store.open_stream(stream("k1", requests=(int_call, str_call)))
+
+    await store.append(event("k1", 0))
+    await store.append(event("k1", 1, request_id="1"))
+    record = await store.get_stream("k1")
+    assert record is not None
+    assert record.unanswered() == (int_call, str_call)
+
+    await store.append(event("k1", 2, request_id="1", terminal=True))
+    record = await store.get_stream("k1")
+    assert record is not None
+    assert record.answered == frozenset({"1"})
+    assert record.unanswered() == (int_call,)
+
+    await store.append(event("k1", 3, request_id=1, terminal=True))
+    record = await store.get_stream("k1")
+    assert record is not None
+    assert record.unanswered() == ()
+
+
+async def test_append_to_unknown_stream_is_refused(store: EventStore) -> None:
+    with pytest.raises(KeyError):
+        await store.append(event("never-opened", 0))
+
+
+async def test_eviction_is_all_or_error_never_a_partial_list(open_store: OpenStore) -> None:
+    store = await open_store(5)
+    await store.open_stream(stream("k1"))
+    events = await fill(store, "k1", 8)
+
+    assert await store.read_after("k1", 2) == events[3:]
+    assert await store.read_after("k1", 6) == events[7:]
+    for cursor in (-1, 0, 1):
+        with pytest.raises(EventsEvicted):
+            await store.read_after("k1", cursor)
+
+
+async def test_deleted_sessions_do_not_count_towards_the_eviction_limit(open_store: OpenStore) -> None:
+    store = await open_store(5)
+    await store.open_stream(stream("kept"))
+    await store.open_stream(stream("dropped", "s2"))
+    kept = [event("kept", seq) for seq in range(5)]
+    for item in kept[:2]:
+        await store.append(item)
+    await fill(store, "dropped", 3, session_id="s2")
+    await store.delete_session("s2")
+    for item in kept[2:]:
+        await store.append(item)
+
+    assert await store.read_after("kept", -1) == kept
+
+
+async def test_owner_alive_is_false_for_single_process_stores(store: EventStore) -> None:
+    assert await store.owner_alive("instance-1") is False
+
+
+async def test_memory_store_evicts_by_bytes() -> None:
+    store = MemoryStore(max_bytes=300)
+    await store.open_stream(stream("k1"))
+    events = [replace(event("k1", seq), data=b"x" * 100) for seq in range(5)]
+    for item in events:
+        await store.append(item)
+
+    assert await store.read_after("k1", 1) == events[2:]
+    with pytest.raises(EventsEvicted):
+        await store.read_after("k1", 0)
+
+
+async def test_sqlite_interns_equal_tag_sets(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "tags.db"))
+    await store.open()
+    await store.open_stream(stream("k1"))
+    for seq in range(4):
+        tags = frozenset(TOOL_BC) if seq % 2 else frozenset(set(TOOL_A))
+        await store.append(event("k1", seq, tags=tags))
+    read = await store.read_after("k1", -1)
+    await store.close()
+
+    assert read[0].resources is read[2].resources
+    assert read[1].resources is read[3].resources
+    assert read[0].resources == TOOL_A
+    assert read[1].resources == TOOL_BC
+
+
+async def test_sqlite_keeps_everything_across_close_and_reopen(tmp_path: Path) -> None:
+    path = str(tmp_path / "reopen.db")
+    first = SqliteStore(path, max_events_per_stream=3)
+    await first.open()
+    secret = await first.secret()
+    await first.put_session(session("s1"))
+    await first.open_stream(stream("k1", requests=(PendingRequest(4, "tools/call", "a", TOOL_A),)))
+    events = await fill(first, "k1", 5)
+    await first.append(event("k1", 5, request_id=4, terminal=True))
+    await first.complete_stream("k1")
+    await first.close()
+
+    second = SqliteStore(path, max_events_per_stream=3)
+    await second.open()
+    try:
+        assert await second.secret() == secret
+        assert await second.get_session("s1") == session("s1")
+        record = await second.get_stream("k1")
+        assert record is not None
+        assert (record.last_seq, record.completed, record.unanswered()) == (5, True, ())
+        assert (await second.read_after("k1", 2))[:2] == events[3:]
+        with pytest.raises(EventsEvicted):
+            await second.read_after("k1", 1)
+    finally:
+        await second.close()
+
+
+async def test_sqlite_rejects_use_before_open(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "unopened.db"))
+    with pytest.raises(RuntimeError, match="before open"):
+        await store.secret()
+    with pytest.raises(RuntimeError, match="before open"):
+        await store.read_after("k1", -1)
+
+
+async def test_sqlite_reports_an_unusable_file_clearly(tmp_path: Path) -> None:
+    garbage = tmp_path / "not-a-database.db"
+    garbage.write_bytes(b"this is not sqlite" * 100)
+    for path in (garbage, tmp_path / "no-such-dir" / "x.db"):
+        store = SqliteStore(str(path))
+        with pytest.raises(StoreUnavailable, match="cannot open sqlite store"):
+            await store.open()
+
+
+# --- durability across a real process kill -------------------------------------------------------
+
+KILL_EVENTS = 240
+KILL_REQUESTS = (
+    PendingRequest(1, "tools/call", "a", TOOL_A),
+    PendingRequest("call-2", "tools/call", "bc", TOOL_BC),
+    PendingRequest(3, "tools/call", "a", TOOL_A),
+)
+
+
+def kill_test_event(seq: int) -> StoredEvent:
+    """The events the child writes; the parent recomputes them to compare after the kill."""
+    request = KILL_REQUESTS[seq % 3]
+    terminal = seq in (KILL_EVENTS - 2, KILL_EVENTS - 1)
+    return event("killed-stream", seq, request_id=request.request_id, tags=request.resources, terminal=terminal)
+
+
+async def child_writes_then_waits(path: str) -> None:
+    store = SqliteStore(path)
+    await store.open()
+    await store.put_session(session("s1"))
+    await store.open_stream(stream("killed-stream", requests=KILL_REQUESTS))
+    for seq in range(KILL_EVENTS):
+        await store.append(kill_test_event(seq))
+    print("ready", (await store.secret()).hex(), flush=True)
+    sys.stdin.read()
+
+
+async def test_sqlite_keeps_every_event_after_sigkill(tmp_path: Path) -> None:
+    path = str(tmp_path / "killed.db")
+    child = [sys.executable, "-m", "tests.integration.test_store_contract", path]
+    async with await anyio.open_process(child, cwd=REPO_ROOT) as process:
+        assert process.stdout is not None
+        output = b""
+        while b"\n" not in output:
+            output += await process.stdout.receive()
+        word, secret_hex = output.decode().split()
+        assert word == "ready"
+        wal = await anyio.Path(path + "-wal").stat()
+        assert wal.st_size > 0, "a live WAL shows the store was not closed cleanly"
+        process.send_signal(signal.SIGKILL)
+        assert await process.wait() == -signal.SIGKILL
+
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        assert (await store.secret()).hex() == secret_hex
+        assert await store.get_session("s1") == session("s1")
+        read = await store.read_after("killed-stream", -1)
+        assert read == [kill_test_event(seq) for seq in range(KILL_EVENTS)]
+        assert {e.resources for e in read} == {TOOL_A, TOOL_BC}
+        record = await store.get_stream("killed-stream")
+        assert record is not None
+        assert record.requests == KILL_REQUESTS
+        assert record.last_seq == KILL_EVENTS - 1
+        assert record.unanswered() == (KILL_REQUESTS[0],)
+    finally:
+        await store.close()
+
+
+if __name__ == "__main__":
+    anyio.run(child_writes_then_waits, sys.argv[1])

@@ -1,0 +1,72 @@
+"""The CLI server as a real child process: started, probed until ready, killed for real."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+CLI = [sys.executable, "-m", "mcp_lossless"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServerProcess:
+    def __init__(self, args: list[str], port: int, log: Path) -> None:
+        self.args = args
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([*CLI, "serve", "--port", str(self.port), *self.args], stdout=out, stderr=out)
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base}/.well-known/oauth-protected-resource/mcp", timeout=1).status_code == 200:
+                    return
+            time.sleep(delay)  # readiness probe of another process: there is no event to await
+            delay = min(delay * 2, 0.25)
+        raise RuntimeError(f"server not ready in {timeout}s:\n{self.log.read_text()}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@contextlib.contextmanager
+def cli_server(args: list[str], log: Path, port: int | None = None) -> Iterator[ServerProcess]:
+    server = ServerProcess(args, port or free_port(), log)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
