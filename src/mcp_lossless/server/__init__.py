@@ -1,1 +1,17 @@
-"""server"""
+"""The lossless MCP server: build with :func:`create_app`, declare tools with :class:`ToolRegistry`."""
+
+from .app import LosslessApp, create_app
+from .config import ServerConfig
+from .tools import RESOURCE_META_KEY, MethodError, MethodHandler, ToolContext, ToolError, ToolRegistry
+
+__all__ = [
+    "RESOURCE_META_KEY",
+    "LosslessApp",
+    "MethodError",
+    "MethodHandler",
+    "ServerConfig",
+    "ToolContext",
+    "ToolError",
+    "ToolRegistry",
+    "create_app",
+]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -18,7 +20,7 @@ from .config import LOOPBACK_HOSTS, ServerConfig
 from .demo import demo_tools
 from .observability import log_decision, now
 from .state import ServerState
-from .tools import ToolRegistry
+from .tools import MethodHandler, ToolRegistry
 from .transport import Transport, rpc_error
 
 log = logging.getLogger("mcp_lossless.app")
@@ -163,6 +165,8 @@ def create_app(
     *,
     store: EventStore | None = None,
     verifier: TokenVerifier | None = None,
+    methods: Mapping[str, MethodHandler] | None = None,
+    capabilities: Mapping[str, Any] | None = None,
 ) -> LosslessApp:
     """The server for ``config``. ``issuer="dev"`` mounts the embedded authorization server under /dev-as."""
     registry = tools if tools is not None else demo_tools()
@@ -187,5 +191,5 @@ def create_app(
         servers = [config.dev_issuer]
     elif config.issuer is not None:
         servers = [config.issuer]
-    state = ServerState(config, registry, store, verifier, servers)
+    state = ServerState(config, registry, store, verifier, servers, methods, capabilities)
     return LosslessApp(state, dev_as)

@@ -28,6 +28,8 @@ class ServerConfig:
     retry_ms: int = 1000
     max_body_bytes: int = 1024 * 1024
     session_idle_seconds: float = 1800.0
+    client_request_seconds: float = 60.0
+    """Longest wait for a client's answer to a server request (sampling, elicitation)."""
     allowed_origins: tuple[str, ...] = ()
     log_level: str = "info"
 

@@ -8,15 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from ..core.eventids import new_key
 from ..core.principal import Principal
 from ..stores.base import EventStore, SessionRecord
 from .streams import LiveStream
+from .tools import ToolContext
 
 
 class Session:
-    __slots__ = ("closing", "get_stream", "id", "last_touch", "live", "principal", "tasks", "version")
+    __slots__ = (
+        "closing",
+        "contexts",
+        "get_stream",
+        "id",
+        "last_touch",
+        "live",
+        "outbound",
+        "principal",
+        "tasks",
+        "version",
+    )
 
     def __init__(self, session_id: str, principal: Principal, version: str) -> None:
         self.id = session_id
@@ -24,6 +37,9 @@ class Session:
         self.version = version
         self.live: dict[str, LiveStream] = {}
         self.tasks: dict[str | int, asyncio.Task[None]] = {}
+        self.contexts: dict[str | int, ToolContext] = {}
+        self.outbound: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        """Server-to-client requests awaiting the client's response, by their id."""
         self.get_stream: str | None = None
         """Key of the standalone GET stream, once opened."""
         self.last_touch = 0.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..core.eventids import EventIdCodec, new_key
@@ -16,7 +16,7 @@ from .auth import TokenVerifier
 from .config import ServerConfig
 from .observability import Metrics
 from .sessions import SessionRegistry
-from .tools import RESOURCE_META_KEY, ToolRegistry
+from .tools import RESOURCE_META_KEY, MethodHandler, ToolRegistry
 
 
 class ServerState:
@@ -27,8 +27,13 @@ class ServerState:
         store: EventStore,
         verifier: TokenVerifier | None,
         authorization_servers: Iterable[str] = (),
+        methods: Mapping[str, MethodHandler] | None = None,
+        capabilities: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = config
+        self.methods = dict(methods or {})
+        """Extra JSON-RPC methods beyond ping, tools/list and tools/call."""
+        self.capabilities: dict[str, Any] = {"tools": {"listChanged": False}, "logging": {}, **(capabilities or {})}
         canonical = canonical_resource(config.canonical_uri)
         self.canonical = canonical
         self.tools = tools.tools

@@ -6,7 +6,26 @@ import asyncio
 
 from ..core.eventids import EventIdCodec
 from ..core.events import RequestId, StoredEvent, StreamRecord
-from ..stores.base import EventStore
+from ..stores.base import EventStore, StoreUnavailable
+
+STORE_RETRY_SECONDS = 30.0
+"""How long an append waits out a store outage before the event's request is declared lost."""
+
+
+async def _append_with_retry(store: EventStore, event: StoredEvent) -> None:
+    """Store ``event``, riding out a short outage: an event is never sent before it is stored."""
+    delay = 0.05
+    waited = 0.0
+    while True:
+        try:
+            await store.append(event)
+            return
+        except StoreUnavailable:
+            if waited >= STORE_RETRY_SECONDS:
+                raise
+            await asyncio.sleep(delay)  # backoff while the store is away; nothing to await instead
+            waited += delay
+            delay = min(delay * 2, 1.0)
 
 
 class LiveStream:
@@ -16,12 +35,24 @@ class LiveStream:
     that sends what it finds here never sends an event a resume could not find again.
     """
 
-    __slots__ = ("_lock", "_waiters", "close_generation", "done", "events", "generation", "record", "writer")
+    __slots__ = (
+        "_lock",
+        "_waiters",
+        "broken",
+        "close_generation",
+        "done",
+        "events",
+        "generation",
+        "record",
+        "writer",
+    )
 
     def __init__(self, record: StreamRecord) -> None:
         self.record = record
         self.events: list[StoredEvent] = []
         self.done = False
+        self.broken = False
+        """An answer could not be stored: the stream cannot end normally and must say so."""
         self.generation = 0
         """Bumped when a writer attaches; an older writer sees it and steps aside."""
         self.writer: int | None = None
@@ -54,6 +85,10 @@ class LiveStream:
         self.notify()
         return self.generation
 
+    def fail(self) -> None:
+        self.broken = True
+        self.notify()
+
     def request_close(self) -> None:
         self.close_generation = self.generation
         self.notify()
@@ -83,7 +118,7 @@ class LiveStream:
                 resources,
                 terminal,
             )
-            await store.append(event)
+            await _append_with_retry(store, event)
             record.last_seq = seq
             if terminal and request_id is not None:
                 record.answered = record.answered | {request_id}

@@ -10,7 +10,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, Protocol, get_type_hints
 
 import pydantic
 
@@ -21,25 +21,25 @@ RESOURCE_META_KEY = "io.github.mcp-lossless/resource"
 ToolResult = str | dict[str, Any]
 
 
+class Channel(Protocol):
+    """How a running request talks back: messages on its own stream, requests to the client, closing."""
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None: ...
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]: ...
+    def close_stream(self) -> None: ...
+
+
 class ToolContext:
-    """What a running tool may use: its caller, progress reporting, cancellation, stream control."""
+    """What a running tool (or method handler) may use: its caller, progress, logs, client requests, cancellation."""
 
-    __slots__ = ("_close_stream", "_progress", "_progress_token", "cancelled", "grant", "request_id")
+    __slots__ = ("_channel", "_progress_token", "cancelled", "grant", "request_id")
 
-    def __init__(
-        self,
-        grant: Grant,
-        request_id: str | int,
-        progress_token: str | int | None,
-        progress: Callable[[dict[str, Any]], Awaitable[None]],
-        close_stream: Callable[[], None],
-    ) -> None:
+    def __init__(self, grant: Grant, request_id: str | int, progress_token: str | int | None, channel: Channel) -> None:
         self.grant = grant
         self.request_id = request_id
         self.cancelled = asyncio.Event()
         self._progress_token = progress_token
-        self._progress = progress
-        self._close_stream = close_stream
+        self._channel = channel
 
     @property
     def principal(self) -> Principal:
@@ -54,11 +54,46 @@ class ToolContext:
             params["total"] = total
         if message is not None:
             params["message"] = message
-        await self._progress(params)
+        await self._channel.notify("notifications/progress", params)
+
+    async def log(self, level: str, data: Any, logger: str | None = None) -> None:
+        """A ``notifications/message`` log entry on this request's stream."""
+        params: dict[str, Any] = {"level": level, "data": data}
+        if logger is not None:
+            params["logger"] = logger
+        await self._channel.notify("notifications/message", params)
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        await self._channel.notify(method, params)
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Ask the client (e.g. ``sampling/createMessage``, ``elicitation/create``) and await its answer.
+
+        Bounded by the server's ``client_request_seconds``; wrap in ``asyncio.timeout`` for less.
+        """
+        return await self._channel.request(method, params)
 
     def close_stream(self) -> None:
         """Close the SSE connection now (SEP-1699 polling); the client resumes with GET + Last-Event-ID."""
-        self._close_stream()
+        self._channel.close_stream()
+
+
+class ToolError(Exception):
+    """Raise from a tool to return an ``isError`` result whose text the caller may see."""
+
+
+class MethodError(Exception):
+    """Raise from a method handler to answer with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+MethodHandler = Callable[[ToolContext, dict[str, Any]], Awaitable[dict[str, Any]]]
+"""An extra JSON-RPC method (``resources/read``, ``prompts/get`` …): params in, result out."""
 
 
 class ToolInputError(ValueError):

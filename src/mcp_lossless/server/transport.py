@@ -6,7 +6,6 @@ the ASGI server. Replays are planned against the resuming token before any byte 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Any
@@ -22,19 +21,15 @@ from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal, plan_replay
 from ..stores.base import EventsEvicted, StoreUnavailable
 from .auth import InvalidToken
+from .dispatch import Dispatcher, is_request_id
 from .observability import fingerprint, log_decision, now
 from .sessions import Session
 from .state import ServerState
 from .streams import LiveStream
-from .tools import ToolContext, ToolInputError, content_of
+from .writer import SseWriter, live_batches, replay_then, store_batches
 
 log = logging.getLogger("mcp_lossless.transport")
 
-SSE_HEADERS = [
-    (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache, no-transform"),
-    (b"x-accel-buffering", b"no"),
-]
 CURSOR_STATUS = {
     CursorProblem.MALFORMED: 400,
     CursorProblem.UNKNOWN: 400,
@@ -51,10 +46,6 @@ CURSOR_TEXT = {
 }
 
 
-class ToolError(Exception):
-    """Raise from a tool to return an ``isError`` result whose text the caller may see."""
-
-
 def rpc_error(code: int, message: str, request_id: RequestId | None = None, data: Any = None) -> dict[str, Any]:
     err: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
@@ -62,13 +53,10 @@ def rpc_error(code: int, message: str, request_id: RequestId | None = None, data
     return {"jsonrpc": "2.0", "id": request_id, "error": err}
 
 
-def _is_id(value: object) -> bool:
-    return isinstance(value, str | int) and not isinstance(value, bool)
-
-
 class Transport:
     def __init__(self, state: ServerState) -> None:
         self.s = state
+        self.dispatcher = Dispatcher(state)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"]
@@ -224,8 +212,10 @@ class Transport:
         for message in messages:
             if "method" in message and "id" in message:
                 requests.append(message)
+            elif "method" not in message:
+                self.dispatcher.deliver(session, message)
             elif message.get("method") == "notifications/cancelled":
-                self._cancel(session, message.get("params"))
+                self.dispatcher.cancel(session, message.get("params"))
         if not requests:
             await respond(send, 202)
             return
@@ -244,7 +234,7 @@ class Transport:
         self.s.metrics.sessions.set(len(self.s.sessions))
         result = {
             "protocolVersion": version,
-            "capabilities": {"tools": {"listChanged": False}, "logging": {}},
+            "capabilities": self.s.capabilities,
             "serverInfo": {"name": "mcp-lossless", "version": __version__},
             "instructions": "Tool results are never lost or leaked: resume with GET + Last-Event-ID.",
         }
@@ -256,12 +246,6 @@ class Transport:
             b"application/json",
             [(b"mcp-session-id", session.id.encode())],
         )
-
-    def _cancel(self, session: Session, params: object) -> None:
-        if isinstance(params, dict):
-            task = session.tasks.get(params.get("requestId"))  # type: ignore[arg-type]
-            if task is not None:
-                task.cancel("cancelled by client")
 
     def _plan_requests(
         self, session: Session, requests: list[dict[str, Any]], grant: Grant
@@ -317,172 +301,26 @@ class Transport:
         if sse and protocol.primes_streams(version):
             await live.append(s.store, s.codec, b"")
         for message, request in zip(requests, pending, strict=True):
-            await self._dispatch(session, live, grant, message, request)
-        if sse:
-            await self._write(receive, send, session, live, DeliveryGate(grant, s.policy, None, s.leeway), -1, b"")
-        else:
-            await self._write_json(receive, send, live, batch)
-
-    async def _dispatch(
-        self, session: Session, live: LiveStream, grant: Grant, message: dict[str, Any], request: PendingRequest
-    ) -> None:
-        s = self.s
-        rid = request.request_id
-        method = request.method
-        if rid in session.tasks or sum(1 for r in live.record.requests if r.request_id == rid) > 1:
-            await self._answer(
-                live,
-                request,
-                frames.error(rid, errors.INVALID_REQUEST, f"request id {rid!r} is already in use in this session"),
-            )
+            await self.dispatcher.dispatch(session, live, grant, message, request)
+        if not sse:
+            await self._write_json(live, send, batch)
             return
-        if method == "ping":
-            await self._answer(live, request, frames.result(rid, {}))
-        elif method == "tools/list":
-            await self._answer(live, request, frames.result(rid, {"tools": s.tools_list}))
-        elif method == "tools/call":
-            params = message.get("params")
-            if request.tool is None:
-                name = params.get("name") if isinstance(params, dict) else None
-                await self._answer(live, request, frames.error(rid, errors.INVALID_PARAMS, f"unknown tool {name!r}"))
-                return
-            assert isinstance(params, dict)
-            task = asyncio.create_task(self._run_tool(session, live, grant, request, params))
-            session.tasks[rid] = task
-        elif method == "logging/setLevel":
-            await self._answer(live, request, frames.result(rid, {}))
-        else:
-            await self._answer(
-                live, request, frames.error(rid, errors.METHOD_NOT_FOUND, f"method {method!r} not found")
-            )
+        writer = SseWriter(s, session.id, record.stream, DeliveryGate(grant, s.policy, None, s.leeway), record.requests)
+        await writer.run(receive, send, live_batches(live, -1, live.attach()), b"")
+        self._release(session, live)
 
-    async def _answer(self, live: LiveStream, request: PendingRequest, data: bytes) -> None:
-        await live.append(
-            self.s.store, self.s.codec, data, request.request_id, request.tool, request.resources, terminal=True
-        )
+    def _release(self, session: Session, live: LiveStream) -> None:
+        """Forget a finished stream once no request of it runs; later resumes read it from the store."""
+        if live.done and not session.tasks.keys() & {r.request_id for r in live.record.requests}:
+            session.live.pop(live.record.stream, None)
 
-    async def _run_tool(
-        self, session: Session, live: LiveStream, grant: Grant, request: PendingRequest, params: dict[str, Any]
-    ) -> None:
-        s = self.s
-        rid = request.request_id
-        tool = s.tools[request.tool or ""]
-        meta = params.get("_meta")
-        token = meta.get("progressToken") if isinstance(meta, dict) else None
-
-        async def progress(values: dict[str, Any]) -> None:
-            await live.append(
-                s.store,
-                s.codec,
-                frames.notification("notifications/progress", values),
-                rid,
-                request.tool,
-                request.resources,
-            )
-
-        ctx = ToolContext(grant, rid, token if _is_id(token) else None, progress, live.request_close)
-        try:
-            kwargs = tool.bind(params.get("arguments"))
-            if tool.context_param is not None:
-                kwargs[tool.context_param] = ctx
-            value = await tool.fn(**kwargs)
-            data = frames.result(rid, content_of(value))
-        except ToolInputError as exc:
-            data = frames.error(rid, errors.INVALID_PARAMS, f"invalid arguments for {tool.name}: {exc}")
-        except ToolError as exc:
-            data = frames.result(rid, {"content": [{"type": "text", "text": str(exc)}], "isError": True})
-        except asyncio.CancelledError:
-            if session.closing == "shutdown":
-                data = frames.execution_lost(rid)
-            else:
-                why = "cancelled by client" if session.closing is None else f"session {session.closing}"
-                data = frames.error(rid, errors.REQUEST_CANCELLED, f"request cancelled: {why}")
-        except Exception:
-            log.exception("tool %s failed", tool.name)
-            data = frames.result(
-                rid, {"content": [{"type": "text", "text": f"tool {tool.name} failed"}], "isError": True}
-            )
-        try:
-            await self._answer(live, request, data)
-        finally:
-            session.tasks.pop(rid, None)
-            if live.done:
-                session.live.pop(live.record.stream, None)
-
-    # -- writing streams -----------------------------------------------------------------------------
-
-    async def _write(
-        self,
-        receive: Receive,
-        send: Send,
-        session: Session,
-        live: LiveStream,
-        gate: DeliveryGate,
-        sent_seq: int,
-        head: bytes,
-    ) -> None:
-        """Deliver events of ``live`` after ``sent_seq`` until the stream ends, the client goes or a tool closes it."""
-        retry = self.s.config.retry_ms
-        generation = live.attach()
-        live.writer = generation
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        disconnect: asyncio.Task[None] | None = None
-        try:
-            while True:
-                chunk = [head] if head else []
-                head = b""
-                for event in live.after(sent_seq):
-                    refusal = gate.check(event, now())
-                    if refusal is not None:
-                        chunk.append(self._refuse_live(session, live, refusal, sent_seq))
-                        await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
-                        return
-                    chunk.append(frames.sse(event.event_id, event.data, retry if not event.data else None))
-                    gate.delivered(event)
-                    sent_seq = event.seq
-                if chunk:
-                    await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
-                if (live.done and sent_seq >= live.record.last_seq) or live.generation != generation:
-                    return
-                if live.close_generation == generation:
-                    live.close_generation = -1
-                    return
-                if disconnect is None:
-                    disconnect = asyncio.create_task(_wait_disconnect(receive))
-                waiter = live.waiter()
-                await asyncio.wait((waiter, disconnect), return_when=asyncio.FIRST_COMPLETED)
-                if disconnect.done():
-                    return
-        finally:
-            if disconnect is not None:
-                disconnect.cancel()
-            if live.writer == generation:
-                live.writer = None
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            if live.done and not session.tasks.keys() & {r.request_id for r in live.record.requests}:
-                session.live.pop(live.record.stream, None)
-
-    def _refuse_live(self, session: Session, live: LiveStream, refusal: Refusal, sent_seq: int) -> bytes:
-        """Frames ending a committed stream; every request whose answer this client has not received is named."""
-        received = {e.request_id for e in live.events if e.terminal and e.seq <= sent_seq}
-        unanswered = [r.request_id for r in live.record.requests if r.request_id not in received]
-        self.s.metrics.refusals.labels(refusal.reason.value, "live").inc()
-        log_decision(
-            "delivery_refused",
-            session=fingerprint(session.id),
-            stream=live.record.stream,
-            reason=refusal.reason.value,
-            event_id=refusal.event_id,
-            missing=list(refusal.missing),
-            cursor=refusal.cursor,
-            requests=unanswered,
-        )
-        return frames.refusal_frames(refusal, unanswered)
-
-    async def _write_json(self, receive: Receive, send: Send, live: LiveStream, batch: bool) -> None:
-        while not live.done:
+    async def _write_json(self, live: LiveStream, send: Send, batch: bool) -> None:
+        while not (live.done or live.broken):
             await live.waiter()
         answers = [e.data for e in live.events if e.terminal]
+        if live.broken or not answers:
+            await respond_json(send, 503, rpc_error(errors.INTERNAL_ERROR, "the answer could not be stored"))
+            return
         body = b"[" + b",".join(answers) + b"]" if batch else answers[0]
         await respond(send, 200, body, b"application/json")
 
@@ -524,7 +362,8 @@ class Transport:
         start = live.record.last_seq
         if protocol.primes_streams(session.version):
             await live.append(s.store, s.codec, b"")
-        await self._write(receive, send, session, live, DeliveryGate(grant, s.policy, None, s.leeway), start, b"")
+        writer = SseWriter(s, session.id, live.record.stream, DeliveryGate(grant, s.policy, None, s.leeway), ())
+        await writer.run(receive, send, live_batches(live, start, live.attach()), b"")
 
     async def _resume(self, receive: Receive, send: Send, session: Session, grant: Grant, last_event_id: str) -> None:
         s = self.s
@@ -533,18 +372,25 @@ class Transport:
             await self._cursor_problem(send, session, cursor, last_event_id)
             return
         live = session.live.get(cursor.stream)
+        if live is not None and live.broken:
+            session.live.pop(cursor.stream, None)  # its producer could not store an answer: settle it below
+            live = None
         if live is not None:
+            record = live.record
+            answered = record.answered
             events: list[StoredEvent] = live.after(cursor.seq)
         else:
-            record = await s.store.get_stream(cursor.stream)
-            if record is None:
+            found = await s.store.get_stream(cursor.stream)
+            if found is None:
                 await self._cursor_problem(send, session, CursorProblem.EVICTED, last_event_id)
                 return
+            record = found
             if cursor.seq > record.last_seq:
                 await self._cursor_problem(send, session, CursorProblem.UNKNOWN, last_event_id)
                 return
             if not record.completed and record.kind is StreamKind.POST and not await self._owner_alive(record.owner):
-                await self._end_orphan(record)
+                record = await self._end_orphan(record)
+            answered = record.answered
             try:
                 events = await s.store.read_after(cursor.stream, cursor.seq)
             except EventsEvicted:
@@ -554,6 +400,7 @@ class Transport:
         if refusal is not None:
             await self._refuse_replay(send, session, refusal)
             return
+        remote = live is None and not record.completed and record.kind is StreamKind.POST
         s.metrics.resumes.labels("replayed").inc()
         s.metrics.replayed.inc(len(events))
         log_decision(
@@ -563,17 +410,18 @@ class Transport:
             cursor=last_event_id,
             decision="replay",
             events=len(events),
-            live=live is not None,
+            tail="live" if live is not None else "replica" if remote else "none",
         )
+        settled = answered - {e.request_id for e in events if e.terminal}
         gate = DeliveryGate(grant, s.policy, last_event_id, s.leeway)
-        retry = b"retry: %d\n\n" % s.config.retry_ms
+        writer = SseWriter(s, session.id, cursor.stream, gate, record.requests, settled)
         if live is not None:
-            await self._write(receive, send, session, live, gate, cursor.seq, retry)
-            return
-        body = [retry]
-        body.extend(frames.sse(e.event_id, e.data) for e in events)
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        await send({"type": "http.response.body", "body": b"".join(body), "more_body": False})
+            batches = live_batches(live, cursor.seq, live.attach())
+        else:
+            after = events[-1].seq if events else cursor.seq
+            tail = store_batches(s.store, cursor.stream, after, self._owner_alive, self._end_orphan) if remote else None
+            batches = replay_then(events, tail)
+        await writer.run(receive, send, batches, b"retry: %d\n\n" % s.config.retry_ms)
 
     async def _cursor(self, session: Session, raw: str) -> Cursor | CursorProblem:
         decoded = self.s.codec.decode(raw, session.id)
@@ -630,28 +478,27 @@ class Transport:
         )
 
     async def _owner_alive(self, owner: str) -> bool:
-        return owner == self.s.instance or await self.s.store.owner_alive(owner)
+        """Whether another live process produces the stream (this one would hold it in ``session.live``)."""
+        return owner != self.s.instance and await self.s.store.owner_alive(owner)
 
-    async def _end_orphan(self, record: StreamRecord) -> None:
+    async def _end_orphan(self, record: StreamRecord) -> StreamRecord:
         """A call whose process died: record EXECUTION_LOST for each unanswered request so the stream ends."""
         s = self.s
         async with s.orphan_lock:
+            if record.owner != s.instance and not await s.store.claim_stream(record.stream, record.owner, s.instance):
+                return await s.store.get_stream(record.stream) or record  # another replica settles it
             fresh = await s.store.get_stream(record.stream)
             if fresh is None or fresh.completed:
-                return
+                return fresh or record
             live = LiveStream(fresh)
+            lost = [r.request_id for r in fresh.unanswered()]
             for request in fresh.unanswered():
-                await live.append(
-                    s.store,
-                    s.codec,
-                    frames.execution_lost(request.request_id),
-                    request.request_id,
-                    request.tool,
-                    request.resources,
-                    terminal=True,
-                )
+                data = frames.execution_lost(request.request_id)
+                rid, tool, tags = request.request_id, request.tool, request.resources
+                await live.append(s.store, s.codec, data, rid, tool, tags, terminal=True)
                 s.metrics.lost.inc()
-            log_decision("execution_lost", stream=record.stream, requests=[r.request_id for r in fresh.unanswered()])
+            log_decision("execution_lost", stream=record.stream, requests=lost)
+            return live.record
 
     # -- DELETE --------------------------------------------------------------------------------------
 
@@ -668,13 +515,6 @@ class Transport:
         await respond(send, 204)
 
 
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 def _validate(messages: list[Any]) -> str | None:
     """Why a body is not a JSON-RPC message or batch, or ``None``."""
     if not messages:
@@ -685,7 +525,7 @@ def _validate(messages: list[Any]) -> str | None:
         if "method" in message:
             if not isinstance(message["method"], str):
                 return "method must be a string"
-            if "id" in message and not _is_id(message["id"]):
+            if "id" in message and not is_request_id(message["id"]):
                 return "request id must be a string or an integer"
             if "params" in message and not isinstance(message["params"], dict | list):
                 return "params must be an object"

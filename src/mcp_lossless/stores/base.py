@@ -65,6 +65,21 @@ class EventStore(Protocol):
         """Whether the server instance ``owner`` still runs (single-process stores: never another)."""
         ...
 
+    async def register_instance(self, instance: str) -> None:
+        """This process serves as ``instance`` until :meth:`close` (shared stores keep a lease alive)."""
+        ...
+
+    async def claim_stream(self, stream: str, expected_owner: str, new_owner: str) -> bool:
+        """Atomically take over a stream whose owner died; ``False`` if someone else already did."""
+        ...
+
+    async def wait_events(self, stream: str, seq: int, timeout: float) -> list[StoredEvent]:
+        """Like :meth:`read_after`, but block up to ``timeout`` seconds for events another process appends.
+
+        Single-process stores have no other writer to wait for and answer at once.
+        """
+        ...
+
 
 def open_store(spec: str) -> EventStore:
     """Build a store from a CLI spec: ``memory``, ``sqlite:PATH`` or ``redis://…``."""

@@ -127,3 +127,16 @@ class MemoryStore:
 
     async def owner_alive(self, owner: str) -> bool:
         return False
+
+    async def register_instance(self, instance: str) -> None:
+        return None
+
+    async def claim_stream(self, stream: str, expected_owner: str, new_owner: str) -> bool:
+        found = self._streams.get(stream)
+        if found is None or found.record.owner != expected_owner:
+            return False
+        found.record.owner = new_owner
+        return True
+
+    async def wait_events(self, stream: str, seq: int, timeout: float) -> list[StoredEvent]:
+        return await self.read_after(stream, seq)

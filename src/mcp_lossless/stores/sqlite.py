@@ -392,3 +392,16 @@ class SqliteStore:
     async def owner_alive(self, owner: str) -> bool:
         """Always ``False``: one process owns the file, so any other owner ended with its process."""
         return False
+
+    async def register_instance(self, instance: str) -> None:
+        return None
+
+    async def claim_stream(self, stream: str, expected_owner: str, new_owner: str) -> bool:
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE streams SET owner = ? WHERE stream = ? AND owner = ?", (new_owner, stream, expected_owner)
+            )
+            return cursor.rowcount == 1
+
+    async def wait_events(self, stream: str, seq: int, timeout: float) -> list[StoredEvent]:
+        return await self.read_after(stream, seq)

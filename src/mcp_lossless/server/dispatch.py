@@ -1,0 +1,201 @@
+"""Running requests: built-in methods, tools and extra method handlers, each answered exactly once.
+
+Every request gets one terminal event on its stream whatever happens to it: a result, a tool error, a
+cancellation, or EXECUTION_LOST when the server shuts down under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from ..core import errors, frames
+from ..core.events import PendingRequest
+from ..core.principal import Grant
+from ..stores.base import StoreUnavailable
+from .sessions import Session
+from .state import ServerState
+from .streams import LiveStream
+from .tools import MethodError, ToolContext, ToolError, ToolInputError, content_of
+
+log = logging.getLogger("mcp_lossless.dispatch")
+_outbound_ids = itertools.count(1)
+
+
+def is_request_id(value: object) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+class StreamChannel:
+    """A request's way back to its client: everything goes on the request's own stream, with its tags."""
+
+    __slots__ = ("_live", "_request", "_session", "_state")
+
+    def __init__(self, state: ServerState, session: Session, live: LiveStream, request: PendingRequest) -> None:
+        self._state = state
+        self._session = session
+        self._live = live
+        self._request = request
+
+    async def _emit(self, data: bytes) -> None:
+        r = self._request
+        await self._live.append(self._state.store, self._state.codec, data, r.request_id, r.tool, r.resources)
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        await self._emit(frames.notification(method, params))
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        outbound_id = f"s-{next(_outbound_ids)}"
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._session.outbound[outbound_id] = future
+        try:
+            await self._emit(orjson.dumps({"jsonrpc": "2.0", "id": outbound_id, "method": method, "params": params}))
+            answer = await asyncio.wait_for(future, self._state.config.client_request_seconds)
+        finally:
+            self._session.outbound.pop(outbound_id, None)
+        error = answer.get("error")
+        if isinstance(error, dict):
+            raise MethodError(int(error.get("code", errors.INTERNAL_ERROR)), str(error.get("message", "")))
+        result = answer.get("result")
+        return result if isinstance(result, dict) else {}
+
+    def close_stream(self) -> None:
+        self._live.request_close()
+
+
+class Dispatcher:
+    def __init__(self, state: ServerState) -> None:
+        self.s = state
+
+    async def dispatch(
+        self, session: Session, live: LiveStream, grant: Grant, message: dict[str, Any], request: PendingRequest
+    ) -> None:
+        s = self.s
+        rid = request.request_id
+        method = request.method
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
+        if rid in session.tasks or sum(1 for r in live.record.requests if r.request_id == rid) > 1:
+            text = f"request id {rid!r} is already in use in this session"
+            await self.answer(live, request, frames.error(rid, errors.INVALID_REQUEST, text))
+        elif method == "ping":
+            await self.answer(live, request, frames.result(rid, {}))
+        elif method == "tools/list":
+            await self.answer(live, request, frames.result(rid, {"tools": s.tools_list}))
+        elif method == "tools/call":
+            if request.tool is None:
+                text = f"unknown tool {params.get('name')!r}"
+                await self.answer(live, request, frames.error(rid, errors.INVALID_PARAMS, text))
+            else:
+                self._start(session, live, grant, request, params, self._tool_work(request, params))
+        elif method in s.methods:
+            handler = s.methods[method]
+
+            async def work(ctx: ToolContext) -> bytes:
+                return frames.result(rid, await handler(ctx, params))
+
+            self._start(session, live, grant, request, params, work)
+        elif method == "logging/setLevel":
+            await self.answer(live, request, frames.result(rid, {}))
+        else:
+            text = f"method {method!r} not found"
+            await self.answer(live, request, frames.error(rid, errors.METHOD_NOT_FOUND, text))
+
+    async def answer(self, live: LiveStream, request: PendingRequest, data: bytes) -> None:
+        r = request
+        await live.append(self.s.store, self.s.codec, data, r.request_id, r.tool, r.resources, terminal=True)
+
+    def _tool_work(self, request: PendingRequest, params: dict[str, Any]) -> Callable[[ToolContext], Awaitable[bytes]]:
+        tool = self.s.tools[request.tool or ""]
+        rid = request.request_id
+
+        async def work(ctx: ToolContext) -> bytes:
+            try:
+                kwargs = tool.bind(params.get("arguments"))
+            except ToolInputError as exc:
+                return frames.error(rid, errors.INVALID_PARAMS, f"invalid arguments for {tool.name}: {exc}")
+            if tool.context_param is not None:
+                kwargs[tool.context_param] = ctx
+            try:
+                return frames.result(rid, content_of(await tool.fn(**kwargs)))
+            except ToolError as exc:
+                return frames.result(rid, {"content": [{"type": "text", "text": str(exc)}], "isError": True})
+
+        return work
+
+    def _start(
+        self,
+        session: Session,
+        live: LiveStream,
+        grant: Grant,
+        request: PendingRequest,
+        params: dict[str, Any],
+        work: Callable[[ToolContext], Awaitable[bytes]],
+    ) -> None:
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        channel = StreamChannel(self.s, session, live, request)
+        ctx = ToolContext(grant, request.request_id, token if is_request_id(token) else None, channel)
+        task = asyncio.create_task(self._run(session, live, request, ctx, work))
+        session.tasks[request.request_id] = task
+        session.contexts[request.request_id] = ctx
+
+    async def _run(
+        self,
+        session: Session,
+        live: LiveStream,
+        request: PendingRequest,
+        ctx: ToolContext,
+        work: Callable[[ToolContext], Awaitable[bytes]],
+    ) -> None:
+        rid = request.request_id
+        try:
+            data = await work(ctx)
+        except MethodError as exc:
+            data = frames.error(rid, exc.code, exc.message, exc.data)
+        except asyncio.CancelledError:
+            if session.closing == "shutdown":
+                data = frames.execution_lost(rid)
+            else:
+                why = "cancelled by client" if session.closing is None else f"session {session.closing}"
+                data = frames.error(rid, errors.REQUEST_CANCELLED, f"request cancelled: {why}")
+        except StoreUnavailable:
+            data = frames.execution_lost(rid)
+        except Exception:
+            log.exception("request %s (%s) failed", rid, request.tool or request.method)
+            if request.tool is not None:
+                text = f"tool {request.tool} failed"
+                data = frames.result(rid, {"content": [{"type": "text", "text": text}], "isError": True})
+            else:
+                data = frames.error(rid, errors.INTERNAL_ERROR, f"{request.method} failed")
+        try:
+            await self.answer(live, request, data)
+        except StoreUnavailable:
+            log.error("answer to request %s could not be stored; its stream reports the loss", rid)
+            live.fail()
+        finally:
+            session.tasks.pop(rid, None)
+            session.contexts.pop(rid, None)
+            if live.done:
+                session.live.pop(live.record.stream, None)
+
+    def cancel(self, session: Session, params: object) -> None:
+        """``notifications/cancelled``: stop the request; it still gets its one (cancelled) answer."""
+        if not isinstance(params, dict):
+            return
+        rid = params.get("requestId")
+        task = session.tasks.get(rid) if is_request_id(rid) else None  # type: ignore[arg-type]
+        if task is not None:
+            session.contexts[rid].cancelled.set()  # type: ignore[index]
+            task.cancel("cancelled by client")
+
+    def deliver(self, session: Session, message: dict[str, Any]) -> None:
+        """A client's response to a server request (sampling, elicitation) wakes the request that asked."""
+        future = session.outbound.get(message.get("id"))  # type: ignore[arg-type]
+        if future is not None and not future.done():
+            future.set_result(message)

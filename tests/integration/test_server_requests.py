@@ -1,0 +1,110 @@
+"""Requests the server sends the client (sampling, elicitation), extra method handlers, and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from mcp_lossless.core.errors import REQUEST_CANCELLED
+from mcp_lossless.server import MethodError, ServerConfig, ToolContext, ToolRegistry, create_app
+from tests.support.mcp_http import Peer, call, parse_sse
+from tests.support.uvicorn_server import lossless_server
+
+pytestmark = pytest.mark.anyio
+
+
+def registry() -> ToolRegistry:
+    tools = ToolRegistry()
+
+    @tools.tool()
+    async def ask(ctx: ToolContext, prompt: str) -> str:
+        """Asks the client's model through sampling/createMessage."""
+        answer = await ctx.request("sampling/createMessage", {"messages": [{"role": "user", "content": prompt}]})
+        await ctx.log("info", {"sampled": True})
+        return f"model said: {answer['content']['text']}"
+
+    @tools.tool()
+    async def wait_forever(ctx: ToolContext) -> str:
+        """Never finishes unless cancelled."""
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    return tools
+
+
+async def read_resource(ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("uri") != "test://hello":
+        raise MethodError(-32002, "resource not found", {"uri": params.get("uri")})
+    return {"contents": [{"uri": "test://hello", "text": "hello"}]}
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    def make(port: int) -> object:
+        config = ServerConfig(port=port, store="memory", issuer=None)
+        return create_app(config, registry(), methods={"resources/read": read_resource}, capabilities={"resources": {}})
+
+    with lossless_server(make) as base:
+        yield base
+
+
+async def test_sampling_request_round_trip(url: str, http: httpx.AsyncClient) -> None:
+    peer = Peer(http, url)
+    init = await peer.initialize()
+    assert "resources" in init["capabilities"]
+    messages = []
+    async with http.stream(
+        "POST", peer.url, headers=peer.headers(), content=orjson.dumps(call(1, "ask", prompt="hi"))
+    ) as r:
+        buffer = ""
+        async for text in r.aiter_text():
+            buffer += text
+            while "\n\n" in buffer:
+                block, buffer = buffer.split("\n\n", 1)
+                for event in parse_sse(block + "\n\n"):
+                    message = event.message
+                    if message is None:
+                        continue
+                    messages.append(message)
+                    if message.get("method") == "sampling/createMessage":
+                        reply = {
+                            "jsonrpc": "2.0",
+                            "id": message["id"],
+                            "result": {"role": "assistant", "content": {"type": "text", "text": "42"}},
+                        }
+                        ack = await http.post(peer.url, headers=peer.headers(), content=orjson.dumps(reply))
+                        assert ack.status_code == 202
+    assert [m.get("method") for m in messages] == ["sampling/createMessage", "notifications/message", None]
+    assert messages[-1]["result"]["content"][0]["text"] == "model said: 42"
+
+
+async def test_extra_method_handler_and_its_errors(url: str, http: httpx.AsyncClient) -> None:
+    peer = Peer(http, url)
+    await peer.initialize()
+    ok = await peer.post({"jsonrpc": "2.0", "id": 1, "method": "resources/read", "params": {"uri": "test://hello"}})
+    assert ok.messages[-1]["result"]["contents"][0]["text"] == "hello"
+    missing = await peer.post({"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"uri": "x"}})
+    assert missing.messages[-1]["error"] == {"code": -32002, "message": "resource not found", "data": {"uri": "x"}}
+
+
+async def test_cancelled_request_still_gets_exactly_one_answer(url: str, http: httpx.AsyncClient) -> None:
+    peer = Peer(http, url)
+    await peer.initialize()
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "w"}}
+    events = []
+    body = orjson.dumps(call("w", "wait_forever"))
+    async with http.stream("POST", peer.url, headers=peer.headers(), content=body) as response:
+        text = ""
+        async for chunk in response.aiter_text():
+            text += chunk
+            if not events and "\n\n" in text:  # the priming event: the call is registered and running
+                events.append("primed")
+                ack = await http.post(peer.url, headers=peer.headers(), content=orjson.dumps(cancel))
+                assert ack.status_code == 202
+    answers = [e.message for e in parse_sse(text) if e.message and e.message.get("id") == "w"]
+    assert len(answers) == 1 and answers[0]["error"]["code"] == REQUEST_CANCELLED
