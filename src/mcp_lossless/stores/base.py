@@ -73,8 +73,8 @@ class EventStore(Protocol):
         """Atomically take over a stream whose owner died; ``False`` if someone else already did."""
         ...
 
-    async def wait_events(self, stream: str, seq: int, timeout: float) -> list[StoredEvent]:
-        """Like :meth:`read_after`, but block up to ``timeout`` seconds for events another process appends.
+    async def wait_events(self, stream: str, seq: int, block_seconds: float) -> list[StoredEvent]:
+        """Like :meth:`read_after`, but block up to ``block_seconds`` for events another process appends.
 
         Single-process stores have no other writer to wait for and answer at once.
         """

@@ -138,5 +138,5 @@ class MemoryStore:
         found.record.owner = new_owner
         return True
 
-    async def wait_events(self, stream: str, seq: int, timeout: float) -> list[StoredEvent]:
+    async def wait_events(self, stream: str, seq: int, block_seconds: float) -> list[StoredEvent]:
         return await self.read_after(stream, seq)

@@ -403,5 +403,5 @@ class SqliteStore:
             )
             return cursor.rowcount == 1
 
-    async def wait_events(self, stream: str, seq: int, timeout: float) -> list[StoredEvent]:
+    async def wait_events(self, stream: str, seq: int, block_seconds: float) -> list[StoredEvent]:
         return await self.read_after(stream, seq)
