@@ -100,6 +100,11 @@ def execution_lost(request_id: RequestId) -> bytes:
 
 def store_unavailable_frames(cursor: str | None, unanswered: Iterable[RequestId]) -> bytes:
     """The event store failed under a committed stream: say so per request; resuming later may succeed."""
-    data = {"reason": "store_unavailable", "requiredResources": [], "lastEventId": cursor, "resumable": True}
+    data: dict[str, Any] = {
+        "reason": "store_unavailable",
+        "requiredResources": [],
+        "lastEventId": cursor,
+        "resumable": True,
+    }
     message = f"event store unavailable; resume later from Last-Event-ID {cursor}"
     return b"".join(sse(None, error(rid, DELIVERY_REFUSED, message, data)) for rid in unanswered)
