@@ -1,1 +1,53 @@
-"""client"""
+"""The lossless MCP client: every call ends in exactly one explicit outcome.
+
+    async with Client(url, auth=OAuth("id", "secret")) as client:
+        result = await client.call_tool("fetch", {"url": u}, on_progress=print, timeout=30)
+
+Outcomes other than a result are the exceptions below (each with a stable ``kind``); :class:`SyncClient`
+offers the same for scripts.
+"""
+
+from ..core.ledger import RecoveryPolicy
+from .client import Client, Tool, ToolResult
+from .errors import (
+    AuthorizationFailed,
+    CallMayHaveRun,
+    ClientClosed,
+    ConnectionFailed,
+    DeadlineExceeded,
+    McpClientError,
+    ProtocolViolation,
+    RemoteError,
+    RequestRejected,
+    SessionLost,
+    ToolError,
+)
+from .oauth import Auth, AuthorizationCodeGrant, BearerToken, LoopbackRedirect, OAuth
+from .session import ProgressUpdate, ServerInfo
+from .sync import SyncClient
+
+__all__ = [
+    "Auth",
+    "AuthorizationCodeGrant",
+    "AuthorizationFailed",
+    "BearerToken",
+    "CallMayHaveRun",
+    "Client",
+    "ClientClosed",
+    "ConnectionFailed",
+    "DeadlineExceeded",
+    "LoopbackRedirect",
+    "McpClientError",
+    "OAuth",
+    "ProgressUpdate",
+    "ProtocolViolation",
+    "RecoveryPolicy",
+    "RemoteError",
+    "RequestRejected",
+    "ServerInfo",
+    "SessionLost",
+    "SyncClient",
+    "Tool",
+    "ToolError",
+    "ToolResult",
+]

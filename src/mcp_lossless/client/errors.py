@@ -1,0 +1,98 @@
+"""Every way a call can end other than with a result, as a distinct exception type.
+
+Each class has a stable ``kind`` keyword (for ``--json`` output and exit statuses) and a ``reason``
+that says what happened in words. No message ever contains a token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class McpClientError(Exception):
+    """Base of every error the client raises for a call or the session."""
+
+    kind = "error"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ToolError(McpClientError):
+    """The tool ran and reported failure (``isError: true``); ``result`` is what it returned."""
+
+    kind = "tool_error"
+
+    def __init__(self, reason: str, result: Any) -> None:
+        super().__init__(reason)
+        self.result = result
+
+
+class RemoteError(McpClientError):
+    """The server answered the request with a JSON-RPC error."""
+
+    kind = "remote_error"
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"server error {code}: {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class CallMayHaveRun(McpClientError):
+    """The request may have been executed, but its result was not received and never will be.
+
+    Raised instead of re-sending when the tool is not known to be idempotent and the caller did not
+    opt in: running it twice could do twice what it does.
+    """
+
+    kind = "may_have_run"
+
+    def __init__(self, reason: str, error: Mapping[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.error = error
+
+
+class SessionLost(CallMayHaveRun):
+    """The server ended the session (HTTP 404) while the call was pending."""
+
+    kind = "session_lost"
+
+
+class DeadlineExceeded(McpClientError, TimeoutError):
+    """The call's deadline passed; the client told the server to cancel it."""
+
+    kind = "deadline"
+
+
+class AuthorizationFailed(McpClientError):
+    """No token the server accepts could be obtained for this call or session."""
+
+    kind = "authorization"
+
+
+class ProtocolViolation(McpClientError):
+    """The server broke the protocol (bad frames, unknown events, foreign ids, no answer)."""
+
+    kind = "protocol"
+
+
+class RequestRejected(McpClientError):
+    """The server refused the request outright (an HTTP 4xx); it did not run."""
+
+    kind = "rejected"
+
+
+class ConnectionFailed(McpClientError):
+    """The server could not be reached; the request was never delivered."""
+
+    kind = "connection"
+
+
+class ClientClosed(McpClientError):
+    """The client was closed while the call was pending."""
+
+    kind = "closed"

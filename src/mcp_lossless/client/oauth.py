@@ -1,0 +1,526 @@
+"""Authorization for the client: static tokens and OAuth 2.1 with RFC 8707 resource indicators.
+
+The session asks an :class:`Auth` for a token covering a set of resource indicators before every
+request, tells it about each ``WWW-Authenticate`` challenge, and asks it to re-authorize (a fresh grant,
+never a refresh: a refresh cannot widen a grant) when the server refuses a token.
+
+:class:`OAuth` discovers the authorization server from the MCP server (RFC 9728 protected resource
+metadata: a challenge's ``resource_metadata`` first, then the path-inserted, then the root well-known
+URI; then RFC 8414 / OpenID Connect discovery), and obtains tokens by ``client_credentials`` or
+``authorization_code`` + PKCE S256 (validating ``iss``, RFC 9207), refreshing them when it can.
+Token requests are built with plain httpx so repeated ``resource`` parameters are encoded correctly.
+Tokens are cached by the resources they were issued for; a token's ``aud`` is read, without trusting
+it, only to notice that an authorization server narrowed what was asked for. Tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, quote_plus, urlencode, urlsplit
+
+import anyio
+import httpx
+import orjson
+from anyio.abc import ByteStream, SocketAttribute, SocketListener
+
+from ..core.resources import InvalidResource, audience_of, canonical_resource
+from .errors import AuthorizationFailed
+
+log = logging.getLogger("mcp_lossless.client.oauth")
+
+_PARAM = re.compile(r'\s*([A-Za-z0-9_!#$%&\'*+.^`|~-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))\s*,?')
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """A parsed ``WWW-Authenticate: Bearer`` challenge (RFC 6750, RFC 9728 ``resource_metadata``).
+
+    ``resources`` is this project's ``resource`` parameter: the indicators a new token must cover.
+    """
+
+    error: str | None = None
+    description: str | None = None
+    scope: str | None = None
+    resource_metadata: str | None = None
+    resources: tuple[str, ...] = ()
+
+
+def parse_challenge(header: str | None) -> Challenge | None:
+    """The Bearer challenge in ``header``, or ``None`` when there is none."""
+    if not header:
+        return None
+    scheme, _, rest = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    params: dict[str, str] = {}
+    for match in _PARAM.finditer(rest):
+        name, quoted, bare = match.groups()
+        value = re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else bare
+        params.setdefault(name.lower(), value)
+    return Challenge(
+        error=params.get("error"),
+        description=params.get("error_description"),
+        scope=params.get("scope"),
+        resource_metadata=params.get("resource_metadata"),
+        resources=tuple(params.get("resource", "").split()),
+    )
+
+
+class Auth:
+    """No credentials: requests go out without ``Authorization``; a refusal cannot be repaired."""
+
+    def bind(self, http: httpx.AsyncClient, server_url: str) -> None:
+        """Called once by the client with its HTTP client and the MCP endpoint URL."""
+
+    async def token(self, resources: frozenset[str]) -> str | None:
+        """A token whose audience covers ``resources`` (empty: the server itself), or ``None``."""
+        return None
+
+    def challenged(self, challenge: Challenge) -> None:
+        """Learn from a challenge (where the metadata is, which scope and resources are wanted)."""
+
+    async def reauthorize(self, resources: frozenset[str]) -> None:
+        """Obtain a fresh grant covering ``resources``; raise :class:`AuthorizationFailed` if impossible."""
+        raise AuthorizationFailed("the server requires authorization and the client has no credentials")
+
+
+class BearerToken(Auth):
+    """A fixed token from the caller; it cannot be renewed."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def token(self, resources: frozenset[str]) -> str | None:
+        return self._token
+
+    async def reauthorize(self, resources: frozenset[str]) -> None:
+        raise AuthorizationFailed("the server refused the fixed bearer token and it cannot be renewed")
+
+
+# ---- discovery ---------------------------------------------------------------------------------------
+
+
+def protected_resource_metadata_urls(server_url: str, challenge_url: str | None = None) -> list[str]:
+    """Where to look for RFC 9728 metadata, in the order the MCP specification gives."""
+    parts = urlsplit(server_url)
+    origin = f"{parts.scheme}://{parts.netloc}"
+    path = parts.path.rstrip("/")
+    urls = [challenge_url] if challenge_url else []
+    if path:
+        urls.append(f"{origin}/.well-known/oauth-protected-resource{path}")
+    urls.append(f"{origin}/.well-known/oauth-protected-resource")
+    return list(dict.fromkeys(urls))
+
+
+def authorization_server_metadata_urls(issuer: str) -> list[str]:
+    """RFC 8414 first, then OpenID Connect discovery, with path insertion when the issuer has a path."""
+    parts = urlsplit(issuer)
+    origin = f"{parts.scheme}://{parts.netloc}"
+    path = parts.path.rstrip("/")
+    if not path:
+        return [f"{origin}/.well-known/oauth-authorization-server", f"{origin}/.well-known/openid-configuration"]
+    return [
+        f"{origin}/.well-known/oauth-authorization-server{path}",
+        f"{origin}/.well-known/openid-configuration{path}",
+        f"{origin}{path}/.well-known/openid-configuration",
+    ]
+
+
+def unverified_audience(token: str) -> frozenset[str] | None:
+    """The ``aud`` of a JWT, read *without* verifying it: only to detect narrowing, never to trust."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        payload = base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4))
+        claims = orjson.loads(payload)
+    except (ValueError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(claims, dict) or "aud" not in claims:
+        return None
+    aud = claims["aud"]
+    return audience_of(aud) if isinstance(aud, str | list) else None
+
+
+def pkce_pair() -> tuple[str, str]:
+    """A PKCE code verifier and its S256 challenge."""
+    verifier = secrets.token_urlsafe(48)
+    digest = hashlib.sha256(verifier.encode("ascii")).digest()
+    return verifier, base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+# ---- grants ------------------------------------------------------------------------------------------
+
+
+RedirectHandler = Callable[[str], Awaitable[str]]
+"""Takes the authorization URL, has the user (or a test) visit it, returns the URL it redirected to."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizationCodeGrant:
+    """``authorization_code`` with PKCE S256: ``handler`` gets the user through the authorization page."""
+
+    redirect_uri: str
+    handler: RedirectHandler
+    login_hint: str | None = None
+
+
+@dataclass(slots=True)
+class _Token:
+    value: str
+    audience: frozenset[str]
+    expires_at: float | None
+    issued_at: float
+
+
+class TokenEndpointError(AuthorizationFailed):
+    """The authorization server answered a token request with an OAuth error."""
+
+    def __init__(self, error: str, description: str) -> None:
+        super().__init__(f"token endpoint refused: {error}: {description}")
+        self.error = error
+
+
+class OAuth(Auth):
+    """OAuth 2.1 for one client registration against whatever AS the MCP server names.
+
+    ``grant`` is ``"client_credentials"`` or an :class:`AuthorizationCodeGrant`. A token is reused while
+    its audience covers what a request needs and it is not about to expire (``leeway`` seconds).
+    """
+
+    def __init__(
+        self,
+        client_id: str,
+        client_secret: str | None = None,
+        *,
+        grant: str | AuthorizationCodeGrant = "client_credentials",
+        scope: str | None = None,
+        token_auth: str = "client_secret_basic",
+        leeway: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if grant != "client_credentials" and not isinstance(grant, AuthorizationCodeGrant):
+            raise ValueError("grant must be 'client_credentials' or an AuthorizationCodeGrant")
+        self.client_id = client_id
+        self._secret = client_secret
+        self._grant = grant
+        self._scope = set(scope.split()) if scope else set()
+        self._token_auth = token_auth
+        self._leeway = leeway
+        self._clock = clock
+        self._http: httpx.AsyncClient | None = None
+        self._server_url = ""
+        self.resource: str | None = None
+        """The MCP server's canonical resource (from its metadata, else its URL)."""
+        self._challenge_metadata: str | None = None
+        self._as: dict[str, Any] | None = None
+        self._tokens: list[_Token] = []
+        self._refresh_token: str | None = None
+        self._lock = anyio.Lock()
+        self.narrowed: list[tuple[frozenset[str], frozenset[str]]] = []
+        """Every (asked for, granted) pair where the AS granted less than was asked: for logs and tests."""
+
+    def bind(self, http: httpx.AsyncClient, server_url: str) -> None:
+        self._http = http
+        self._server_url = server_url
+        self.resource = canonical_resource(server_url)
+
+    def challenged(self, challenge: Challenge) -> None:
+        if challenge.resource_metadata and challenge.resource_metadata != self._challenge_metadata:
+            self._challenge_metadata = challenge.resource_metadata
+        if challenge.error == "insufficient_scope" and challenge.scope:
+            self._scope |= set(challenge.scope.split())
+
+    async def token(self, resources: frozenset[str]) -> str | None:
+        async with self._lock:
+            wanted = self._wanted(resources)
+            cached = self._cached(wanted)
+            if cached is not None:
+                return cached.value
+            if self._refresh_token is not None:
+                try:
+                    refreshed = await self._refresh(wanted)
+                except TokenEndpointError as exc:
+                    log.info("refresh for %s failed (%s); asking for a new grant", _names(wanted), exc.error)
+                else:
+                    if self._covers(refreshed, wanted):
+                        return refreshed.value
+            return (await self._new_grant(wanted)).value
+
+    async def reauthorize(self, resources: frozenset[str]) -> None:
+        """A fresh grant for ``resources``; every cached token that was refused is forgotten."""
+        async with self._lock:
+            wanted = self._wanted(resources)
+            self._tokens = [t for t in self._tokens if not self._covers(t, wanted)]
+            token = await self._new_grant(wanted)
+            if not self._covers(token, wanted):
+                raise AuthorizationFailed(
+                    f"the authorization server granted {_names(token.audience)} when asked for {_names(wanted)}"
+                )
+
+    # ---- token cache --------------------------------------------------------------------------------
+
+    def _wanted(self, resources: frozenset[str]) -> frozenset[str]:
+        if resources:
+            return frozenset(canonical_resource(r) for r in resources)
+        return frozenset({self.resource or canonical_resource(self._server_url)})
+
+    @staticmethod
+    def _covers(token: _Token, wanted: frozenset[str]) -> bool:
+        """Exact coverage: a token for the whole server is not used for one tool (least privilege)."""
+        return wanted <= token.audience
+
+    def _cached(self, wanted: frozenset[str]) -> _Token | None:
+        now = self._clock()
+        self._tokens = [t for t in self._tokens if t.expires_at is None or t.expires_at - self._leeway > now]
+        usable = [t for t in self._tokens if self._covers(t, wanted)]
+        return max(usable, key=lambda t: t.issued_at) if usable else None
+
+    # ---- token requests -----------------------------------------------------------------------------
+
+    async def _new_grant(self, wanted: frozenset[str]) -> _Token:
+        metadata = await self._authorization_server()
+        if isinstance(self._grant, AuthorizationCodeGrant):
+            return await self._authorization_code(metadata, self._grant, wanted)
+        return await self._token_request(metadata, {"grant_type": "client_credentials"}, wanted)
+
+    async def _refresh(self, wanted: frozenset[str]) -> _Token:
+        metadata = await self._authorization_server()
+        assert self._refresh_token is not None
+        params = {"grant_type": "refresh_token", "refresh_token": self._refresh_token}
+        return await self._token_request(metadata, params, wanted, with_scope=False)
+
+    async def _authorization_code(
+        self, metadata: Mapping[str, Any], grant: AuthorizationCodeGrant, wanted: frozenset[str]
+    ) -> _Token:
+        endpoint = metadata.get("authorization_endpoint")
+        if not isinstance(endpoint, str):
+            raise AuthorizationFailed("the authorization server metadata has no authorization_endpoint")
+        verifier, challenge = pkce_pair()
+        state = secrets.token_urlsafe(16)
+        query: list[tuple[str, str]] = [
+            ("response_type", "code"),
+            ("client_id", self.client_id),
+            ("redirect_uri", grant.redirect_uri),
+            ("code_challenge", challenge),
+            ("code_challenge_method", "S256"),
+            ("state", state),
+            *(("resource", r) for r in sorted(wanted)),
+        ]
+        if self._scope:
+            query.append(("scope", " ".join(sorted(self._scope))))
+        if grant.login_hint:
+            query.append(("login_hint", grant.login_hint))
+        separator = "&" if urlsplit(endpoint).query else "?"
+        returned = await grant.handler(endpoint + separator + urlencode(query))
+        params = {k: v[0] for k, v in parse_qs(urlsplit(returned).query).items()}
+        if params.get("state") != state:
+            raise AuthorizationFailed("the authorization response does not carry our state")
+        issuer = metadata.get("issuer")
+        iss_expected = "iss" in params or metadata.get("authorization_response_iss_parameter_supported") is True
+        if iss_expected and params.get("iss") != issuer:
+            raise AuthorizationFailed(f"authorization response iss {params.get('iss')!r} is not {issuer!r}")
+        if "error" in params:
+            raise AuthorizationFailed(
+                f"authorization refused: {params['error']}: {params.get('error_description', '')}"
+            )
+        code = params.get("code")
+        if not code:
+            raise AuthorizationFailed("the authorization response carries no code")
+        exchange = {
+            "grant_type": "authorization_code",
+            "code": code,
+            "redirect_uri": grant.redirect_uri,
+            "code_verifier": verifier,
+        }
+        return await self._token_request(metadata, exchange, wanted, with_scope=False)
+
+    async def _token_request(
+        self, metadata: Mapping[str, Any], params: Mapping[str, str], wanted: frozenset[str], with_scope: bool = True
+    ) -> _Token:
+        endpoint = metadata.get("token_endpoint")
+        if not isinstance(endpoint, str):
+            raise AuthorizationFailed("the authorization server metadata has no token_endpoint")
+        form: list[tuple[str, str]] = [*params.items(), *(("resource", r) for r in sorted(wanted))]
+        if with_scope and self._scope:
+            form.append(("scope", " ".join(sorted(self._scope))))
+        headers = dict(_FORM_HEADERS)
+        if self._secret is not None and self._token_auth == "client_secret_basic":
+            # RFC 6749 §2.3.1: both parts are form-urlencoded before base64.
+            pair = f"{quote_plus(self.client_id)}:{quote_plus(self._secret)}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+        else:
+            form.append(("client_id", self.client_id))
+            if self._secret is not None:
+                form.append(("client_secret", self._secret))
+        try:
+            response = await self._client().post(endpoint, content=urlencode(form), headers=headers)
+        except httpx.HTTPError as exc:
+            raise AuthorizationFailed(f"cannot reach the token endpoint: {exc!r}") from exc
+        body = _json_object(response.content)
+        if response.status_code != 200 or not isinstance(body.get("access_token"), str):
+            error = str(body.get("error") or f"HTTP {response.status_code}")
+            raise TokenEndpointError(error, str(body.get("error_description", "")))
+        return self._store(body, wanted)
+
+    def _store(self, body: Mapping[str, Any], wanted: frozenset[str]) -> _Token:
+        value = str(body["access_token"])
+        now = self._clock()
+        expires_in = body.get("expires_in")
+        audience = unverified_audience(value)
+        if audience is None:
+            audience = wanted  # an opaque token: the AS did not say otherwise
+        elif not wanted <= audience:
+            self.narrowed.append((wanted, audience))
+            log.warning("token narrowed: asked for %s, granted %s", _names(wanted), _names(audience))
+        token = _Token(
+            value,
+            audience,
+            now + float(expires_in) if isinstance(expires_in, int | float) else None,
+            now,
+        )
+        if isinstance(body.get("refresh_token"), str):
+            self._refresh_token = str(body["refresh_token"])
+        self._tokens.append(token)
+        return token
+
+    # ---- metadata -----------------------------------------------------------------------------------
+
+    async def _authorization_server(self) -> Mapping[str, Any]:
+        if self._as is not None:
+            return self._as
+        issuer = await self._issuer()
+        for url in authorization_server_metadata_urls(issuer):
+            document = await self._get_json(url)
+            if document is None:
+                continue
+            if document.get("issuer") != issuer:
+                raise AuthorizationFailed(
+                    f"authorization server metadata at {url} names issuer {document.get('issuer')!r}"
+                )
+            self._as = document
+            return document
+        raise AuthorizationFailed(f"no authorization server metadata for {issuer}")
+
+    async def _issuer(self) -> str:
+        for url in protected_resource_metadata_urls(self._server_url, self._challenge_metadata):
+            document = await self._get_json(url)
+            if document is None:
+                continue
+            resource = document.get("resource")
+            servers = document.get("authorization_servers")
+            if not isinstance(resource, str) or not self._ours(resource):
+                raise AuthorizationFailed(f"protected resource metadata at {url} is for {resource!r}, not this server")
+            if not isinstance(servers, list) or not servers or not isinstance(servers[0], str):
+                raise AuthorizationFailed(f"protected resource metadata at {url} names no authorization server")
+            if canonical_resource(resource) == canonical_resource(self._server_url):
+                self.resource = canonical_resource(resource)
+            return servers[0]
+        # Servers from before RFC 9728 (2025-03-26): the MCP server's origin is the authorization server.
+        parts = urlsplit(self._server_url)
+        return f"{parts.scheme}://{parts.netloc}"
+
+    def _ours(self, resource: str) -> bool:
+        """The metadata describes this MCP server or one of its tools (a resource below its URL)."""
+        try:
+            theirs = canonical_resource(resource)
+        except InvalidResource:
+            return False
+        mine = canonical_resource(self._server_url)
+        return theirs == mine or theirs.startswith(mine + "/")
+
+    async def _get_json(self, url: str) -> dict[str, Any] | None:
+        try:
+            response = await self._client().get(url, headers={"Accept": "application/json"})
+        except httpx.HTTPError as exc:
+            log.info("metadata at %s unreachable: %r", url, exc)
+            return None
+        if response.status_code != 200:
+            return None
+        document = _json_object(response.content)
+        return document or None
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            raise RuntimeError("OAuth is not bound to a client yet")
+        return self._http
+
+
+_FORM_HEADERS = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _names(resources: Iterable[str]) -> str:
+    return " ".join(sorted(resources)) or "(nothing)"
+
+
+# ---- the loopback redirect for command-line use ------------------------------------------------------
+
+
+class LoopbackRedirect:
+    """Receives one authorization response on ``http://127.0.0.1:<port>/callback``.
+
+    Use ``async with LoopbackRedirect(show) as redirect:`` and pass ``AuthorizationCodeGrant(
+    redirect.uri, redirect)``; ``show`` is given the authorization URL (print it, open a browser).
+    """
+
+    def __init__(self, show: Callable[[str], None], path: str = "/callback") -> None:
+        self._show = show
+        self._path = path
+        self._listener: SocketListener | None = None
+        self.uri = ""
+
+    async def __aenter__(self) -> LoopbackRedirect:
+        listeners = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        listener = listeners.listeners[0]
+        assert isinstance(listener, SocketListener)
+        self._listener = listener
+        port = listener.extra(SocketAttribute.local_port)
+        self.uri = f"http://127.0.0.1:{port}{self._path}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._listener is not None:
+            await self._listener.aclose()
+
+    async def __call__(self, authorization_url: str) -> str:
+        if self._listener is None:
+            raise RuntimeError("use LoopbackRedirect inside 'async with'")
+        self._show(authorization_url)
+        while True:
+            stream = await self._listener.accept()
+            async with stream:
+                request = await _read_head(stream)
+                target = request.split(" ", 2)[1] if request.count(" ") >= 2 else ""
+                if urlsplit(target).path != self._path:
+                    await stream.send(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    continue
+                page = b"<!doctype html><title>mcp-lossless</title><p>Done. You can close this window.</p>"
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nConnection: close\r\n"
+                await stream.send(head + b"Content-Length: %d\r\n\r\n" % len(page) + page)
+                return f"http://127.0.0.1{target}"
+
+
+async def _read_head(stream: ByteStream, limit: int = 16384) -> str:
+    data = b""
+    while b"\r\n" not in data and len(data) < limit:
+        chunk = await stream.receive()
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\r\n", 1)[0].decode("latin-1")

@@ -1,0 +1,509 @@
+"""The client engine: runs the ledger's decisions over HTTP, one task per connection.
+
+Every ledger input happens on the event loop between awaits, so the ledger needs no lock. Each stream's
+current connection (or its pending reconnect) runs inside a cancel scope that ``CloseStream`` cancels;
+the ledger ignores anything a superseded connection still reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+from anyio.abc import TaskGroup
+
+from ..core import errors as codes
+from ..core import protocol
+from ..core.ledger import (
+    Action,
+    Answered,
+    CallKey,
+    CallSpec,
+    CancelOnServer,
+    CloseStream,
+    Failure,
+    FailureKind,
+    Incoming,
+    Ledger,
+    Link,
+    Outcome,
+    Progress,
+    Reauthorize,
+    RecoveryPolicy,
+    Report,
+    Resolve,
+    Resume,
+    Send,
+    StreamKey,
+)
+from ..core.sse import SseTooLarge
+from .errors import (
+    AuthorizationFailed,
+    CallMayHaveRun,
+    ClientClosed,
+    ConnectionFailed,
+    DeadlineExceeded,
+    McpClientError,
+    ProtocolViolation,
+    RemoteError,
+    RequestRejected,
+    SessionLost,
+)
+from .oauth import Auth, parse_challenge
+from .transport import Backoff, BodyTooLarge, HttpTransport, media_type
+
+log = logging.getLogger("mcp_lossless.client")
+
+NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+HANDSHAKE_VERSIONS = protocol.SUPPORTED
+"""Offered in this order: the newest first; the server's answer decides (lifecycle version negotiation)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressUpdate:
+    progress: float
+    total: float | None
+    message: str | None
+
+
+ProgressCallback = Callable[[ProgressUpdate], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    protocol_version: str
+    session_id: str | None
+    info: Mapping[str, Any]
+    capabilities: Mapping[str, Any]
+    instructions: str | None
+
+
+class _Waiter:
+    __slots__ = ("done", "on_progress", "outcome")
+
+    def __init__(self, on_progress: ProgressCallback | None) -> None:
+        self.done = anyio.Event()
+        self.on_progress = on_progress
+        self.outcome: Outcome | None = None
+
+
+class Session:
+    """One MCP session over Streamable HTTP, re-established transparently when the server loses it."""
+
+    def __init__(
+        self,
+        transport: HttpTransport,
+        auth: Auth,
+        *,
+        policy: RecoveryPolicy | None = None,
+        backoff: Backoff | None = None,
+        client_info: Mapping[str, Any] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.transport = transport
+        self.auth = auth
+        self.backoff = backoff or Backoff()
+        self._rng = rng or random.SystemRandom()
+        self._prefix = f"{self._rng.getrandbits(64):016x}"
+        """Wire ids start with this unguessable prefix, so they never collide with another client's."""
+        self.ledger = Ledger(self._prefix, policy)
+        self.client_info = dict(client_info or {"name": "mcp-lossless", "version": "0.1.0"})
+        self.server: ServerInfo | None = None
+        self._tg: TaskGroup | None = None
+        self._waiters: dict[CallKey, _Waiter] = {}
+        self._scopes: dict[StreamKey, anyio.CancelScope] = {}
+        self._ready = anyio.Event()
+        self._handshakes = 0
+        self._closing = False
+        self._broken: McpClientError | None = None
+        """Why the session is gone for good (a new one could not be started after the server lost it)."""
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self, tg: TaskGroup) -> ServerInfo:
+        self._tg = tg
+        return await self._initialize()
+
+    async def close(self) -> None:
+        """Fail what is still pending with :class:`ClientClosed`, then end the session on the server."""
+        self._closing = True
+        for key in self.ledger.pending():
+            self._apply(self.ledger.cancel(key, "client closed"))
+        if self.transport.session_id is not None and self._ready.is_set():
+            with anyio.move_on_after(5), _BestEffort():
+                await self.transport.delete(await self.auth.token(frozenset()))
+
+    async def _initialize(self) -> ServerInfo:
+        """The handshake (outside the ledger: nothing is pending on a session that does not exist yet)."""
+        self._handshakes += 1
+        transport = self.transport
+        transport.session_id = None
+        transport.protocol_version = None
+        message = {
+            "jsonrpc": "2.0",
+            "id": f"{self._prefix}-init-{self._handshakes}",
+            "method": "initialize",
+            "params": {"protocolVersion": HANDSHAKE_VERSIONS[0], "capabilities": {}, "clientInfo": self.client_info},
+        }
+        response, session_id = await self._exchange(message)
+        if "error" in response:
+            error = response["error"] if isinstance(response["error"], dict) else {}
+            raise RemoteError(int(error.get("code", 0)), str(error.get("message", "")), error.get("data"))
+        result = response.get("result")
+        if not isinstance(result, dict):
+            raise ProtocolViolation("initialize answered without a result object")
+        version = result.get("protocolVersion")
+        if version not in HANDSHAKE_VERSIONS:
+            raise ProtocolViolation(f"the server speaks protocol {version!r}; this client speaks {HANDSHAKE_VERSIONS}")
+        transport.session_id = session_id
+        transport.protocol_version = str(version)
+        await self._post_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.server = ServerInfo(
+            protocol_version=str(version),
+            session_id=session_id,
+            info=result.get("serverInfo") or {},
+            capabilities=result.get("capabilities") or {},
+            instructions=result.get("instructions"),
+        )
+        log.info("session established: protocol %s, %s", version, "stateful" if session_id else "no session id")
+        self._ready.set()
+        return self.server
+
+    async def _exchange(self, message: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """POST a request outside the ledger and return its response and the session id header."""
+        for _ in range(self.ledger.policy.max_reauthorizations + 1):
+            try:
+                async with self.transport.post(message, await self.auth.token(frozenset())) as response:
+                    status = response.status_code
+                    if status in (401, 403):
+                        challenge = parse_challenge(response.headers.get("www-authenticate"))
+                        if challenge is not None:
+                            self.auth.challenged(challenge)
+                        await self.auth.reauthorize(frozenset(challenge.resources if challenge else ()))
+                        continue
+                    if status >= 400:
+                        body = await self.transport.body(response)
+                        raise RequestRejected(f"{message['method']} refused with HTTP {status}: {_snippet(body)}")
+                    session_id = response.headers.get("mcp-session-id")
+                    return await self._single_response(response, message["id"]), session_id
+            except NOT_SENT_ERRORS as exc:
+                raise ConnectionFailed(f"cannot reach {self.transport.url}: {exc!r}") from exc
+            except (httpx.HTTPError, BodyTooLarge, SseTooLarge) as exc:
+                raise ProtocolViolation(f"{message['method']} failed on the wire: {exc!r}") from exc
+        raise AuthorizationFailed(f"{message['method']}: the server kept refusing new tokens")
+
+    async def _single_response(self, response: httpx.Response, wire_id: object) -> dict[str, Any]:
+        kind = media_type(response)
+        if kind == "application/json":
+            parsed = _json(await self.transport.body(response))
+            if isinstance(parsed, dict) and parsed.get("id") == wire_id:
+                return parsed
+        elif kind == "text/event-stream":
+            async for events, _ in self.transport.events(response):
+                for event in events:
+                    parsed = _json(event.data.encode()) if event.data else None
+                    if isinstance(parsed, dict) and parsed.get("id") == wire_id and "method" not in parsed:
+                        return parsed
+        raise ProtocolViolation(f"no response to {wire_id!r} ({response.status_code} {kind or 'no content type'})")
+
+    # ---- calls --------------------------------------------------------------------------------------
+
+    async def request(
+        self, spec: CallSpec, deadline: float | None, on_progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
+        """Send ``spec`` and wait for its one outcome: the ``result`` object, or a typed exception."""
+        if self._closing:
+            raise ClientClosed("the client is closed")
+        if self._broken is not None:
+            raise SessionLost(f"no session: {self._broken.reason}")
+        key, actions = self.ledger.begin(spec)
+        waiter = self._waiters[key] = _Waiter(on_progress)
+        self._apply(actions)
+        try:
+            with anyio.move_on_after(deadline if deadline is not None else math.inf):
+                await waiter.done.wait()
+        except BaseException:
+            self._apply(self.ledger.cancel(key, "the caller cancelled the call"))
+            raise
+        finally:
+            self._waiters.pop(key, None)
+        if waiter.outcome is None:
+            self._apply(self.ledger.expire(key))
+            waiter.outcome = Failure(FailureKind.DEADLINE, f"no outcome within {deadline} s")
+        return _unwrap(waiter.outcome)
+
+    # ---- executing actions --------------------------------------------------------------------------
+
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            self._log(action)
+            if isinstance(action, Send):
+                self._require_tg().start_soon(self._send, action, self._connection_scope(action.link.stream))
+            elif isinstance(action, Resume):
+                self._require_tg().start_soon(self._resume, action, self._connection_scope(action.link.stream))
+            elif isinstance(action, Reauthorize):
+                self._require_tg().start_soon(self._reauthorize, action)
+            elif isinstance(action, CloseStream):
+                scope = self._scopes.pop(action.stream, None)
+                if scope is not None:
+                    scope.cancel()
+            elif isinstance(action, Resolve):
+                waiter = self._waiters.get(action.call)
+                if waiter is not None:
+                    waiter.outcome = action.outcome
+                    waiter.done.set()
+            elif isinstance(action, Progress):
+                self._progress(action)
+            elif isinstance(action, CancelOnServer):
+                if not self._closing and self._ready.is_set():
+                    params = {"requestId": action.wire_id, "reason": action.reason}
+                    message = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+                    self._require_tg().start_soon(self._post_quietly, message)
+            elif isinstance(action, Incoming):
+                self._incoming(action.message)
+
+    def _connection_scope(self, stream: StreamKey) -> anyio.CancelScope:
+        """The scope of a new connection of ``stream``; the previous one (if any) is cancelled."""
+        scope = anyio.CancelScope()
+        previous = self._scopes.get(stream)
+        if previous is not None:
+            previous.cancel()
+        self._scopes[stream] = scope
+        return scope
+
+    def _release(self, stream: StreamKey, scope: anyio.CancelScope) -> None:
+        if self._scopes.get(stream) is scope:
+            del self._scopes[stream]
+
+    def _log(self, action: Action) -> None:
+        if isinstance(action, Send) and action.reissue_of is not None:
+            log.warning("re-issuing %r as %r: %s", action.reissue_of, action.message["id"], action.reason)
+        elif isinstance(action, Send) and action.reason != "new call":
+            log.info("sending %r again: %s", action.message["id"], action.reason)
+        elif isinstance(action, Resume):
+            stream, cursor, attempt = action.link.stream, action.cursor, action.attempt
+            log.info("resuming stream %d from %r (try %d): %s", stream, cursor, attempt, action.reason)
+        elif isinstance(action, Reauthorize):
+            log.warning("re-authorizing for %s: %s", " ".join(sorted(action.resources)) or "the server", action.reason)
+        elif isinstance(action, Resolve) and isinstance(action.outcome, Failure):
+            log.warning("call %r failed (%s): %s", action.wire_id, action.outcome.kind.value, action.outcome.reason)
+        elif isinstance(action, Report):
+            log.warning("stream %s: %s: %s", action.stream, action.what, action.detail)
+
+    def _progress(self, action: Progress) -> None:
+        waiter = self._waiters.get(action.call)
+        if waiter is None or waiter.on_progress is None:
+            return
+        try:
+            waiter.on_progress(ProgressUpdate(action.progress, action.total, action.message))
+        except Exception:
+            log.exception("progress callback failed")
+
+    def _incoming(self, message: Mapping[str, Any]) -> None:
+        method = message.get("method")
+        if "id" in message:
+            reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+            if method == "ping":
+                reply["result"] = {}
+            else:
+                reply["error"] = {"code": codes.METHOD_NOT_FOUND, "message": f"client does not support {method}"}
+            self._require_tg().start_soon(self._post_quietly, reply)
+            return
+        if method == "notifications/message":
+            params = message.get("params")
+            params = params if isinstance(params, dict) else {}
+            severe = params.get("level") in ("error", "critical", "alert", "emergency")
+            level = logging.WARNING if severe else logging.INFO
+            log.log(level, "server log [%s]: %s", params.get("logger", "-"), _snippet(orjson.dumps(params.get("data"))))
+
+    # ---- connections --------------------------------------------------------------------------------
+
+    async def _send(self, action: Send, scope: anyio.CancelScope) -> None:
+        link = action.link
+        with scope:
+            try:
+                await self._ready.wait()
+                sent_on = self.transport.session_id
+                token = await self.auth.token(action.resources)
+                async with self.transport.post(action.message, token) as response:
+                    await self._consume(link, response, sent_on, resuming=False)
+            except AuthorizationFailed as exc:
+                self._apply(self.ledger.unauthorized(link, action.resources, exc.reason))
+            except NOT_SENT_ERRORS as exc:
+                self._apply(self.ledger.not_sent(link, repr(exc)))
+            except (httpx.HTTPError, BodyTooLarge) as exc:
+                self._apply(self.ledger.lost(link, repr(exc)))
+        self._release(link.stream, scope)
+
+    async def _resume(self, action: Resume, scope: anyio.CancelScope) -> None:
+        link = action.link
+        with scope:
+            await anyio.sleep(self.backoff.delay(action.attempt, action.retry_ms, self._rng.random()))
+            try:
+                await self._ready.wait()
+                sent_on = self.transport.session_id
+                token = await self.auth.token(action.resources)
+                async with self.transport.resume(action.cursor, token) as response:
+                    await self._consume(link, response, sent_on, resuming=True)
+            except AuthorizationFailed as exc:
+                self._apply(self.ledger.unauthorized(link, action.resources, exc.reason))
+            except (httpx.HTTPError, BodyTooLarge) as exc:
+                self._apply(self.ledger.lost(link, repr(exc)))
+        self._release(link.stream, scope)
+
+    async def _consume(self, link: Link, response: httpx.Response, sent_on: str | None, resuming: bool) -> None:
+        """Turn one HTTP response into ledger inputs."""
+        status = response.status_code
+        kind = media_type(response)
+        if 200 <= status < 300:
+            if kind == "text/event-stream":
+                await self._read_stream(link, response)
+            elif status == 202 and not resuming:
+                self._apply(self.ledger.accepted(link))
+            elif kind == "application/json" and not resuming:
+                self._apply(self.ledger.json_body(link, await self.transport.body(response)))
+            else:
+                what = "resume" if resuming else "request"
+                self._apply(self.ledger.ended(link, f"{what} answered {status} {kind or 'without a body type'}"))
+            return
+        body = await self.transport.body(response)
+        parsed = _json(body)
+        detail = f"HTTP {status}: {_snippet(body)}"
+        if status in (401, 403):
+            challenge = parse_challenge(response.headers.get("www-authenticate"))
+            required: list[str] = list(challenge.resources) if challenge else []
+            if isinstance(parsed, dict) and isinstance(parsed.get("requiredResources"), list):
+                required += [r for r in parsed["requiredResources"] if isinstance(r, str)]
+            if challenge is not None:
+                self.auth.challenged(challenge)
+                detail = f"HTTP {status} {challenge.error or ''}: {challenge.description or _snippet(body)}"
+            self._apply(self.ledger.unauthorized(link, required, detail))
+        elif status == 404 and sent_on is not None:
+            self._session_lost(link, sent_on, resuming)
+        elif 400 <= status < 500 and resuming:
+            reason = parsed.get("error") if isinstance(parsed, dict) else None
+            self._apply(self.ledger.cursor_rejected(link, f"{reason or 'HTTP ' + str(status)} ({detail})"))
+        elif 400 <= status < 500 and isinstance(parsed, dict) and parsed.get("id") is not None:
+            self._apply(self.ledger.json_body(link, body))
+        elif 400 <= status < 500:
+            self._apply(self.ledger.rejected(link, detail))
+        else:
+            self._apply(self.ledger.server_failed(link, detail))
+
+    async def _read_stream(self, link: Link, response: httpx.Response) -> None:
+        try:
+            async for events, last_event_id in self.transport.events(response):
+                if not self.ledger.is_current(link):
+                    return  # superseded or finished; its cancellation just has not landed yet
+                self._apply(self.ledger.received(link, events, last_event_id))
+        except SseTooLarge as exc:
+            self._apply(self.ledger.ended(link, str(exc)))
+        except httpx.HTTPError as exc:
+            self._apply(self.ledger.ended(link, f"connection dropped: {exc!r}"))
+        else:
+            self._apply(self.ledger.ended(link, "the server closed the stream"))
+
+    async def _reauthorize(self, action: Reauthorize) -> None:
+        try:
+            await self.auth.reauthorize(action.resources)
+        except AuthorizationFailed as exc:
+            self._apply(self.ledger.reauthorization_failed(action.stream, exc.reason))
+        else:
+            self._apply(self.ledger.reauthorized(action.stream))
+
+    def _session_lost(self, link: Link, sent_on: str, resuming: bool) -> None:
+        """A 404 for our session id: start a new session once, and let the ledger recover the calls.
+
+        A POST answered 404 was not processed and may simply be sent again; a resume answered 404 belongs
+        to a call that was processed, so it follows the may-have-run rules.
+        """
+        if sent_on != self.transport.session_id or not self._ready.is_set():
+            if resuming:
+                self._apply(self.ledger.cursor_rejected(link, "the session ended"))
+            else:
+                self._apply(self.ledger.not_sent(link, "sent on a session that has ended"))
+            return
+        self._ready = anyio.Event()
+        self._apply(self.ledger.session_lost("HTTP 404 for the session id", refused=None if resuming else link))
+        self._require_tg().start_soon(self._reinitialize)
+
+    async def _reinitialize(self) -> None:
+        try:
+            await self._initialize()
+        except McpClientError as exc:
+            log.error("could not start a new session: %s", exc.reason)
+            self._broken = exc
+            self._apply(self.ledger.session_failed(f"the session was lost and could not be re-established: {exc}"))
+
+    async def _post_notification(self, message: Mapping[str, Any]) -> None:
+        async with self.transport.post(message, await self.auth.token(frozenset())) as response:
+            await response.aread()
+
+    async def _post_quietly(self, message: Mapping[str, Any]) -> None:
+        with _BestEffort():
+            await self._post_notification(message)
+
+    def _require_tg(self) -> TaskGroup:
+        if self._tg is None:
+            raise RuntimeError("the session is not started")
+        return self._tg
+
+
+class _BestEffort:
+    """Best-effort sends (cancel notices, DELETE): a failure is logged, never raised."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, httpx.HTTPError | McpClientError):
+            log.info("best-effort request failed: %r", exc)
+            return True
+        return False
+
+
+_FAILURES: dict[FailureKind, type[McpClientError]] = {
+    FailureKind.NOT_SENT: ConnectionFailed,
+    FailureKind.REJECTED: RequestRejected,
+    FailureKind.AUTHORIZATION: AuthorizationFailed,
+    FailureKind.PROTOCOL: ProtocolViolation,
+    FailureKind.DEADLINE: DeadlineExceeded,
+    FailureKind.CANCELLED: ClientClosed,
+}
+
+
+def _unwrap(outcome: Outcome) -> dict[str, Any]:
+    """The ``result`` of an answered call, or the typed exception for everything else."""
+    if isinstance(outcome, Answered):
+        message = outcome.message
+        error = message.get("error")
+        if isinstance(error, dict):
+            raise RemoteError(int(error.get("code", 0)), str(error.get("message", "")), error.get("data"))
+        result = message.get("result")
+        if not isinstance(result, dict):
+            raise ProtocolViolation(f"the response to {message.get('id')!r} has no result object")
+        return result
+    if outcome.kind is FailureKind.MAY_HAVE_RUN:
+        raise CallMayHaveRun(outcome.reason, outcome.error)
+    if outcome.kind is FailureKind.SESSION_LOST:
+        raise SessionLost(outcome.reason, outcome.error)
+    raise _FAILURES[outcome.kind](outcome.reason)
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _snippet(raw: bytes, limit: int = 200) -> str:
+    text = raw.decode("utf-8", errors="replace").strip()
+    return text if len(text) <= limit else text[:limit] + "…"

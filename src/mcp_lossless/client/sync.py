@@ -1,0 +1,68 @@
+"""A blocking wrapper for scripts: the async :class:`Client` on a private event-loop thread.
+
+    with SyncClient("http://127.0.0.1:8000/mcp") as client:
+        print(client.call_tool("search", {"query": "x"}).text)
+
+Progress callbacks run on the loop thread. Exceptions are the same typed errors as the async client's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import ExitStack
+from functools import partial
+from types import TracebackType
+from typing import Any
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from .client import Client, Tool, ToolResult
+from .session import ProgressCallback, ServerInfo
+
+
+class SyncClient:
+    """Takes the same arguments as :class:`Client`."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        self._client = Client(url, **options)
+        self._stack: ExitStack | None = None
+        self._portal: BlockingPortal | None = None
+
+    def __enter__(self) -> SyncClient:
+        with ExitStack() as stack:
+            portal = stack.enter_context(start_blocking_portal())
+            # One task enters and exits the client: its task group must not change hands.
+            stack.enter_context(portal.wrap_async_context_manager(self._client))
+            self._portal, self._stack = portal, stack.pop_all()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        stack, self._stack, self._portal = self._stack, None, None
+        if stack is not None:
+            stack.close()
+
+    @property
+    def server(self) -> ServerInfo:
+        return self._client.server
+
+    def list_tools(self, *, timeout: float | None = None) -> list[Tool]:
+        return self._require().call(partial(self._client.list_tools, timeout=timeout))
+
+    def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        timeout: float | None = None,
+        reissue: bool | None = None,
+    ) -> ToolResult:
+        call = partial(
+            self._client.call_tool, name, arguments, on_progress=on_progress, timeout=timeout, reissue=reissue
+        )
+        return self._require().call(call)
+
+    def _require(self) -> BlockingPortal:
+        if self._portal is None:
+            raise RuntimeError("use the client inside 'with'")
+        return self._portal

@@ -1,0 +1,131 @@
+"""Streamable HTTP mechanics over httpx: headers, POST/GET/DELETE, bounded bodies, SSE decoding.
+
+This module knows the wire, not the calls: what a response *means* for the pending calls is decided
+by the ledger (see :mod:`mcp_lossless.client.session`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from ..core.sse import DEFAULT_MAX_EVENT_BYTES, SseDecoder, SseEvent
+
+ACCEPT_POST = "application/json, text/event-stream"
+ACCEPT_SSE = "text/event-stream"
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class BodyTooLarge(Exception):
+    """A JSON body exceeded the bound; the server is misbehaving or hostile."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Reconnect delays: the server's ``retry:`` first (the spec says MUST respect it), then exponential.
+
+    The first try after a stream ends waits exactly ``retry`` (or ``initial``); every further fruitless
+    try doubles that, capped, and spreads by up to ``jitter`` so many clients do not reconnect in step.
+    """
+
+    initial: float = 0.5
+    factor: float = 2.0
+    maximum: float = 10.0
+    jitter: float = 0.25
+
+    def delay(self, attempt: int, retry_ms: int | None, rand: float) -> float:
+        """Seconds to wait before try number ``attempt`` (0-based); ``rand`` is uniform in [0, 1)."""
+        base = retry_ms / 1000 if retry_ms is not None else self.initial
+        if attempt == 0:
+            return base
+        grown = min(self.maximum, base * self.factor**attempt)
+        return max(base, grown * (1 - self.jitter * rand))
+
+
+def media_type(response: httpx.Response) -> str:
+    return str(response.headers.get("content-type", "")).split(";", 1)[0].strip().lower()
+
+
+class HttpTransport:
+    """One MCP endpoint: the session id and protocol version every request after ``initialize`` carries."""
+
+    def __init__(
+        self,
+        url: str,
+        http: httpx.AsyncClient,
+        *,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self.url = url
+        self.http = http
+        self.max_event_bytes = max_event_bytes
+        self.max_body_bytes = max_body_bytes
+        self.session_id: str | None = None
+        self.protocol_version: str | None = None
+
+    def headers(self, token: str | None, accept: str, last_event_id: str | None = None) -> dict[str, str]:
+        headers = {"Accept": accept}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        if self.session_id is not None:
+            headers[SESSION_HEADER] = self.session_id
+        if self.protocol_version is not None:
+            headers[VERSION_HEADER] = self.protocol_version
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        return headers
+
+    @asynccontextmanager
+    async def post(self, message: Mapping[str, Any], token: str | None) -> AsyncIterator[httpx.Response]:
+        """POST one JSON-RPC message; the response is open for streaming inside the block."""
+        headers = self.headers(token, ACCEPT_POST)
+        headers["Content-Type"] = "application/json"
+        request = self.http.build_request("POST", self.url, content=orjson.dumps(message), headers=headers)
+        response = await self.http.send(request, stream=True)
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+    @asynccontextmanager
+    async def resume(self, last_event_id: str, token: str | None) -> AsyncIterator[httpx.Response]:
+        """GET the stream again from ``last_event_id`` (resumption is always a GET)."""
+        request = self.http.build_request("GET", self.url, headers=self.headers(token, ACCEPT_SSE, last_event_id))
+        response = await self.http.send(request, stream=True)
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+    async def delete(self, token: str | None) -> int:
+        """End the session on the server; returns the status (405: the server does not allow it)."""
+        response = await self.http.delete(self.url, headers=self.headers(token, ACCEPT_POST))
+        return response.status_code
+
+    async def body(self, response: httpx.Response) -> bytes:
+        """The whole body, refusing to buffer more than the bound."""
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise BodyTooLarge(f"response body exceeds {self.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def events(self, response: httpx.Response) -> AsyncIterator[tuple[list[SseEvent], str | None]]:
+        """Decoded events per received chunk, with the id buffer after them (a fresh decoder per connection)."""
+        decoder = SseDecoder(self.max_event_bytes)
+        async for chunk in response.aiter_bytes():
+            before = decoder.last_event_id
+            events = decoder.feed(chunk)
+            if events or decoder.last_event_id != before:
+                yield events, decoder.last_event_id

@@ -1,0 +1,111 @@
+"""Pure helpers of the client: reconnect delays, challenges, discovery order, unverified audience, PKCE."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcp_lossless.client.oauth import (
+    Challenge,
+    authorization_server_metadata_urls,
+    parse_challenge,
+    pkce_pair,
+    protected_resource_metadata_urls,
+    unverified_audience,
+)
+from mcp_lossless.client.transport import Backoff
+
+
+def test_first_reconnect_waits_exactly_the_server_retry() -> None:
+    backoff = Backoff(initial=0.5, factor=2, maximum=10, jitter=0.25)
+    assert backoff.delay(0, 500, 0.99) == 0.5
+    assert backoff.delay(0, None, 0.99) == 0.5
+    assert backoff.delay(0, 2000, 0.0) == 2.0
+
+
+@given(st.integers(1, 30), st.one_of(st.none(), st.integers(0, 60_000)), st.floats(0, 1, exclude_max=True))
+def test_later_reconnects_back_off_but_never_below_retry_nor_above_cap(
+    attempt: int, retry_ms: int | None, rand: float
+) -> None:
+    backoff = Backoff(initial=0.5, factor=2, maximum=10, jitter=0.25)
+    base = retry_ms / 1000 if retry_ms is not None else 0.5
+    delay = backoff.delay(attempt, retry_ms, rand)
+    assert delay >= base
+    assert delay <= max(base, 10)
+
+
+def test_backoff_grows() -> None:
+    backoff = Backoff(initial=0.1, factor=2, maximum=10, jitter=0)
+    assert [backoff.delay(n, None, 0.5) for n in range(5)] == [0.1, 0.2, 0.4, 0.8, 1.6]
+
+
+def test_parse_our_refusal_challenge() -> None:
+    header = (
+        'Bearer error="insufficient_scope", error_description="token audience does not cover x, \\"y\\"", '
+        'resource="https://a/mcp/tools/fetch https://a/mcp/tools/search", '
+        'resource_metadata="https://a/.well-known/oauth-protected-resource/mcp/tools/fetch"'
+    )
+    assert parse_challenge(header) == Challenge(
+        error="insufficient_scope",
+        description='token audience does not cover x, "y"',
+        scope=None,
+        resource_metadata="https://a/.well-known/oauth-protected-resource/mcp/tools/fetch",
+        resources=("https://a/mcp/tools/fetch", "https://a/mcp/tools/search"),
+    )
+
+
+def test_parse_challenge_edge_cases() -> None:
+    assert parse_challenge(None) is None
+    assert parse_challenge('Basic realm="x"') is None
+    assert parse_challenge("Bearer") == Challenge()
+    assert parse_challenge("bearer scope=read, error=invalid_token") == Challenge(error="invalid_token", scope="read")
+
+
+def test_protected_resource_metadata_order() -> None:
+    assert protected_resource_metadata_urls("https://h:8/mcp", "https://h:8/custom/prm") == [
+        "https://h:8/custom/prm",
+        "https://h:8/.well-known/oauth-protected-resource/mcp",
+        "https://h:8/.well-known/oauth-protected-resource",
+    ]
+    assert protected_resource_metadata_urls("https://h/") == ["https://h/.well-known/oauth-protected-resource"]
+
+
+def test_authorization_server_metadata_order() -> None:
+    assert authorization_server_metadata_urls("https://as.example/tenant1") == [
+        "https://as.example/.well-known/oauth-authorization-server/tenant1",
+        "https://as.example/.well-known/openid-configuration/tenant1",
+        "https://as.example/tenant1/.well-known/openid-configuration",
+    ]
+    assert authorization_server_metadata_urls("https://as.example") == [
+        "https://as.example/.well-known/oauth-authorization-server",
+        "https://as.example/.well-known/openid-configuration",
+    ]
+
+
+def _jwt(claims: object) -> str:
+    def part(value: object) -> str:
+        return base64.urlsafe_b64encode(orjson.dumps(value)).rstrip(b"=").decode()
+
+    return f"{part({'alg': 'none'})}.{part(claims)}.sig"
+
+
+def test_unverified_audience() -> None:
+    assert unverified_audience(_jwt({"aud": "HTTPS://A.example/mcp/"})) == frozenset({"https://a.example/mcp"})
+    assert unverified_audience(_jwt({"aud": ["https://a/x", "https://a/y"]})) == frozenset(
+        {"https://a/x", "https://a/y"}
+    )
+    assert unverified_audience(_jwt({"sub": "x"})) is None
+    assert unverified_audience("opaque-token") is None
+    assert unverified_audience("a.!!!.c") is None
+
+
+def test_pkce_pair_is_s256() -> None:
+    verifier, challenge = pkce_pair()
+    assert 43 <= len(verifier) <= 128
+    expected = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    assert challenge == expected
+    assert pkce_pair()[0] != verifier
