@@ -54,6 +54,12 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--session-idle-seconds", type=float)
     p.add_argument("--allowed-origin", action="append", dest="allowed_origins", metavar="ORIGIN")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--conformance",
+        action="store_true",
+        help="serve the official conformance suite's fixtures instead of the demo tools (auth off, memory store, "
+        "loopback only)",
+    )
 
 
 def build_config(args: argparse.Namespace) -> ServerConfig:
@@ -73,11 +79,14 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         settings["dev_clients"] = dict(args.dev_client)
     if "allowed_origins" in settings:
         settings["allowed_origins"] = tuple(settings["allowed_origins"])
-    if args.auth == "none":
-        settings["issuer"] = None
+    if args.auth == "none" or args.conformance:
+        settings["issuer"] = None  # the suite cannot send tokens
+    if args.conformance:
+        settings.setdefault("store", "memory")
     config = ServerConfig(**settings)
     if config.issuer is None and not config.loopback:
-        raise SystemExit("--auth none is refused on a non-loopback host: it would serve tools to anyone")
+        what = "--conformance" if args.conformance else "--auth none"
+        raise SystemExit(f"{what} is refused on a non-loopback host: it would serve tools to anyone")
     return config
 
 
@@ -85,11 +94,15 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .server.app import create_app
+    from .server.conformance import conformance_app
     from .server.observability import configure_logging
 
     config = build_config(args)
     configure_logging(config.log_level)
-    app = create_app(config)
+    try:
+        app = conformance_app(config) if args.conformance else create_app(config)
+    except ValueError as exc:
+        raise SystemExit(f"mcp-lossless: {exc}") from None
     print(f"mcp-lossless: MCP endpoint  {config.canonical_uri}", file=sys.stderr)
     print(f"mcp-lossless: metadata      {app.state.prm_url}", file=sys.stderr)
     if config.issuer == "dev":

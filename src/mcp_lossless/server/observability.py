@@ -52,6 +52,8 @@ class Metrics:
         r = self.registry
         self.sessions = Gauge("mcp_lossless_sessions", "Sessions held in this process", registry=r)
         self.streams = Counter("mcp_lossless_streams_total", "SSE streams opened", ["kind"], registry=r)
+        self.post_streams = self.streams.labels("post")
+        """Pre-bound: a label lookup per request showed in the hot-path profile."""
         self.resumes = Counter(
             "mcp_lossless_resumes_total", "Resume attempts (GET + Last-Event-ID) by outcome", ["outcome"], registry=r
         )

@@ -110,8 +110,12 @@ class Tool:
     annotations: dict[str, Any] = field(default_factory=dict)
     resource: str | None = None
     """Explicit resource indicator; ``None`` means ``<canonical>/tools/<name>``."""
+    schema: dict[str, Any] | None = None
+    """Published instead of the schema derived from the signature (for JSON Schema type hints cannot express)."""
 
     def input_schema(self) -> dict[str, Any]:
+        if self.schema is not None:
+            return self.schema
         schema = self.arguments.model_json_schema()
         schema.pop("title", None)
         return schema
@@ -161,8 +165,12 @@ class ToolRegistry:
         idempotent: bool | None = None,
         read_only: bool | None = None,
         title: str | None = None,
+        input_schema: dict[str, Any] | None = None,
     ) -> Callable[[Callable[..., Awaitable[ToolResult]]], Callable[..., Awaitable[ToolResult]]]:
-        """Register an async function as a tool. Parameters typed :class:`ToolContext` receive the context."""
+        """Register an async function as a tool. Parameters typed :class:`ToolContext` receive the context.
+
+        ``input_schema`` replaces the published ``inputSchema``; calls are still validated against the signature.
+        """
 
         def register(fn: Callable[..., Awaitable[ToolResult]]) -> Callable[..., Awaitable[ToolResult]]:
             tool_name = name or fn.__name__
@@ -186,6 +194,7 @@ class ToolRegistry:
                 context_param=context_param,
                 annotations=annotations,
                 resource=resource,
+                schema=input_schema,
             )
             return fn
 

@@ -26,7 +26,7 @@ from .observability import fingerprint, log_decision, now
 from .sessions import Session
 from .state import ServerState
 from .streams import LiveStream
-from .writer import SseWriter, live_batches, replay_then, store_batches
+from .writer import LiveSource, SseWriter, StoredSource
 
 log = logging.getLogger("mcp_lossless.transport")
 
@@ -296,7 +296,7 @@ class Transport:
         await s.store.open_stream(record)
         live = LiveStream(record)
         session.live[record.stream] = live
-        s.metrics.streams.labels("post").inc()
+        s.metrics.post_streams.inc()
         sse = not s.config.json_response
         if sse and protocol.primes_streams(version):
             await live.append(s.store, s.codec, b"")
@@ -306,7 +306,7 @@ class Transport:
             await self._write_json(live, send, batch)
             return
         writer = SseWriter(s, session.id, record.stream, DeliveryGate(grant, s.policy, None, s.leeway), record.requests)
-        await writer.run(receive, send, live_batches(live, -1, live.attach()), b"")
+        await writer.run(receive, send, LiveSource(live, -1), b"")
         self._release(session, live)
 
     def _release(self, session: Session, live: LiveStream) -> None:
@@ -363,7 +363,7 @@ class Transport:
         if protocol.primes_streams(session.version):
             await live.append(s.store, s.codec, b"")
         writer = SseWriter(s, session.id, live.record.stream, DeliveryGate(grant, s.policy, None, s.leeway), ())
-        await writer.run(receive, send, live_batches(live, start, live.attach()), b"")
+        await writer.run(receive, send, LiveSource(live, start), b"")
 
     async def _resume(self, receive: Receive, send: Send, session: Session, grant: Grant, last_event_id: str) -> None:
         s = self.s
@@ -415,13 +415,13 @@ class Transport:
         settled = answered - {e.request_id for e in events if e.terminal}
         gate = DeliveryGate(grant, s.policy, last_event_id, s.leeway)
         writer = SseWriter(s, session.id, cursor.stream, gate, record.requests, settled)
+        source: LiveSource | StoredSource
         if live is not None:
-            batches = live_batches(live, cursor.seq, live.attach())
+            source = LiveSource(live, cursor.seq)
         else:
-            after = events[-1].seq if events else cursor.seq
-            tail = store_batches(s.store, cursor.stream, after, self._owner_alive, self._end_orphan) if remote else None
-            batches = replay_then(events, tail)
-        await writer.run(receive, send, batches, b"retry: %d\n\n" % s.config.retry_ms)
+            tail = (s.store, cursor.stream, self._owner_alive, self._end_orphan) if remote else None
+            source = StoredSource(events, cursor.seq, tail)
+        await writer.run(receive, send, source, b"retry: %d\n\n" % s.config.retry_ms)
 
     async def _cursor(self, session: Session, raw: str) -> Cursor | CursorProblem:
         decoded = self.s.codec.decode(raw, session.id)

@@ -1,15 +1,16 @@
 """Writing SSE responses: events from a source, each checked against the stream's token before it is sent.
 
-A source yields batches of stored events: :func:`live_batches` for a stream this process produces,
-:func:`store_batches` for one another replica produces (tailed through the store). The writer stops at the
-first event the token may not receive and says so in band, without an ``id:``, so the cursor stays put.
+A source gives batches of stored events: :class:`LiveSource` for a stream this process produces,
+:class:`StoredSource` for a replay, followed by the tail of a stream another replica still produces. The
+writer stops at the first event the token may not receive and says so in band, without an ``id:``, so the
+cursor stays put.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
 from ..asgi import Receive, Send
 from ..core import frames
@@ -29,59 +30,88 @@ TAIL_WAIT_SECONDS = 2.0
 """How long one blocking read of another replica's stream waits before its owner's lease is checked."""
 
 
-async def live_batches(live: LiveStream, sent_seq: int, generation: int) -> AsyncIterator[list[StoredEvent]]:
-    """Events of ``live`` after ``sent_seq`` as they are published, until it ends or this writer must stop."""
-    live.writer = generation
-    try:
-        while True:
-            if live.broken:
-                raise StoreUnavailable("an answer on this stream could not be stored")
-            events = live.after(sent_seq)
-            if events:
-                yield events
-                sent_seq = events[-1].seq
-                continue
-            if (live.done and sent_seq >= live.record.last_seq) or live.generation != generation:
-                return
-            if live.close_generation == generation:
-                live.close_generation = -1
-                return
-            await live.waiter()
-    finally:
-        if live.writer == generation:
-            live.writer = None
+class EventSource(Protocol):
+    """Where a writer's events come from. ``ready`` never blocks: events now, ``[]`` for none yet, ``None`` at end."""
+
+    def ready(self) -> list[StoredEvent] | None: ...
+    async def wait(self) -> None: ...
+    def close(self) -> None: ...
 
 
-async def replay_then(
-    events: list[StoredEvent], tail: AsyncIterator[list[StoredEvent]] | None
-) -> AsyncIterator[list[StoredEvent]]:
-    """Replayed events as one batch, then (for a stream still running elsewhere) its tail."""
-    if events:
-        yield events
-    if tail is not None:
-        async for batch in tail:
-            yield batch
+class LiveSource:
+    """Events of a stream this process produces, as they are published, until it ends or this writer must stop."""
 
+    __slots__ = ("generation", "live", "sent_seq")
 
-async def store_batches(
-    store: EventStore,
-    stream: str,
-    sent_seq: int,
-    owner_alive: Callable[[str], Awaitable[bool]],
-    end_orphan: Callable[[StreamRecord], Awaitable[object]],
-) -> AsyncIterator[list[StoredEvent]]:
-    """Tail a stream another replica produces: blocking reads, and an explicit end if that replica dies."""
-    while True:
-        events = await store.wait_events(stream, sent_seq, TAIL_WAIT_SECONDS)
+    def __init__(self, live: LiveStream, sent_seq: int) -> None:
+        self.live = live
+        self.sent_seq = sent_seq
+        self.generation = live.attach()
+        live.writer = self.generation
+
+    def ready(self) -> list[StoredEvent] | None:
+        live = self.live
+        if live.broken:
+            raise StoreUnavailable("an answer on this stream could not be stored")
+        events = live.after(self.sent_seq)
         if events:
-            yield events
-            sent_seq = events[-1].seq
-            continue
-        record = await store.get_stream(stream)
-        if record is None or (record.completed and sent_seq >= record.last_seq):
+            self.sent_seq = events[-1].seq
+            return events
+        if (live.done and self.sent_seq >= live.record.last_seq) or live.generation != self.generation:
+            return None
+        if live.close_generation == self.generation and self.sent_seq >= 0:
+            # Close only once the client holds an event id of this stream to resume from (SEP-1699): a close
+            # before any id (no priming below 2025-11-25) waits for the next event.
+            live.close_generation = -1
+            return None
+        return []
+
+    async def wait(self) -> None:
+        await self.live.waiter()
+
+    def close(self) -> None:
+        if self.live.writer == self.generation:
+            self.live.writer = None
+
+
+class StoredSource:
+    """Replayed events, then, for a stream another replica still produces, its tail read through the store."""
+
+    def __init__(
+        self,
+        events: list[StoredEvent],
+        sent_seq: int,
+        tail: tuple[EventStore, str, Callable[[str], Awaitable[bool]], Callable[[StreamRecord], Awaitable[object]]]
+        | None = None,
+    ) -> None:
+        self.buffer = events
+        self.sent_seq = events[-1].seq if events else sent_seq
+        self.tail = tail
+        self.finished = tail is None
+
+    def ready(self) -> list[StoredEvent] | None:
+        if self.buffer:
+            events, self.buffer = self.buffer, []
+            return events
+        return None if self.finished else []
+
+    async def wait(self) -> None:
+        """One blocking read of the tail; between reads, notice the end of the stream or its owner's death."""
+        assert self.tail is not None
+        store, stream, owner_alive, end_orphan = self.tail
+        events = await store.wait_events(stream, self.sent_seq, TAIL_WAIT_SECONDS)
+        if events:
+            self.buffer = events
+            self.sent_seq = events[-1].seq
             return
-        if not record.completed and not await owner_alive(record.owner):
+        record = await store.get_stream(stream)
+        if record is None or (record.completed and self.sent_seq >= record.last_seq):
+            self.finished = True
+        elif not record.completed and not await owner_alive(record.owner):
             await end_orphan(record)
+
+    def close(self) -> None:
+        return None
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -111,46 +141,76 @@ class SseWriter:
         self.settled = set(settled)
         """Requests whose answer the client already has: a refusal does not name them."""
 
-    async def run(self, receive: Receive, send: Send, batches: AsyncIterator[list[StoredEvent]], head: bytes) -> None:
-        retry = self.s.config.retry_ms
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        if head:
-            await send({"type": "http.response.body", "body": head, "more_body": True})
-        disconnect = asyncio.create_task(_wait_disconnect(receive))
+    async def run(self, receive: Receive, send: Send, source: EventSource, head: bytes) -> None:
+        """Send events as the source has them; coalesce what is ready into one write; end with the stream.
+
+        Before blocking, the writer yields once so a call that answers at once lands in the same write, and
+        only then starts watching for the client's disconnect.
+        """
+        pending = [head] if head else []
+        started = False
+        yielded = False
+        disconnect: asyncio.Task[None] | None = None
         try:
             while True:
-                step = asyncio.ensure_future(anext(batches))
+                try:
+                    events = source.ready()
+                except StoreUnavailable:
+                    pending.append(self._store_failure())
+                    return
+                if events is None:
+                    return
+                if events:
+                    yielded = False
+                    if self._frames(events, pending):
+                        return
+                    continue
+                if not yielded:
+                    yielded = True
+                    await asyncio.sleep(0)
+                    continue
+                if pending or not started:
+                    if not started:
+                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                        started = True
+                    await send({"type": "http.response.body", "body": b"".join(pending), "more_body": True})
+                    pending = []
+                if disconnect is None:
+                    disconnect = asyncio.create_task(_wait_disconnect(receive))
+                step = asyncio.ensure_future(source.wait())
                 await asyncio.wait((step, disconnect), return_when=asyncio.FIRST_COMPLETED)
                 if not step.done():
                     step.cancel()
                     return
                 try:
-                    events = step.result()
-                except StopAsyncIteration:
-                    return
+                    step.result()
                 except StoreUnavailable:
-                    await self._send_end(send, self._store_failure())
+                    pending.append(self._store_failure())
                     return
-                chunk = []
-                for event in events:
-                    refusal = self.gate.check(event, now())
-                    if refusal is not None:
-                        chunk.append(self._refusal(refusal))
-                        await self._send_end(send, b"".join(chunk))
-                        return
-                    chunk.append(frames.sse(event.event_id, event.data, None if event.data else retry))
-                    self.gate.delivered(event)
-                    if event.terminal and event.request_id is not None:
-                        self.settled.add(event.request_id)
-                await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
+                yielded = True
         finally:
-            disconnect.cancel()
-            with contextlib.suppress(StopAsyncIteration, RuntimeError):
-                await batches.aclose()  # type: ignore[attr-defined]
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if disconnect is not None:
+                disconnect.cancel()
+            source.close()
+            if not started:
+                await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
 
-    async def _send_end(self, send: Send, body: bytes) -> None:
-        await send({"type": "http.response.body", "body": body, "more_body": True})
+    def _frames(self, events: list[StoredEvent], out: list[bytes]) -> bool:
+        """Append the frames of ``events`` the token may receive; ``True`` when a refusal ended the stream."""
+        gate = self.gate
+        retry = self.s.config.retry_ms
+        clock = now()
+        for event in events:
+            refusal = gate.check(event, clock)
+            if refusal is not None:
+                out.append(self._refusal(refusal))
+                return True
+            out.append(frames.sse(event.event_id, event.data, None if event.data else retry))
+            gate.delivered(event)
+            if event.terminal and event.request_id is not None:
+                self.settled.add(event.request_id)
+        return False
 
     def _unsettled(self) -> list[RequestId]:
         return [r.request_id for r in self.requests if r.request_id not in self.settled]
