@@ -1,4 +1,4 @@
-"""``mcp-lossless``: ``serve`` the lossless MCP server (more commands join as they land)."""
+"""``mcp-lossless``: ``serve`` the lossless MCP server, ``audit`` any MCP server (more commands join as they land)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,10 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--port", type=int)
     p.add_argument("--path", help="MCP endpoint path (default /mcp)")
     p.add_argument("--public-url", help="canonical server URI as clients see it, when behind a proxy")
-    p.add_argument("--store", help="memory | sqlite:PATH (default sqlite:mcp-lossless.db)")
+    p.add_argument(
+        "--store",
+        help="memory | sqlite:PATH | redis://HOST:PORT[/DB][?prefix=P] (default sqlite:mcp-lossless.db)",
+    )
     p.add_argument("--issuer", help="'dev' for the embedded authorization server (default) or an issuer URL")
     p.add_argument("--auth", choices=["jwt", "none"], help="'none' disables auth: loopback conformance runs only")
     p.add_argument(
@@ -48,6 +51,11 @@ def _serve_parser(sub: Any) -> None:
         help="embedded AS: refuse several resources per token (invalid_target), like oidc-provider",
     )
     p.add_argument("--token-ttl", type=int, help="embedded AS access token lifetime, seconds")
+    p.add_argument(
+        "--dev-keys",
+        metavar="PATH",
+        help="embedded AS: private JWKS file (created if missing); give replicas the same one",
+    )
     p.add_argument("--json-response", action="store_true", default=None, help="answer POSTs with JSON, not SSE")
     p.add_argument("--retry-ms", type=int, help="SSE retry: the client's reconnect delay")
     p.add_argument("--max-body-bytes", type=int)
@@ -60,6 +68,13 @@ def _serve_parser(sub: Any) -> None:
         help="serve the official conformance suite's fixtures instead of the demo tools (auth off, memory store, "
         "loopback only)",
     )
+
+
+def _audit_parser(sub: Any) -> None:
+    from .audit.command import add_arguments
+
+    p = sub.add_parser("audit", help="probe any Streamable HTTP MCP server for lost or leaked tool results")
+    add_arguments(p)
 
 
 def build_config(args: argparse.Namespace) -> ServerConfig:
@@ -127,6 +142,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="mcp-lossless", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _audit_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         sys.exit(serve(args))
+    if args.command == "audit":
+        from .audit.command import run as audit
+
+        sys.exit(audit(args))

@@ -7,6 +7,7 @@ import pytest
 
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
+from tests.support.redis_server import RedisServer, redis_server
 from tests.support.uvicorn_server import lossless_server
 
 CLIENTS = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
@@ -27,3 +28,15 @@ def server_url() -> Iterator[str]:
 async def http() -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(timeout=10) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def redis() -> Iterator[RedisServer]:
+    """A real redis-server (Debian's package, installed if missing) on a free loopback port, persistence on."""
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis: RedisServer) -> str:
+    return redis.url

@@ -1,9 +1,10 @@
-"""The EventStore contract, run against every backend, plus SQLite durability across a real SIGKILL."""
+"""The EventStore contract against every backend (Redis: a real redis-server), plus SQLite durability after SIGKILL."""
 
 from __future__ import annotations
 
 import signal
 import sys
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from mcp_lossless.core.events import PendingRequest, RequestId, StoredEvent, Str
 from mcp_lossless.core.principal import Principal
 from mcp_lossless.stores.base import EventsEvicted, EventStore, SessionRecord, StoreUnavailable
 from mcp_lossless.stores.memory import MemoryStore
+from mcp_lossless.stores.redis import RedisStore
 from mcp_lossless.stores.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
@@ -26,10 +28,10 @@ BOB = Principal("https://issuer.example", "bob", "client-2")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 OpenStore = Callable[[int | None], Awaitable[EventStore]]
-"""Opens a fresh store; the argument is its eviction limit (memory: total events, sqlite: per stream)."""
+"""Opens a fresh store; the argument is its eviction limit (memory: total events, sqlite and redis: per stream)."""
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OpenStore]:
     opened: list[EventStore] = []
 
@@ -37,8 +39,11 @@ async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
         store: EventStore
         if request.param == "memory":
             store = MemoryStore() if limit is None else MemoryStore(max_events=limit)
-        else:
+        elif request.param == "sqlite":
             store = SqliteStore(str(tmp_path / f"store{len(opened)}.db"), max_events_per_stream=limit)
+        else:
+            url = request.getfixturevalue("redis_url")
+            store = RedisStore(url, prefix=f"contract-{uuid.uuid4().hex}", max_events_per_stream=limit)
         await store.open()
         opened.append(store)
         return store
@@ -267,6 +272,26 @@ async def test_deleted_sessions_do_not_count_towards_the_eviction_limit(open_sto
 
 async def test_owner_alive_is_false_for_single_process_stores(store: EventStore) -> None:
     assert await store.owner_alive("instance-1") is False
+
+
+async def test_claim_stream_is_a_compare_and_set_of_the_owner(store: EventStore) -> None:
+    await store.open_stream(stream("k1"))
+
+    assert await store.claim_stream("k1", "someone-else", "instance-2") is False
+    assert await store.claim_stream("k1", "instance-1", "instance-2") is True
+    assert await store.claim_stream("k1", "instance-1", "instance-3") is False
+    assert await store.claim_stream("never-opened", "instance-1", "instance-2") is False
+    got = await store.get_stream("k1")
+    assert got is not None
+    assert got.owner == "instance-2"
+
+
+async def test_wait_events_answers_at_once_when_events_are_there(store: EventStore) -> None:
+    await store.open_stream(stream("k1"))
+    events = await fill(store, "k1", 4)
+
+    with anyio.fail_after(2):
+        assert await store.wait_events("k1", 1, block_seconds=30) == events[2:]
 
 
 async def test_memory_store_evicts_by_bytes() -> None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from joserfc import jwt
+from joserfc.errors import JoseError
 from joserfc.jwk import ECKey, Key, KeyParameters, KeySet, RSAKey
 
 SIGNING_ALGORITHMS = ("RS256", "ES256")
@@ -25,10 +30,49 @@ class SigningKeys:
     Older keys stay in the JWKS so tokens signed before a rotation keep verifying, like a real AS.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keys: list[Key] | None = None) -> None:
+        """Fresh keys, or ``keys`` newest first (the first key of each algorithm signs)."""
         self._current: dict[str, Key] = {}
         self._all: list[Key] = []
-        self.rotate()
+        if keys is None:
+            self.rotate()
+            return
+        self._all = list(keys)
+        for key in reversed(self._all):
+            self._current[str(key.alg)] = key
+        missing = set(SIGNING_ALGORITHMS) - self._current.keys()
+        if missing:
+            raise ValueError(f"no private signing key for {', '.join(sorted(missing))}")
+
+    @classmethod
+    def shared(cls, path: str | Path) -> SigningKeys:
+        """Keys kept in a private JWKS file, created if missing, so several replicas sign and verify alike.
+
+        The file is created whole and only once (written aside, then hard-linked into place), so replicas
+        starting together all end up with the keys of whichever created it first.
+        """
+        path = Path(path)
+        if not path.exists():
+            fresh = KeySet(cls()._all).as_dict(private=True)
+            descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            try:
+                with os.fdopen(descriptor, "w") as handle:
+                    json.dump(fresh, handle)
+                os.link(temporary, path)
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(temporary)
+        try:
+            keys = KeySet.import_key_set(json.loads(path.read_text())).keys
+        except (OSError, ValueError, TypeError, KeyError, JoseError) as exc:
+            raise ValueError(f"dev keys {path}: not a JWKS of private keys ({exc})") from exc
+        if not all(key.is_private for key in keys):
+            raise ValueError(f"dev keys {path}: every key must include its private part")
+        try:
+            return cls(keys)
+        except ValueError as exc:
+            raise ValueError(f"dev keys {path}: {exc}") from None
 
     def rotate(self) -> None:
         fresh = {alg: _generate(alg) for alg in SIGNING_ALGORITHMS}

@@ -53,6 +53,7 @@ class DevAuthServer:
         token_ttl: int = 600,
         refresh_ttl: int = 86400,
         clock: Callable[[], float] = time.time,
+        signing: SigningKeys | None = None,
     ) -> None:
         self.issuer = issuer
         self.path_prefix = urlsplit(issuer).path.rstrip("/")
@@ -65,7 +66,8 @@ class DevAuthServer:
         self._auto_approve = auto_approve
         self._token_ttl = token_ttl
         self._clock = clock
-        self._signing = SigningKeys()
+        self._signing = signing if signing is not None else SigningKeys()
+        """Fresh per process, or shared (``SigningKeys.shared``) by replicas that must accept each other's tokens."""
         self._store = GrantStore(self.rules, refresh_ttl=refresh_ttl, clock=clock)
         self.jwks_requests = 0
         """How often the JWKS was served: lets tests prove a verifier does not fetch it in a storm."""

@@ -122,6 +122,7 @@ class LosslessApp:
     async def startup(self) -> None:
         state = self.state
         await state.start()
+        await state.store.register_instance(state.instance)  # replicas see this process alive by its lease
         issuer = self.config.issuer
         if state.verifier is None and issuer is not None and issuer != "dev":
             self._http = httpx.AsyncClient(timeout=10)
@@ -174,6 +175,7 @@ def create_app(
     dev_as = None
     servers: list[str] = []
     if config.issuer == "dev":
+        from ..devauth.keys import SigningKeys
         from ..devauth.server import DevAuthServer
 
         canonical = canonical_resource(config.canonical_uri)
@@ -185,6 +187,7 @@ def create_app(
             least_privilege=config.least_privilege,
             single_audience=config.single_audience,
             token_ttl=config.token_ttl,
+            signing=SigningKeys.shared(config.dev_keys) if config.dev_keys else None,
         )
         if verifier is None:
             verifier = JwtVerifier(config.dev_issuer, StaticJwks(dev_as.keys), leeway=config.leeway_seconds)

@@ -22,6 +22,8 @@ class ServerConfig:
     least_privilege: bool = False
     single_audience: bool = False
     token_ttl: int = 600
+    dev_keys: str | None = None
+    """Private JWKS file of the embedded AS, created if missing: replicas given one file accept each other's tokens."""
     leeway_seconds: float = 30.0
     """Clock skew allowed on ``exp``/``nbf``, at verification and for tokens expiring mid-stream."""
     json_response: bool = False

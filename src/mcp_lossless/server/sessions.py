@@ -81,9 +81,12 @@ class SessionRegistry:
     async def find(self, session_id: str, principal: Principal) -> Session | None:
         """The session if it exists and belongs to ``principal``; ``None`` otherwise (same answer for both)."""
         session = self._sessions.get(session_id)
-        if session is None:
+        if session is None or self._store.shared:
             record = await self._store.get_session(session_id)
             if record is None:
+                if session is not None:  # deleted or expired by another replica
+                    self._sessions.pop(session_id, None)
+                    await session.close("deleted")
                 return None
             session = self._sessions.setdefault(
                 session_id, Session(record.session_id, record.principal, record.protocol_version)

@@ -6,7 +6,7 @@ import asyncio
 
 from ..core.eventids import EventIdCodec
 from ..core.events import RequestId, StoredEvent, StreamRecord
-from ..stores.base import EventStore, StoreUnavailable
+from ..stores.base import EventStore, StoreUnavailable, StreamTakenOver
 
 STORE_RETRY_SECONDS = 30.0
 """How long an append waits out a store outage before the event's request is declared lost."""
@@ -20,6 +20,8 @@ async def _append_with_retry(store: EventStore, event: StoredEvent) -> None:
         try:
             await store.append(event)
             return
+        except StreamTakenOver:
+            raise
         except StoreUnavailable:
             if waited >= STORE_RETRY_SECONDS:
                 raise

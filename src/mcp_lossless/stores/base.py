@@ -22,6 +22,10 @@ class StoreUnavailable(Exception):
     """The backend cannot be reached; the server answers 503 and acknowledges nothing."""
 
 
+class StreamTakenOver(StoreUnavailable):
+    """Another instance took this stream over (its owner's lease lapsed): retrying cannot help."""
+
+
 @dataclass(slots=True)
 class SessionRecord:
     session_id: str
@@ -32,6 +36,10 @@ class SessionRecord:
 
 
 class EventStore(Protocol):
+    shared: bool
+    """Whether other server processes use this store too: then the store, not process memory, is the truth
+    about sessions (one replica's DELETE must hold on every replica)."""
+
     async def open(self) -> None: ...
     async def close(self) -> None: ...
 
@@ -91,4 +99,8 @@ def open_store(spec: str) -> EventStore:
         from .sqlite import SqliteStore
 
         return SqliteStore(spec.removeprefix("sqlite:"))
-    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH")
+    if spec.startswith(("redis://", "rediss://")):
+        from .redis import RedisStore
+
+        return RedisStore.from_spec(spec)
+    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH, redis://HOST:PORT[/DB][?prefix=P]")

@@ -22,6 +22,8 @@ class _Stream:
 
 
 class MemoryStore:
+    shared = False
+
     def __init__(self, max_events: int = 1_000_000, max_bytes: int = 256 * 1024 * 1024) -> None:
         self.max_events = max_events
         self.max_bytes = max_bytes

@@ -136,6 +136,8 @@ def _decode_requests(raw: str) -> tuple[PendingRequest, ...]:
 class SqliteStore:
     """The :class:`~mcp_lossless.stores.base.EventStore` on one SQLite file, owned by one server process."""
 
+    shared = False
+
     def __init__(self, path: str, *, max_events_per_stream: int | None = None) -> None:
         if max_events_per_stream is not None and max_events_per_stream < 1:
             raise ValueError("max_events_per_stream must be at least 1")

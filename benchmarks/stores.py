@@ -1,0 +1,348 @@
+"""The event stores side by side: Redis (two fsync policies) vs SQLite vs memory, in one run.
+
+    .venv/bin/python benchmarks/stores.py            # full run (a minute or two)
+    .venv/bin/python benchmarks/stores.py --quick    # smoke run: small counts
+
+Measures, with the same events (a 150-byte progress notification, one tool's resource tag, a real
+HMAC event id) for every store:
+
+- appends/s: one stream appended one event at a time (what one call does), and 16 streams at once;
+- replayed events/s: ``read_after`` of a whole 10,000-event stream;
+- resume latency p50/p99 over HTTP: a GET + Last-Event-ID replaying a finished 20-event call, served by
+  *another* replica for Redis, by the same server for SQLite and memory (which cannot have replicas);
+- Redis memory per 10,000 events (``INFO memory`` before/after), in one stream and spread over 100.
+
+A redis-server (Debian's package, installed if missing) runs on a free loopback port with a temporary
+directory, as in the tests. Writes ``benchmarks/RESULTS-stores.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import uvloop
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.processes import ServerProcess, free_port  # noqa: E402
+from tests.support.redis_server import RedisServer, redis_server_binary  # noqa: E402
+
+from mcp_lossless.core.eventids import EventIdCodec  # noqa: E402
+from mcp_lossless.core.events import StoredEvent, StreamKind, StreamRecord  # noqa: E402
+from mcp_lossless.stores.base import EventStore  # noqa: E402
+from mcp_lossless.stores.memory import MemoryStore  # noqa: E402
+from mcp_lossless.stores.redis import RedisStore  # noqa: E402
+from mcp_lossless.stores.sqlite import SqliteStore  # noqa: E402
+
+TAGS = frozenset({"http://127.0.0.1:8000/mcp/tools/search"})
+CODEC = EventIdCodec(b"benchmark-secret-of-32-bytes!!!!")
+SESSION = "b" * 43
+REPORT = ROOT / "benchmarks" / "RESULTS-stores.md"
+
+
+def progress(stream: str, seq: int) -> StoredEvent:
+    data = orjson.dumps(
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": {"progressToken": "tok-1", "progress": seq, "total": 100000, "message": f"search step {seq}"},
+        }
+    )
+    return StoredEvent(SESSION, stream, seq, CODEC.encode(SESSION, stream, seq), data, 7, "search", TAGS)
+
+
+def stream_key(n: int) -> str:
+    return f"bench-stream-{n:06d}-xxxx"  # 22 characters, like a real stream key
+
+
+async def open_record(store: EventStore, key: str) -> None:
+    await store.open_stream(StreamRecord(SESSION, key, StreamKind.POST, "bench-instance"))
+
+
+# --- store-level throughput ---------------------------------------------------------------------------
+
+
+async def append_rate(store: EventStore, streams: int, per_stream: int, first: int) -> float:
+    keys = [stream_key(first + n) for n in range(streams)]
+    for key in keys:
+        await open_record(store, key)
+    batches = [[progress(key, seq) for seq in range(per_stream)] for key in keys]
+
+    async def one(events: list[StoredEvent]) -> None:
+        for event in events:
+            await store.append(event)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(b) for b in batches))
+    return streams * per_stream / (time.perf_counter() - started)
+
+
+async def replay_rate(store: EventStore, key: str, events: int, rounds: int) -> float:
+    started = time.perf_counter()
+    for _ in range(rounds):
+        got = await store.read_after(key, -1)
+        assert len(got) == events, (len(got), events)
+    return events * rounds / (time.perf_counter() - started)
+
+
+async def throughput(stores: dict[str, Callable[[], Awaitable[EventStore]]], n: int, rounds: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for name, make in stores.items():
+        store = await make()
+        try:
+            sequential = await append_rate(store, 1, n, 0)
+            concurrent = await append_rate(store, 16, n // 16, 100)
+            replay = await replay_rate(store, stream_key(0), n, rounds)
+        finally:
+            await store.close()
+        results[name] = {"append_1": sequential, "append_16": concurrent, "replay": replay}
+        print(f"{name:16} append 1 stream {sequential:9.0f}/s  16 streams {concurrent:9.0f}/s  replay {replay:9.0f}/s")
+    return results
+
+
+# --- Redis memory ---------------------------------------------------------------------------------------
+
+
+async def redis_memory(url: str) -> dict[str, Any]:
+    from redis.asyncio import Redis
+
+    raw = Redis.from_url(url)
+    results: dict[str, Any] = {}
+    try:
+        for label, streams in (("1 stream", 1), ("100 streams", 100)):
+            store = RedisStore(url, prefix=f"mem-{streams}", max_events_per_stream=None)
+            await store.open()
+            before = int((await raw.info("memory"))["used_memory"])
+            per = 10_000 // streams
+            for n in range(streams):
+                key = stream_key(n)
+                await open_record(store, key)
+                for seq in range(per):
+                    await store.append(progress(key, seq))
+            after = int((await raw.info("memory"))["used_memory"])
+            events_key = f"mem-{streams}:{{{SESSION}}}:e:{stream_key(0)}"
+            usage = await raw.memory_usage(events_key, samples=0)
+            await store.close()
+            results[label] = {"total": after - before, "events_key": usage, "per_stream_events": per}
+            print(f"redis memory, {label}: {(after - before) / 1e6:.2f} MB per 10,000 events")
+    finally:
+        await raw.aclose()
+    return results
+
+
+# --- resume latency over HTTP ---------------------------------------------------------------------------
+
+
+def serve_args(store: str, canonical: str) -> list[str]:
+    return ["--store", store, "--auth", "none", "--public-url", canonical, "--log-level", "warning"]
+
+
+@contextlib.contextmanager
+def replicas(store: str, count: int, logs: Path) -> Iterator[list[ServerProcess]]:
+    canonical = f"http://127.0.0.1:{free_port()}/mcp"
+    servers = [ServerProcess(serve_args(store, canonical), free_port(), logs / f"r{n}.log") for n in range(count)]
+    try:
+        with ThreadPoolExecutor(count) as pool:
+            list(pool.map(ServerProcess.start, servers))
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+HEADERS = {
+    "accept": "application/json, text/event-stream",
+    "content-type": "application/json",
+    "mcp-protocol-version": "2025-11-25",
+}
+
+
+async def finished_call(http: httpx.AsyncClient, base: str) -> tuple[str, str]:
+    """A session with one finished 20-event call; returns the session id and the first event id."""
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25"}}
+    response = await http.post(f"{base}/mcp", content=orjson.dumps(init), headers=HEADERS)
+    session = response.headers["mcp-session-id"]
+    params = {"name": "search", "arguments": {"query": "q", "steps": 19, "delay_ms": 0}, "_meta": {"progressToken": 1}}
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    response = await http.post(
+        f"{base}/mcp", content=orjson.dumps(message), headers={**HEADERS, "mcp-session-id": session}
+    )
+    first = next(line[4:] for line in response.text.splitlines() if line.startswith("id: "))
+    return session, first
+
+
+async def resume_latency(producer: str, resumer: str, count: int) -> dict[str, float]:
+    async with httpx.AsyncClient(timeout=30) as http:
+        session, first = await finished_call(http, producer)
+        headers = {**HEADERS, "mcp-session-id": session, "last-event-id": first, "accept": "text/event-stream"}
+        samples = []
+        for n in range(count + 20):
+            started = time.perf_counter()
+            response = await http.get(f"{resumer}/mcp", headers=headers)
+            elapsed = time.perf_counter() - started
+            replayed = sum(1 for line in response.text.splitlines() if line.startswith("id: "))
+            assert response.status_code == 200 and replayed == 20, (response.status_code, replayed)
+            if n >= 20:  # warm-up: connections, caches
+                samples.append(elapsed)
+    samples.sort()
+    return {
+        "p50_ms": statistics.median(samples) * 1000,
+        "p99_ms": samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1000,
+    }
+
+
+async def latencies(redis_url: str, work: Path, count: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with replicas(f"{redis_url}?prefix=latency", 2, work) as (a, b):
+        results["redis, other replica"] = await resume_latency(a.base, b.base, count)
+    with replicas(f"sqlite:{work / 'latency.db'}", 1, work) as (single,):
+        results["sqlite, same server"] = await resume_latency(single.base, single.base, count)
+    with replicas("memory", 1, work) as (single,):
+        results["memory, same server"] = await resume_latency(single.base, single.base, count)
+    for name, value in results.items():
+        print(f"resume {name:22} p50 {value['p50_ms']:.2f} ms  p99 {value['p99_ms']:.2f} ms")
+    return results
+
+
+# --- report ---------------------------------------------------------------------------------------------
+
+
+def render(results: dict[str, Any], args: argparse.Namespace, redis_version: str) -> str:
+    t = results["throughput"]
+    lines = [
+        "# Event stores: Redis vs SQLite vs memory",
+        "",
+        f"Run {results['started']} (UTC), {'quick' if args.quick else 'full'} run, "
+        f"command: `.venv/bin/python benchmarks/stores.py{' --quick' if args.quick else ''}`.",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs shared with other work (load average "
+        f"{results['load']:.1f} at start), Linux {platform.release()}, "
+        f"Python {platform.python_version()} on uvloop, redis-py with hiredis; {redis_version} on loopback, AOF on.",
+        "",
+        f"Events: {len(progress('x' * 22, 1).data)}-byte progress notifications with one resource tag and an HMAC "
+        "event id, as the server stores them. Stores are driven directly (no HTTP) for throughput; SQLite runs",
+        "WAL with `synchronous=NORMAL` (no fsync per commit), memory is the in-process default.",
+        "",
+        "## Throughput",
+        "",
+        "| store | appends/s, 1 stream | appends/s, 16 streams at once | replayed events/s (10,000-event stream) |",
+        "|---|---|---|---|",
+    ]
+    for name, value in t.items():
+        lines.append(f"| {name} | {value['append_1']:,.0f} | {value['append_16']:,.0f} | {value['replay']:,.0f} |")
+    lines += [
+        "",
+        "One append is one round trip for Redis (a Lua script: entry, record and trim together), so one",
+        "stream is bound by latency; concurrent streams overlap their round trips over the connection pool.",
+        "On this VM a round trip costs the client 150-200 us of CPU, mostly in socket system calls.",
+        "",
+        "## Resume latency",
+        "",
+        "GET + Last-Event-ID replaying a finished call (20 events) with `--auth none`; Redis is served by the",
+        f"replica that did *not* run the call. {results['resumes']} sequential resumes after 20 warm-up ones.",
+        "",
+        "| store, where | p50 | p99 |",
+        "|---|---|---|",
+    ]
+    for name, value in results["latency"].items():
+        lines.append(f"| {name} | {value['p50_ms']:.2f} ms | {value['p99_ms']:.2f} ms |")
+    lines += [
+        "",
+        "## Redis memory per 10,000 events",
+        "",
+        "`used_memory` (INFO memory) after minus before appending 10,000 events, with the stream records and",
+        "index keys they need; `MEMORY USAGE` is Redis's own estimate for one events key (the Redis Stream).",
+        "",
+        "| layout | used_memory growth | per event | events key (MEMORY USAGE) |",
+        "|---|---|---|---|",
+    ]
+    for name, value in results["memory"].items():
+        total = value["total"]
+        lines.append(
+            f"| 10,000 events in {name} | {total / 1e6:.2f} MB | {total / 10_000:.0f} B | "
+            f"{value['events_key'] / 1e3:.0f} kB for {value['per_stream_events']:,} events |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace, binary: str, version: str) -> None:
+    n, rounds, resumes = (1_600, 2, 50) if args.quick else (10_000, 10, 500)
+    started = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="mcpl-bench-stores-") as tmp:
+        work = Path(tmp)
+        servers = {policy: RedisServer(binary, work / policy, appendfsync=policy) for policy in ("everysec", "always")}
+        for server in servers.values():
+            server.directory.mkdir()
+            server.start()
+        try:
+
+            def redis_store(policy: str) -> Callable[[], Awaitable[EventStore]]:
+                async def make() -> EventStore:
+                    store = RedisStore(servers[policy].url, prefix="tp", max_events_per_stream=None)
+                    await store.open()
+                    return store
+
+                return make
+
+            async def sqlite_store() -> EventStore:
+                store = SqliteStore(str(work / "throughput.db"))
+                await store.open()
+                return store
+
+            async def memory_store() -> EventStore:
+                return MemoryStore()
+
+            stores = {
+                "redis (everysec)": redis_store("everysec"),
+                "redis (always)": redis_store("always"),
+                "sqlite": sqlite_store,
+                "memory": memory_store,
+            }
+            results = {
+                "started": started,
+                "load": load,
+                "resumes": resumes,
+                "throughput": await throughput(stores, n, rounds),
+                "memory": await redis_memory(servers["everysec"].url),
+                "latency": await latencies(servers["everysec"].url, work, resumes),
+            }
+        finally:
+            for server in servers.values():
+                server.stop()
+    args.report.write_text(
+        render(results, args, f"redis-server {version.removeprefix('v=')} (appendfsync everysec unless noted)")
+    )
+    print(f"wrote {args.report}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small counts: checks the script, not the stores")
+    parser.add_argument("--report", type=Path, default=REPORT)
+    args = parser.parse_args()
+    binary = redis_server_binary()
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout.split()[2]
+    uvloop.run(run(args, binary, version))  # the loop `mcp-lossless serve` runs on
+
+
+if __name__ == "__main__":
+    main()

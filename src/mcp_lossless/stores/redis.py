@@ -1,0 +1,621 @@
+"""A shared store on Redis: several server replicas see the same sessions, streams and events.
+
+Key layout (``P`` is the prefix; ``{sid}`` is a Redis Cluster hash tag, so one session's keys share a slot):
+
+- ``P:secret`` — the event-id MAC secret, created with ``SET NX`` so every replica uses the first one.
+- ``P:sessions`` — sorted set session id → last_seen, what :meth:`RedisStore.expire_sessions` scans.
+- ``P:instance:<id>`` — a replica's lease, refreshed every ``lease_seconds / 3`` while it runs.
+- ``P:streamidx:<stream>`` — stream key → session id. Event ids name only the stream, so this one extra
+  lookup (cached in process: the mapping never changes) finds the session slot of a stream.
+- ``P:{sid}:session`` — hash: the principal binding, protocol version, created/last_seen; it expires
+  ``retention_seconds`` after the last touch.
+- ``P:{sid}:streams`` — sorted set of the session's streams, scored by when their keys expire
+  (``+inf`` while open), so deleting a session finds every stream still retained.
+- ``P:{sid}:s:<stream>`` — hash: the stream record (kind, owner, requests, last, first, done) and one
+  ``a:<request id JSON>`` field per answered request.
+- ``P:{sid}:e:<stream>`` — a Redis Stream holding the events. Event ``seq`` is stored at entry id
+  ``<seq>-1``: ids order by their first part, so entries order by position and "after ``seq``" is the
+  exclusive id ``(<seq>-1`` for XRANGE and ``<seq>-1`` for XREAD (``0-0``, the only id below ``0-1``, is
+  not a valid entry id, hence the ``-1``). Every entry has the same six fields in the same order
+  (``i`` compact event id, ``r`` request id JSON, ``t`` tool JSON, ``g`` resource tags JSON, ``x``
+  terminal, ``d`` data), which lets Redis store the field names once per node instead of per entry.
+
+Appends run as one Lua script on the session's slot: the entry, ``last``, the answered request and the
+advanced ``first`` after a length trim are written together or not at all. The script also refuses a
+position already written with other content, so an instance that lost its stream to another one
+(lease expired, stream claimed and ended) cannot overwrite the explicit error the other one stored.
+
+Reads are all-or-error: a cursor below ``first`` raises :class:`EventsEvicted`, and so does a read that
+finds fewer entries than the record says exist (keys evicted by a ``maxmemory-policy`` other than
+``noeviction``). Every Redis failure (refused, reset, timed out, loading, read-only, out of memory)
+raises :class:`StoreUnavailable`; the client reconnects on the next call once Redis is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+from redis import exceptions as rx
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
+from redis.typing import EncodableT
+
+from mcp_lossless.core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
+from mcp_lossless.core.principal import Principal
+
+from .base import EventsEvicted, SessionRecord, StoreUnavailable, StreamTakenOver
+
+log = logging.getLogger("mcp_lossless.stores.redis")
+
+SOCKET_TIMEOUT = 2.0
+"""Seconds a reply may take: a hung Redis becomes a 503 quickly instead of a stalled request."""
+CONNECT_TIMEOUT = 1.0
+_RETRIES = 1
+"""One quick retry: a pooled connection that died with a Redis restart is replaced transparently."""
+_CACHE_LIMIT = 65_536
+_OUTAGE_REPLIES = ("MISCONF", "NOREPLICAS", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "LOADING")
+"""Error replies that mean "cannot serve now" rather than "bad command" (OOM and READONLY have classes)."""
+
+_APPEND = """
+local last = redis.call('HGET', KEYS[1], 'last')
+if not last then return 'unknown' end
+local seq = tonumber(ARGV[1])
+local id = ARGV[1] .. '-1'
+if seq <= tonumber(last) then
+  local found = redis.call('XRANGE', KEYS[2], id, id)
+  if #found == 1 and found[1][2][12] == ARGV[7] then return 'duplicate' end
+  return 'taken'
+end
+if seq ~= tonumber(last) + 1 then return 'gap' end
+local maxlen = tonumber(ARGV[9])
+if maxlen > 0 then
+  redis.call('XADD', KEYS[2], 'MAXLEN', maxlen, id,
+    'i', ARGV[2], 'r', ARGV[3], 't', ARGV[4], 'g', ARGV[5], 'x', ARGV[6], 'd', ARGV[7])
+  local first = seq - maxlen + 1
+  if first > tonumber(redis.call('HGET', KEYS[1], 'first')) then
+    redis.call('HSET', KEYS[1], 'first', first)
+  end
+else
+  redis.call('XADD', KEYS[2], id,
+    'i', ARGV[2], 'r', ARGV[3], 't', ARGV[4], 'g', ARGV[5], 'x', ARGV[6], 'd', ARGV[7])
+end
+if ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[1], 'last', seq, ARGV[8], 1)
+else
+  redis.call('HSET', KEYS[1], 'last', seq)
+end
+return 'ok'
+"""
+"""KEYS: record, events. ARGV: seq, i, r, t, g, x, d, answered field or '', maxlen (0: none).
+
+A retried append whose first attempt was stored (reply lost) finds its own entry: ``duplicate``, fine.
+"""
+
+_CLAIM = """
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == ARGV[1] or owner == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[2])
+  return 1
+end
+return 0
+"""
+"""KEYS: record. ARGV: expected owner, new owner. Already ours counts as won, so a retry is safe."""
+
+_COMPLETE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'done', 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
+return 1
+"""
+"""KEYS: record, events, session's streams. ARGV: retention ms, expiry time, stream key."""
+
+_TOUCH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'seen', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+"""KEYS: session. ARGV: last_seen, retention ms. Never creates a partial session hash."""
+
+
+def _json(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
+def _encode_requests(requests: tuple[PendingRequest, ...]) -> bytes:
+    return _json(
+        [{"id": r.request_id, "method": r.method, "tool": r.tool, "resources": sorted(r.resources)} for r in requests]
+    )
+
+
+def _decode_requests(raw: bytes) -> tuple[PendingRequest, ...]:
+    return tuple(PendingRequest(r["id"], r["method"], r["tool"], frozenset(r["resources"])) for r in orjson.loads(raw))
+
+
+def _compact_id(event: StoredEvent) -> str:
+    """The event id without the ``<stream>.<seq>.`` it repeats from the key and entry id (saves ~25 B/event)."""
+    prefix = f"{event.stream}.{event.seq:x}."
+    if event.event_id.startswith(prefix):
+        return "." + event.event_id[len(prefix) :]
+    return "=" + event.event_id
+
+
+def _seq_of(entry_id: bytes) -> int:
+    return int(entry_id[: entry_id.index(b"-")])
+
+
+class RedisStore:
+    """The :class:`~mcp_lossless.stores.base.EventStore` shared by every replica pointed at one Redis."""
+
+    shared = True
+
+    PARAMETERS: ClassVar[dict[str, type]] = {
+        "prefix": str,
+        "retention_seconds": float,
+        "max_events_per_stream": int,
+        "lease_seconds": float,
+    }
+    """Store settings a ``redis://`` spec may carry as query parameters (others go to redis-py)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "mcpl",
+        retention_seconds: float = 3600,
+        max_events_per_stream: int | None = 10_000,
+        lease_seconds: float = 5.0,
+    ) -> None:
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise ValueError("redis prefix must be non-empty and free of '{' and '}' (they mark hash tags)")
+        if retention_seconds <= 0 or lease_seconds <= 0:
+            raise ValueError("retention_seconds and lease_seconds must be positive")
+        if max_events_per_stream is not None and max_events_per_stream < 1:
+            raise ValueError("max_events_per_stream must be at least 1")
+        self.url = url
+        self.prefix = prefix
+        self.retention_seconds = retention_seconds
+        self.max_events_per_stream = max_events_per_stream
+        self.lease_seconds = lease_seconds
+        parts = urlsplit(url)
+        self._where = f"{parts.hostname}:{parts.port or 6379}"
+        """For messages: never the URL, which may carry a password."""
+        self._redis: Redis | None = None
+        self._blocking: Redis | None = None
+        """Connections for XREAD BLOCK: no socket timeout, bounded per call instead."""
+        self._secret: bytes | None = None
+        self._instance: str | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._sids: dict[str, str] = {}
+        """Stream key → session id; never changes for a key, so it is cached."""
+        self._tags: dict[bytes, frozenset[str]] = {}
+        """Interned tag sets: events of one tool share one frozenset, which replay memoizes by."""
+        self._scalars: dict[bytes, Any] = {}
+        """Decoded request ids and tool names by their JSON."""
+        self._scripts: dict[str, AsyncScript] = {}
+
+    @classmethod
+    def from_spec(cls, spec: str) -> RedisStore:
+        """``redis://[user:pass@]host:port[/db][?prefix=P&retention_seconds=S&...]`` (``rediss://`` for TLS)."""
+        parts = urlsplit(spec)
+        settings: dict[str, Any] = {}
+        passed = []
+        for name, value in parse_qsl(parts.query, keep_blank_values=True):
+            kind = cls.PARAMETERS.get(name)
+            if kind is None:
+                passed.append((name, value))
+                continue
+            if name == "max_events_per_stream" and value.lower() in ("", "none", "0"):
+                settings[name] = None
+                continue
+            try:
+                settings[name] = kind(value)
+            except ValueError:
+                raise ValueError(f"redis store: {name}={value!r} is not a valid {kind.__name__}") from None
+        url = urlunsplit(parts._replace(query=urlencode(passed)))
+        return cls(url, **settings)
+
+    # -- plumbing ------------------------------------------------------------------------------------
+
+    def _client(self, socket_timeout: float | None) -> Redis:
+        return Redis.from_url(
+            self.url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), _RETRIES),
+        )
+
+    @property
+    def _r(self) -> Redis:
+        if self._redis is None:
+            raise RuntimeError("RedisStore used before open()")
+        return self._redis
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Turn "Redis cannot serve now" into :class:`StoreUnavailable`; let real bugs through."""
+        try:
+            yield
+        except (rx.ConnectionError, rx.TimeoutError, TimeoutError, rx.OutOfMemoryError, rx.ReadOnlyError) as exc:
+            raise StoreUnavailable(f"redis store at {self._where} unavailable: {exc or type(exc).__name__}") from exc
+        except rx.ResponseError as exc:
+            if str(exc).startswith(_OUTAGE_REPLIES):
+                raise StoreUnavailable(f"redis store at {self._where} unavailable: {exc}") from exc
+            raise
+
+    async def _script(self, source: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a Lua script by hash, loading it again after a Redis restart emptied the script cache."""
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self._r.register_script(source)
+        with self._guard():
+            return await script(keys=keys, args=args)
+
+    def _key(self, sid: str, kind: str, stream: str = "") -> str:
+        return f"{self.prefix}:{{{sid}}}:{kind}{stream}"
+
+    def _idx_key(self, stream: str) -> str:
+        return f"{self.prefix}:streamidx:{stream}"
+
+    @property
+    def _sessions_key(self) -> str:
+        return f"{self.prefix}:sessions"
+
+    def _instance_key(self, instance: str) -> str:
+        return f"{self.prefix}:instance:{instance}"
+
+    def _remember(self, stream: str, sid: str) -> None:
+        if len(self._sids) >= _CACHE_LIMIT:
+            self._sids.clear()
+        self._sids[stream] = sid
+
+    async def _sid(self, stream: str) -> str | None:
+        sid = self._sids.get(stream)
+        if sid is None:
+            with self._guard():
+                raw = cast(bytes | None, await self._r.get(self._idx_key(stream)))
+            if raw is None:
+                return None
+            sid = raw.decode()
+            self._remember(stream, sid)
+        return sid
+
+    @property
+    def _retention_ms(self) -> int:
+        return math.ceil(self.retention_seconds * 1000)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self._redis = self._client(SOCKET_TIMEOUT)
+        self._blocking = self._client(None)
+
+    async def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
+        if self._instance is not None and self._redis is not None:
+            with contextlib.suppress(rx.RedisError):
+                await self._redis.delete(self._instance_key(self._instance))
+            self._instance = None
+        for client in (self._redis, self._blocking):
+            if client is not None:
+                await client.aclose()
+        self._redis = self._blocking = None
+        self._scripts.clear()
+
+    async def secret(self) -> bytes:
+        if self._secret is None:
+            key = f"{self.prefix}:secret"
+            with self._guard():
+                await self._r.set(key, os.urandom(32), nx=True)
+                value = cast(bytes | None, await self._r.get(key))
+            if value is None or len(value) < 16:
+                raise StoreUnavailable(f"redis store at {self._where}: the event-id secret {key} is missing")
+            self._secret = value
+        return self._secret
+
+    # -- sessions ------------------------------------------------------------------------------------
+
+    async def put_session(self, record: SessionRecord) -> None:
+        p = record.principal
+        key = self._key(record.session_id, "session")
+        with self._guard():
+            async with self._r.pipeline(transaction=False) as pipe:
+                pipe.zadd(self._sessions_key, {record.session_id: record.last_seen})
+                pipe.hset(
+                    key,
+                    mapping={
+                        "iss": p.issuer,
+                        "sub": p.subject,
+                        "cid": p.client_id,
+                        "ver": record.protocol_version,
+                        "created": repr(record.created_at),
+                        "seen": repr(record.last_seen),
+                    },
+                )
+                pipe.pexpire(key, self._retention_ms)
+                await pipe.execute()
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        with self._guard():
+            raw = cast(dict[bytes, bytes], await self._r.hgetall(self._key(session_id, "session")))
+        if not raw:
+            return None
+        f = {k.decode(): v.decode() for k, v in raw.items()}
+        return SessionRecord(
+            session_id,
+            Principal(f["iss"], f["sub"], f["cid"]),
+            f["ver"],
+            float(f["created"]),
+            float(f["seen"]),
+        )
+
+    async def touch_session(self, session_id: str, now: float) -> None:
+        touched = await self._script(_TOUCH, [self._key(session_id, "session")], [repr(now), self._retention_ms])
+        if touched:
+            with self._guard():
+                await self._r.zadd(self._sessions_key, {session_id: now}, xx=True)
+
+    async def delete_session(self, session_id: str) -> None:
+        with self._guard():
+            await self._r.zrem(self._sessions_key, session_id)
+        await self._purge([session_id])
+
+    async def expire_sessions(self, idle_before: float) -> list[str]:
+        """Idle sessions by the ``P:sessions`` index, so ones whose hash already expired are swept too.
+
+        Every replica sweeps; ``ZREM`` decides which one deletes (and reports) each session.
+        """
+        with self._guard():
+            candidates = cast(list[bytes], await self._r.zrangebyscore(self._sessions_key, "-inf", f"({idle_before!r}"))
+            if not candidates:
+                return []
+            async with self._r.pipeline(transaction=False) as pipe:
+                for sid in candidates:
+                    pipe.zrem(self._sessions_key, sid)
+                removed = await pipe.execute()
+        gone = [sid.decode() for sid, won in zip(candidates, removed, strict=True) if won]
+        await self._purge(gone)
+        return gone
+
+    async def _purge(self, session_ids: list[str]) -> None:
+        """Delete the sessions' hashes and every stream they still have, with its index key."""
+        if not session_ids:
+            return
+        with self._guard():
+            async with self._r.pipeline(transaction=False) as pipe:
+                for sid in session_ids:
+                    pipe.zrange(self._key(sid, "streams"), 0, -1)
+                listed = await pipe.execute()
+            async with self._r.pipeline(transaction=False) as pipe:
+                for sid, streams in zip(session_ids, listed, strict=True):
+                    keys = [self._key(sid, "session"), self._key(sid, "streams")]
+                    for raw in streams:
+                        stream = raw.decode()
+                        keys += [self._key(sid, "s:", stream), self._key(sid, "e:", stream)]
+                        pipe.delete(self._idx_key(stream))
+                        self._sids.pop(stream, None)
+                    pipe.delete(*keys)
+                await pipe.execute()
+
+    # -- streams -------------------------------------------------------------------------------------
+
+    async def open_stream(self, record: StreamRecord) -> None:
+        """Create ``record``'s stream; opening an existing key starts it afresh, as the memory store does.
+
+        Open streams carry no TTL: a call may stay silent longer than the retention. Their keys go with
+        their session, or expire after :meth:`complete_stream`.
+        """
+        sid = record.session_id
+        rk = self._key(sid, "s:", record.stream)
+        streams = self._key(sid, "streams")
+        with self._guard():
+            async with self._r.pipeline(transaction=False) as pipe:
+                pipe.set(self._idx_key(record.stream), sid)
+                pipe.delete(rk, self._key(sid, "e:", record.stream))
+                fields: dict[EncodableT, EncodableT] = {
+                    "kind": record.kind.value,
+                    "owner": record.owner,
+                    "req": _encode_requests(record.requests),
+                    "last": record.last_seq,
+                    "first": record.last_seq + 1,
+                    "done": int(record.completed),
+                }
+                fields.update({"a:" + _json(rid).decode(): 1 for rid in record.answered})
+                pipe.hset(rk, mapping=fields)
+                pipe.zremrangebyscore(streams, "-inf", repr(time.time()))
+                pipe.zadd(streams, {record.stream: math.inf})
+                await pipe.execute()
+        self._remember(record.stream, sid)
+
+    async def get_stream(self, stream: str) -> StreamRecord | None:
+        sid = await self._sid(stream)
+        if sid is None:
+            return None
+        with self._guard():
+            raw = cast(dict[bytes, bytes], await self._r.hgetall(self._key(sid, "s:", stream)))
+        if not raw:
+            self._sids.pop(stream, None)
+            return None
+        answered = frozenset(orjson.loads(k[2:]) for k in raw if k.startswith(b"a:"))
+        return StreamRecord(
+            sid,
+            stream,
+            StreamKind(raw[b"kind"].decode()),
+            raw[b"owner"].decode(),
+            _decode_requests(raw[b"req"]),
+            int(raw[b"last"]),
+            raw[b"done"] == b"1",
+            answered,
+        )
+
+    async def append(self, event: StoredEvent) -> None:
+        answered = b""
+        if event.terminal and event.request_id is not None:
+            answered = b"a:" + _json(event.request_id)
+        outcome = await self._script(
+            _APPEND,
+            [self._key(event.session_id, "s:", event.stream), self._key(event.session_id, "e:", event.stream)],
+            [
+                event.seq,
+                _compact_id(event),
+                _json(event.request_id),
+                _json(event.tool),
+                _json(sorted(event.resources)),
+                int(event.terminal),
+                event.data,
+                answered,
+                self.max_events_per_stream or 0,
+            ],
+        )
+        if outcome in (b"ok", b"duplicate"):
+            return
+        if outcome == b"unknown":
+            raise KeyError(f"append to unknown stream {event.stream}")
+        if outcome == b"taken":
+            raise StreamTakenOver(
+                f"position {event.seq} of stream {event.stream} was already written by another instance"
+            )
+        raise ValueError(f"append of position {event.seq} to stream {event.stream} would leave a gap")
+
+    async def complete_stream(self, stream: str) -> None:
+        sid = await self._sid(stream)
+        if sid is None:
+            return
+        ms = self._retention_ms
+        keys = [self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._key(sid, "streams")]
+        if await self._script(_COMPLETE, keys, [ms, repr(time.time() + self.retention_seconds), stream]):
+            with self._guard():
+                await self._r.pexpire(self._idx_key(stream), ms)
+
+    async def read_after(self, stream: str, seq: int) -> list[StoredEvent]:
+        sid = await self._sid(stream)
+        if sid is None:
+            return []
+        with self._guard():
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.hmget(self._key(sid, "s:", stream), ["first", "last"])
+                pipe.xrange(self._key(sid, "e:", stream), min="-" if seq < 0 else f"({seq}-1")
+                (raw_first, raw_last), entries = await pipe.execute()
+        if raw_first is None:
+            return []
+        first, last = int(raw_first), int(raw_last)
+        if seq + 1 < first:
+            raise EventsEvicted(f"events {seq + 1}..{first - 1} of stream {stream} were evicted")
+        if len(entries) != max(0, last - seq):
+            raise EventsEvicted(
+                f"stream {stream} records events up to {last} but Redis holds {len(entries)} after {seq}"
+                " (keys evicted? run Redis with maxmemory-policy noeviction)"
+            )
+        return self._decode(sid, stream, entries)
+
+    def _decode(self, sid: str, stream: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[StoredEvent]:
+        scalars = self._scalars
+        if len(scalars) >= _CACHE_LIMIT:
+            scalars.clear()
+        events = []
+        for entry_id, f in entries:
+            seq = _seq_of(entry_id)
+            compact = f[b"i"].decode()
+            event_id = f"{stream}.{seq:x}.{compact[1:]}" if compact[0] == "." else compact[1:]
+            raw_rid, raw_tool = f[b"r"], f[b"t"]
+            rid = scalars.get(raw_rid)
+            if rid is None and raw_rid != b"null":
+                rid = scalars[raw_rid] = orjson.loads(raw_rid)
+            tool = scalars.get(raw_tool)
+            if tool is None and raw_tool != b"null":
+                tool = scalars[raw_tool] = orjson.loads(raw_tool)
+            events.append(
+                StoredEvent(sid, stream, seq, event_id, f[b"d"], rid, tool, self._intern(f[b"g"]), f[b"x"] == b"1")
+            )
+        return events
+
+    def _intern(self, raw_tags: bytes) -> frozenset[str]:
+        tags = self._tags.get(raw_tags)
+        if tags is None:
+            if len(self._tags) >= _CACHE_LIMIT:
+                self._tags.clear()
+            tags = self._tags[raw_tags] = frozenset(orjson.loads(raw_tags))
+        return tags
+
+    async def wait_events(self, stream: str, seq: int, block_seconds: float) -> list[StoredEvent]:
+        """Events after ``seq`` at once if there are any, else an ``XREAD BLOCK`` for up to ``block_seconds``.
+
+        XREAD from the explicit id ``<seq>-1`` cannot miss an append that lands between the first read
+        and the block. If more than ``max_events_per_stream`` arrive meanwhile, the gap raises
+        :class:`EventsEvicted` rather than skipping events.
+        """
+        events = await self.read_after(stream, seq)
+        if events or block_seconds <= 0:
+            return events
+        sid = await self._sid(stream)
+        if sid is None or self._blocking is None:
+            return []
+        key = self._key(sid, "e:", stream)
+        with self._guard():
+            async with asyncio.timeout(block_seconds + SOCKET_TIMEOUT):
+                reply = await self._blocking.xread(
+                    {key: f"{seq}-1" if seq >= 0 else "0-0"}, block=max(1, math.ceil(block_seconds * 1000))
+                )
+        if not reply:
+            return []
+        entries = cast(list[list[Any]], reply)[0][1]
+        events = self._decode(sid, stream, entries)
+        if events[0].seq != seq + 1:
+            raise EventsEvicted(f"events {seq + 1}..{events[0].seq - 1} of stream {stream} were evicted")
+        return events
+
+    # -- ownership -----------------------------------------------------------------------------------
+
+    async def register_instance(self, instance: str) -> None:
+        """Take the lease ``P:instance:<instance>`` and keep it alive until :meth:`close`.
+
+        While Redis is unreachable the lease cannot be refreshed; once it has expired, other replicas may
+        end this instance's calls with "execution lost". A later append by this instance to such a stream
+        then fails with :class:`StreamTakenOver` instead of overwriting that error.
+        """
+        key = self._instance_key(instance)
+        lease_ms = math.ceil(self.lease_seconds * 1000)
+        with self._guard():
+            await self._r.set(key, b"1", px=lease_ms)
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        self._instance = instance
+        self._heartbeat = asyncio.create_task(self._keep_lease(key, lease_ms))
+
+    async def _keep_lease(self, key: str, lease_ms: int) -> None:
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                previous = await self._r.set(key, b"1", px=lease_ms, get=True)
+            except rx.RedisError as exc:
+                log.warning("cannot refresh lease %s at %s: %s", key, self._where, exc)
+                continue
+            if previous is None:
+                log.warning("lease %s had expired: other replicas may have ended this instance's calls", key)
+
+    async def owner_alive(self, owner: str) -> bool:
+        with self._guard():
+            return bool(await self._r.exists(self._instance_key(owner)))
+
+    async def claim_stream(self, stream: str, expected_owner: str, new_owner: str) -> bool:
+        sid = await self._sid(stream)
+        if sid is None:
+            return False
+        return bool(await self._script(_CLAIM, [self._key(sid, "s:", stream)], [expected_owner, new_owner]))

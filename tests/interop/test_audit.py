@@ -1,0 +1,273 @@
+"""``mcp-lossless audit`` against our server (nothing to report), the official SDK server (its hazards), and
+the report's rendering and redaction."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+import pytest
+
+from mcp_lossless.audit.redact import Redactor
+from mcp_lossless.audit.report import CHECKS, AuditReport, CheckResult, report_document, to_markdown
+from mcp_lossless.audit.tokens import ClientCredentials
+from mcp_lossless.audit.wire import Credential, Exchange, Wire, WireEvent, answered, call_message
+from mcp_lossless.cli import main
+from mcp_lossless.server.app import create_app
+from mcp_lossless.server.config import ServerConfig
+from tests.interop.peers.sdk_resumable_server import SdkPeer, sdk_resumable_server
+from tests.support.uvicorn_server import loopback_socket, lossless_server
+
+CALL = ("fetch", "url=https://example.com/report", "steps=4", "delay_ms=150")
+TIMING = ("--open-seconds", "2", "--read-seconds", "8")
+MINT = Path(__file__).with_name("dev_token_command.py")
+SDK_FINDINGS = {
+    "replay_leak_narrowed",  # research §3 R03: the narrowed token gets fetch's progress and result
+    "unknown_event_id_empty_200",  # R11: 200, no events, clean close
+    "cross_session_replay",  # R12: another principal's session replays this one's events by id
+    "resumed_stream_never_ends",  # R14: resuming a completed stream leaves it open
+}
+
+
+def run_audit(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, dict[str, Any], str]:
+    """The real command in a subprocess: exit status, stdout (the table), the JSON and Markdown reports."""
+    json_path, markdown_path = tmp_path / "audit.json", tmp_path / "audit.md"
+    outputs = ("--json", str(json_path), "--markdown", str(markdown_path))
+    done = subprocess.run(
+        [sys.executable, "-m", "mcp_lossless", "audit", *args, *TIMING, *outputs],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        check=False,
+    )
+    assert json_path.exists(), done.stderr
+    return done.returncode, done.stdout, orjson.loads(json_path.read_bytes()), markdown_path.read_text()
+
+
+def checks_of(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def exchange(check: dict[str, Any], label_part: str) -> dict[str, Any]:
+    return next(e for e in check["evidence"] if label_part in e["label"])
+
+
+def texts(item: dict[str, Any]) -> str:
+    return "\n".join(e["data"] for e in item["response"].get("events", []))
+
+
+def mint_command(keys: Path, issuer: str, client_id: str) -> str:
+    program = " ".join(shlex.quote(p) for p in (sys.executable, str(MINT), str(keys), issuer, client_id))
+    return f"{program} {{resources}}"
+
+
+def test_our_server_has_no_findings_and_every_check_runs(tmp_path: Path) -> None:
+    keys = tmp_path / "dev-keys.json"
+    clients = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
+
+    def make(port: int) -> object:
+        return create_app(ServerConfig(port=port, store="memory", dev_clients=clients, dev_keys=str(keys)))
+
+    with lossless_server(make) as base:
+        url = f"{base}/mcp"
+        status, table, report, _ = run_audit(
+            tmp_path,
+            url,
+            "--call",
+            *CALL,
+            "--narrow-resource",
+            f"{url}/tools/search",
+            "--token-command",
+            mint_command(keys, f"{base}/dev-as", "dev-client"),
+            "--second-token-command",
+            mint_command(keys, f"{base}/dev-as", "mallory"),
+        )
+
+    assert status == 0, table
+    assert {name: c["outcome"] for name, c in checks_of(report).items()} == dict.fromkeys(CHECKS, "ok")
+    assert report["findings"] == [] and report["not_run"] == []
+    assert report["settings"]["call_resource"] == f"{url}/tools/fetch"
+    assert report["settings"]["call_resource_from"] == "tools/list _meta"
+    assert "findings: none" in table
+
+    checks = checks_of(report)
+    refused = exchange(checks["refusal_clean_end"], "narrowed token")
+    assert refused["request"]["headers"]["authorization"] == "Bearer [redacted principal narrowed token]"
+    assert refused["response"]["status"] == 403 or '"code":-32041' in texts(refused)
+    assert "contents of https://example.com/report" not in texts(refused)
+    control = exchange(checks["replay_leak_narrowed"], "control")
+    assert "contents of https://example.com/report" in texts(control), "the refusal lost nothing"
+    assert exchange(checks["cross_session_replay"], "session B resumes")["response"]["status"] == 409
+    assert exchange(checks["session_other_principal"], "second principal")["response"]["status"] == 404
+    assert exchange(checks["wrong_audience_accepted"], "initialize")["response"]["status"] == 401
+    assert {e["response"]["status"] for e in checks["unknown_event_id_empty_200"]["evidence"][1:]} == {400}
+
+
+@pytest.fixture(scope="module")
+def sdk_peer() -> Iterator[SdkPeer]:
+    with sdk_resumable_server() as peer:
+        yield peer
+
+
+def test_sdk_server_hazards_are_reported_with_evidence(tmp_path: Path, sdk_peer: SdkPeer) -> None:
+    status, table, report, markdown = run_audit(
+        tmp_path,
+        sdk_peer.url,
+        "--call",
+        *CALL,
+        "--resource",
+        f"fetch={sdk_peer.resources['fetch']}",
+        "--narrow-resource",
+        sdk_peer.resources["search"],
+        "--token-endpoint",
+        sdk_peer.token_endpoint,
+        "--client",
+        "dev-client",
+        "--second-client",
+        "mallory:mallory-secret",
+        env={"MCP_LOSSLESS_AUDIT_SECRET": "dev-secret"},
+    )
+
+    assert status == 1, table
+    assert set(report["findings"]) == SDK_FINDINGS
+    assert report["not_run"] == ["refusal_clean_end"], "the SDK never refused: it leaked"
+    checks = checks_of(report)
+    assert {n: c["outcome"] for n, c in checks.items() if n not in SDK_FINDINGS | {"refusal_clean_end"}} == {
+        "cross_stream_replay": "ok",  # stream ids are request ids, unique within a session
+        "session_other_principal": "ok",  # R09: sessions are bound to (client_id, iss, sub)
+        "wrong_audience_accepted": "ok",  # the peer's verifier checks the audience names this server
+        "batch_multiplexing": "ok",  # R17: batches are rejected with 400
+    }
+
+    leak = exchange(checks["replay_leak_narrowed"], "narrowed token")
+    assert leak["request"]["headers"]["authorization"] == "Bearer [redacted principal narrowed token]"
+    assert leak["response"]["status"] == 200
+    assert "contents of https://example.com/report" in texts(leak)
+    assert "notifications/progress" in texts(leak)
+
+    stolen = checks["cross_session_replay"]
+    own = exchange(stolen, "session A: the call")
+    replay = exchange(stolen, "session B resumes")
+    assert replay["request"]["headers"]["authorization"] == "Bearer [redacted second principal wide token]"
+    assert replay["request"]["headers"]["mcp-session-id"] != own["request"]["headers"]["mcp-session-id"]
+    assert replay["request"]["headers"]["last-event-id"] == own["response"]["events"][0]["id"]
+    assert "contents of https://example.com/report" in texts(replay)
+
+    unknown = checks["unknown_event_id_empty_200"]["evidence"][1:]
+    assert [(e["response"]["status"], e["response"]["events"], e["response"]["end"]) for e in unknown] == [
+        (200, [], "closed"),
+        (200, [], "closed"),
+    ]
+    assert exchange(checks["resumed_stream_never_ends"], "final event id")["response"]["end"] == "deadline"
+    assert exchange(checks["batch_multiplexing"], "batch")["response"]["status"] == 400
+    assert exchange(checks["session_other_principal"], "second principal")["response"]["status"] == 404
+
+    for name in SDK_FINDINGS:
+        assert checks[name]["evidence"], name
+        assert f"## {name}: FINDING" in markdown
+    outputs = table + markdown + orjson.dumps(report).decode()
+    assert "eyJ" not in outputs and "dev-secret" not in outputs and "mallory-secret" not in outputs
+
+
+async def _fetch_with(peer: SdkPeer, *resources: str) -> dict[str, Any]:
+    """Call the peer's fetch directly with a token for ``resources``; its answer."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        token = await ClientCredentials(http, peer.token_endpoint, "dev-client", "dev-secret").token(resources)
+        wire = Wire(http, peer.url, read_seconds=5)
+        session = await wire.open_session(Credential("direct", token), "2025-11-25", "initialize")
+        message = call_message(1, "fetch", {"url": "u", "steps": 1, "delay_ms": 0}, "p")
+        answer = (await wire.post(session, message, label="call", stop=answered(1))).terminal_for(1)
+    assert answer is not None
+    return answer
+
+
+def test_sdk_peer_checks_the_tool_audience_at_call_time(sdk_peer: SdkPeer) -> None:
+    """The control for the leak above: the peer's per-tool check works, the replay path just never runs it."""
+    refused = anyio.run(_fetch_with, sdk_peer, sdk_peer.resources["search"])
+    served = anyio.run(_fetch_with, sdk_peer, sdk_peer.resources["fetch"])
+    assert refused["result"]["isError"] is True
+    assert "insufficient audience" in refused["result"]["content"][0]["text"]
+    assert served["result"]["isError"] is False
+
+
+def test_report_renders_and_redacts_every_secret() -> None:
+    token, stray = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJl", "eyJraWQiOiJ4In0.eyJhdWQiOiJ4In0.AAAA"
+    redactor = Redactor()
+    redactor.register(token, "principal wide token")
+    redactor.register("s3cret", "client secret")
+    leaked = Exchange(
+        "resume with the narrowed token",
+        "GET",
+        "http://mcp.example/mcp",
+        {"authorization": f"Bearer {token}", "last-event-id": "7"},
+        None,
+        status=200,
+        response_headers={"content-type": "text/event-stream"},
+        events=[
+            WireEvent("8", "message", '{"echo": "' + token + '", "other": "' + stray + '"}', 0.1),
+            WireEvent("9", "message", "a ``` b", 0.1),
+            *(WireEvent(str(10 + i), "message", "x" * 2000, 0.2) for i in range(12)),
+        ],
+        end="deadline",
+        seconds=2.0,
+    )
+    refused = Exchange(
+        "token request", "POST", "http://as.example/token", {"authorization": "Basic czNjcmV0"}, "a=s3cret"
+    )
+    refused.status, refused.body = 401, '{"error": "invalid_client"}'
+    report = AuditReport(
+        "http://mcp.example/mcp",
+        "2026-01-01T00:00:00+00:00",
+        {"call": "fetch url=x"},
+        [
+            CheckResult("replay_leak_narrowed", "finding", f"leaked to {token}", [leaked]),
+            CheckResult("wrong_audience_accepted", "ok", "refused: HTTP 401", [refused]),
+            CheckResult("batch_multiplexing", "not_run", "no 2025-03-26 session"),
+        ],
+    )
+
+    document = report_document(report, redactor)
+    markdown = to_markdown(document)
+    rendered = orjson.dumps(document).decode() + markdown
+    assert token not in rendered and stray not in rendered and "s3cret" not in rendered and "czNjcmV0" not in rendered
+    assert document["checks"][0]["summary"] == "leaked to [redacted principal wide token]"
+    first = document["checks"][0]["evidence"][0]
+    assert first["request"]["headers"]["authorization"] == "Bearer [redacted principal wide token]"
+    assert "[redacted jwt]" in first["response"]["events"][0]["data"]
+    assert len(first["response"]["events"]) == 12 and first["response"]["events_left_out"] == 2
+    assert first["response"]["events"][2]["data"].endswith("… [1400 more characters]")
+    assert document["checks"][1]["evidence"][0]["request"]["body"] == "a=[redacted client secret]"
+    assert (document["exit_status"], document["findings"], document["not_run"]) == (
+        1,
+        ["replay_leak_narrowed"],
+        ["batch_multiplexing"],
+    )
+    assert "| `replay_leak_narrowed` | FINDING | leaked to [redacted principal wide token] |" in markdown
+    assert "## batch_multiplexing: not run" in markdown
+    assert "\n````\n" in markdown, "a fence longer than any backtick run in the evidence"
+    assert "→ 200 (still open when the audit stopped waiting after 2.0 s)" in markdown
+    assert AuditReport("u", "t", {}, [CheckResult("batch_multiplexing", "ok", "fine")]).exit_status == 0
+
+
+def test_unreachable_target_and_bad_usage_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    for argv, message in (
+        (["audit", f"http://127.0.0.1:{port}/mcp", "--call", "fetch"], "did not complete initialize"),
+        (["audit", "http://127.0.0.1:1/mcp", "--call", "fetch", "steps"], "is not NAME=VALUE"),
+        (["audit", "http://127.0.0.1:1/mcp", "--call", "fetch", "--token-endpoint", "http://x/t"], "needs --client"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        assert message in capsys.readouterr().err

@@ -1,0 +1,155 @@
+"""A real ``redis-server`` for tests: installed from Debian's package if missing, on a free loopback port.
+
+The tests that need Redis never skip: if ``redis-server`` is not on PATH, ``apt-get install -y
+redis-server`` runs (through ``sudo`` when not root), and a failure says exactly what to do by hand.
+Persistence is on (``appendonly yes``, by default ``appendfsync always``) so a restart keeps every
+acknowledged write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.support.processes import free_port
+
+PACKAGE = "redis-server"
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    if os.geteuid() != 0:
+        sudo = shutil.which("sudo")
+        if sudo is None:
+            raise RuntimeError(
+                f"redis-server is missing and so is sudo: install it as root: apt-get install -y {PACKAGE}"
+            )
+        command = [sudo, "-n", *command]
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        check=False,
+        timeout=600,
+    )
+
+
+def redis_server_binary() -> str:
+    """The path of ``redis-server``, installing Debian's package first when it is not there."""
+    found = shutil.which("redis-server") or shutil.which("redis-server", path="/usr/bin:/usr/sbin")
+    if found:
+        return found
+    if shutil.which("apt-get") is None:
+        raise RuntimeError("redis-server is not installed and apt-get is not available: install Redis >= 6.2 by hand")
+    install = _run(["apt-get", "install", "-y", "--no-install-recommends", PACKAGE])
+    if install.returncode != 0:
+        update = _run(["apt-get", "update"])
+        install = _run(["apt-get", "install", "-y", "--no-install-recommends", PACKAGE])
+        if install.returncode != 0:
+            raise RuntimeError(
+                f"could not install {PACKAGE} (apt-get update: rc {update.returncode}; install: rc "
+                f"{install.returncode}):\n{update.stderr[-2000:]}\n{install.stderr[-2000:]}"
+            )
+    found = shutil.which("redis-server") or shutil.which("redis-server", path="/usr/bin:/usr/sbin")
+    if not found:
+        raise RuntimeError(f"apt-get installed {PACKAGE} but redis-server is not on PATH")
+    return found
+
+
+class RedisServer:
+    """One ``redis-server`` process on 127.0.0.1 with its data in a temporary directory."""
+
+    def __init__(self, binary: str, directory: Path, port: int | None = None, appendfsync: str = "always") -> None:
+        self.binary = binary
+        self.directory = directory
+        self.port = port or free_port()
+        self.appendfsync = appendfsync
+        """``always`` for tests (nothing acknowledged is lost); benchmarks also run Redis's default ``everysec``."""
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "redis.log"
+
+    def start(self, timeout: float = 20) -> None:
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            self.appendfsync,
+            "--dir",
+            str(self.directory),
+            "--daemonize",
+            "no",
+            "--maxmemory-policy",
+            "noeviction",
+            "--logfile",
+            str(self.log),
+        ]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}:\n{self._log_tail()}")
+            if self.ping():
+                return
+            time.sleep(delay)  # readiness of another process: there is no event to await
+            delay = min(delay * 2, 0.1)
+        raise RuntimeError(f"redis-server not answering PING after {timeout}s:\n{self._log_tail()}")
+
+    def ping(self) -> bool:
+        """One raw ``PING`` over RESP: ``+PONG`` once the data set is loaded (``-LOADING`` before)."""
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+        return False
+
+    def stop(self) -> None:
+        """SIGTERM: Redis flushes the append-only file and exits."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-3000:]
+        except OSError:
+            return "(no log)"
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[RedisServer]:
+    binary = redis_server_binary()
+    with tempfile.TemporaryDirectory(prefix="mcpl-redis-") as directory:
+        server = RedisServer(binary, Path(directory))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
