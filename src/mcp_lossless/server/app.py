@@ -50,7 +50,13 @@ class LosslessApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http_request(scope, receive, send)
+            try:
+                await self._http_request(scope, receive, send)
+            except Exception:
+                # Last resort: a bug must not hand the client a traceback; the fuzz tests keep this path cold.
+                log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+                with contextlib.suppress(Exception):
+                    await respond_json(send, 500, rpc_error(-32603, "internal error"))
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
