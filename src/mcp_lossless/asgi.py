@@ -24,11 +24,16 @@ class ClientGone(Exception):
 
 
 def header(scope: Scope, name: bytes) -> str | None:
-    """The first value of header ``name`` (lowercase bytes), decoded as latin-1."""
-    for key, value in scope["headers"]:
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
+    """The value of header ``name`` (lowercase bytes), decoded as latin-1.
+
+    The headers are indexed once per request under an extension key of the scope, since a request is asked
+    for half a dozen of them.
+    """
+    index: dict[bytes, bytes] | None = scope.get("mcp_lossless.headers")
+    if index is None:
+        index = scope["mcp_lossless.headers"] = dict(scope["headers"])
+    value = index.get(name)
+    return None if value is None else value.decode("latin-1")
 
 
 async def read_body(receive: Receive, limit: int) -> bytes:

@@ -131,6 +131,8 @@ def serve(args: argparse.Namespace) -> int:
         loop="uvloop",
         http="httptools",
         lifespan="on",
+        proxy_headers=False,
+        server_header=False,
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=5,

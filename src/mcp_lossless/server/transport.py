@@ -292,22 +292,31 @@ class Transport:
         batch: bool,
     ) -> None:
         s = self.s
-        record = StreamRecord(session.id, new_key(os.urandom(16)), StreamKind.POST, s.instance, tuple(pending))
+        # Position 0 is the stream's start: the priming event's id names it, and it is never stored.
+        record = StreamRecord(session.id, new_key(os.urandom(16)), StreamKind.POST, s.instance, tuple(pending), 0)
         await s.store.open_stream(record)
         live = LiveStream(record)
         session.live[record.stream] = live
         s.metrics.post_streams.inc()
-        sse = not s.config.json_response
-        if sse and protocol.primes_streams(version):
-            await live.append(s.store, s.codec, b"")
         for message, request in zip(requests, pending, strict=True):
             await self.dispatcher.dispatch(session, live, grant, message, request)
-        if not sse:
+        if s.config.json_response:
             await self._write_json(live, send, batch)
             return
+        head = self._priming(session, record, version)
         writer = SseWriter(s, session.id, record.stream, DeliveryGate(grant, s.policy, None, s.leeway), record.requests)
-        await writer.run(receive, send, LiveSource(live, -1), b"")
+        await writer.run(receive, send, LiveSource(live, 0, has_cursor=bool(head)), head)
         self._release(session, live)
+
+    def _priming(self, session: Session, record: StreamRecord, version: str) -> bytes:
+        """The priming event (SEP-1699): an id for the stream's current position, empty data, ``retry``.
+
+        Only for clients at 2025-11-25 or later: older ones cannot parse an event with empty data.
+        """
+        if not protocol.primes_streams(version):
+            return b""
+        event_id = self.s.codec.encode(session.id, record.stream, record.last_seq)
+        return frames.sse(event_id, b"", self.s.config.retry_ms)
 
     def _release(self, session: Session, live: LiveStream) -> None:
         """Forget a finished stream once no request of it runs; later resumes read it from the store."""
@@ -350,7 +359,7 @@ class Transport:
         s = self.s
         live = session.live.get(session.get_stream) if session.get_stream else None
         if live is None:
-            record = StreamRecord(session.id, new_key(os.urandom(16)), StreamKind.GET, s.instance)
+            record = StreamRecord(session.id, new_key(os.urandom(16)), StreamKind.GET, s.instance, (), 0)
             await s.store.open_stream(record)
             live = LiveStream(record)
             session.live[record.stream] = live
@@ -359,11 +368,9 @@ class Transport:
             await respond_json(send, 409, rpc_error(errors.INVALID_REQUEST, "a GET stream is already open"))
             return
         s.metrics.streams.labels("get").inc()
-        start = live.record.last_seq
-        if protocol.primes_streams(session.version):
-            await live.append(s.store, s.codec, b"")
+        head = self._priming(session, live.record, session.version)
         writer = SseWriter(s, session.id, live.record.stream, DeliveryGate(grant, s.policy, None, s.leeway), ())
-        await writer.run(receive, send, LiveSource(live, start), b"")
+        await writer.run(receive, send, LiveSource(live, live.record.last_seq, has_cursor=bool(head)), head)
 
     async def _resume(self, receive: Receive, send: Send, session: Session, grant: Grant, last_event_id: str) -> None:
         s = self.s
@@ -417,7 +424,7 @@ class Transport:
         writer = SseWriter(s, session.id, cursor.stream, gate, record.requests, settled)
         source: LiveSource | StoredSource
         if live is not None:
-            source = LiveSource(live, cursor.seq)
+            source = LiveSource(live, cursor.seq, has_cursor=True)
         else:
             tail = (s.store, cursor.stream, self._owner_alive, self._end_orphan) if remote else None
             source = StoredSource(events, cursor.seq, tail)

@@ -41,11 +41,13 @@ class EventSource(Protocol):
 class LiveSource:
     """Events of a stream this process produces, as they are published, until it ends or this writer must stop."""
 
-    __slots__ = ("generation", "live", "sent_seq")
+    __slots__ = ("generation", "has_cursor", "live", "sent_seq")
 
-    def __init__(self, live: LiveStream, sent_seq: int) -> None:
+    def __init__(self, live: LiveStream, sent_seq: int, *, has_cursor: bool) -> None:
         self.live = live
         self.sent_seq = sent_seq
+        self.has_cursor = has_cursor
+        """Whether the client holds an event id of this stream (priming, a resume cursor, or a sent event)."""
         self.generation = live.attach()
         live.writer = self.generation
 
@@ -56,10 +58,11 @@ class LiveSource:
         events = live.after(self.sent_seq)
         if events:
             self.sent_seq = events[-1].seq
+            self.has_cursor = True
             return events
         if (live.done and self.sent_seq >= live.record.last_seq) or live.generation != self.generation:
             return None
-        if live.close_generation == self.generation and self.sent_seq >= 0:
+        if live.close_generation == self.generation and self.has_cursor:
             # Close only once the client holds an event id of this stream to resume from (SEP-1699): a close
             # before any id (no priming below 2025-11-25) waits for the next event.
             live.close_generation = -1

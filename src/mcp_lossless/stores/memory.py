@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from dataclasses import replace
 from itertools import islice
 
 from ..core.events import StoredEvent, StreamRecord
@@ -76,12 +75,12 @@ class MemoryStore:
         return gone
 
     async def open_stream(self, record: StreamRecord) -> None:
-        self._streams[record.stream] = _Stream(replace(record))
+        self._streams[record.stream] = _Stream(record.copy())
         self._by_session.setdefault(record.session_id, set()).add(record.stream)
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         found = self._streams.get(stream)
-        return None if found is None else replace(found.record)
+        return None if found is None else found.record.copy()
 
     async def append(self, event: StoredEvent) -> None:
         stream = self._streams.get(event.stream)
