@@ -264,6 +264,9 @@ def markdown(document: dict[str, Any], json_path: Path) -> str:
         'what this shared 2-core box delivered; the "other" CPU column says how busy the rest of the box was.',
         "Server CPU per request/event is the figure least affected by it.",
         "",
+        "Event stores side by side (memory, SQLite, Redis: append and replay rates, cross-replica resume latency,",
+        "Redis memory per 10,000 events): [`RESULTS-stores.md`](RESULTS-stores.md), `benchmarks/stores.py`.",
+        "",
     ]
     failures = {name: e["failures"] for name, e in summary.items() if e["failures"]}
     if failures:
