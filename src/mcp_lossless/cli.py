@@ -77,6 +77,13 @@ def _audit_parser(sub: Any) -> None:
     add_arguments(p)
 
 
+def _call_parser(sub: Any) -> None:
+    from .client.command import add_arguments
+
+    p = sub.add_parser("call", help="call one tool of an MCP server and print its one outcome")
+    add_arguments(p)
+
+
 def build_config(args: argparse.Namespace) -> ServerConfig:
     settings: dict[str, Any] = {}
     if args.config:
@@ -145,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _audit_parser(sub)
+    _call_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         sys.exit(serve(args))
@@ -152,3 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         from .audit.command import run as audit
 
         sys.exit(audit(args))
+    if args.command == "call":
+        from .client.command import run as call
+
+        sys.exit(call(args))

@@ -42,6 +42,12 @@ def polling_tools():  # type: ignore[no-untyped-def]
             await ctx.report_progress(step, steps)
         return "polled"
 
+    @registry.tool()
+    async def yield_once() -> str:
+        """Answers after one trip through the event loop: while the writer may be busy sending."""
+        await asyncio.sleep(0)
+        return "b"
+
     return registry, release
 
 
@@ -122,3 +128,23 @@ async def test_close_before_any_event_id_waits_for_one(short_lived, http: httpx.
     release.release("no-priming")
     resumed = await peer.resume(closed.ids[-1])
     assert resumed.messages[-1]["result"]["content"][0]["text"] == "polled"
+
+
+async def test_answer_published_while_the_writer_sends_is_not_lost(short_lived, http: httpx.AsyncClient) -> None:
+    url, _ = short_lived
+    peer = Peer(http, url, await dev_token(http, url, f"{url}/mcp"))
+    await peer.initialize()
+    for request_id in range(20):
+        read = await peer.post(call(request_id, "yield_once"))
+        assert read.messages[-1]["result"]["content"][0]["text"] == "b"
+
+
+async def test_priming_id_precedes_an_answer_given_at_once(short_lived, http: httpx.AsyncClient) -> None:
+    """A client cut right after the priming event resumes from it and still gets the answer."""
+    url, _ = short_lived
+    peer = Peer(http, url, await dev_token(http, url, f"{url}/mcp"))
+    await peer.initialize()
+    primed = await peer.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, stop_after=1)
+    assert primed.messages == [] and len(primed.ids) == 1
+    rest = await peer.resume(primed.ids[0])
+    assert rest.messages[-1]["id"] == 1 and "tools" in rest.messages[-1]["result"]

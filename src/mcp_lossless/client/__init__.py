@@ -8,7 +8,7 @@ offers the same for scripts.
 """
 
 from ..core.ledger import RecoveryPolicy
-from .client import Client, Tool, ToolResult
+from .client import Client, Tool, ToolCall, ToolResult
 from .errors import (
     AuthorizationFailed,
     CallMayHaveRun,
@@ -48,6 +48,7 @@ __all__ = [
     "SessionLost",
     "SyncClient",
     "Tool",
+    "ToolCall",
     "ToolError",
     "ToolResult",
 ]

@@ -2,22 +2,28 @@
 
 Every ``call_tool`` ends in exactly one outcome within its deadline: a :class:`ToolResult`, or one of
 the exceptions in :mod:`mcp_lossless.client.errors`.
+
+Protocol revisions: the client offers 2025-11-25 (or the revision it is told to offer) and speaks
+2025-11-25, 2025-06-18 and 2025-03-26, whichever the server answers with. It never sends 2026-07-28:
+servers that speak *only* 2026-07-28 (no sessions, no resumption) are not supported yet; the handshake
+with one fails with :class:`ProtocolViolation` naming the revision it offered.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 import anyio
 import httpx
 
+from ..core import protocol
 from ..core.ledger import CallSpec, RecoveryPolicy
-from .errors import ToolError
+from .errors import McpClientError, ToolError
 from .oauth import Auth
 from .session import ProgressCallback, ServerInfo, Session
 from .transport import Backoff, HttpTransport
@@ -77,12 +83,23 @@ class ToolResult:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call of :meth:`Client.call_tools`; the fields mean what :meth:`Client.call_tool`'s do."""
+
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    on_progress: ProgressCallback | None = None
+    reissue: bool | None = None
+
+
 class Client:
     """An MCP client over Streamable HTTP that never loses or mislabels a result.
 
     ``timeout`` is the default per-call deadline in seconds (``math.inf`` for none). ``policy`` says how
     hard to try before failing a call; re-issuing is automatic only for idempotent tools unless a call
-    says otherwise.
+    says otherwise. ``protocol_version`` is the revision offered in ``initialize`` (default the newest;
+    offer ``"2025-03-26"`` to let :meth:`call_tools` send JSON-RPC batches).
     """
 
     def __init__(
@@ -96,8 +113,14 @@ class Client:
         http: httpx.AsyncClient | None = None,
         idle_timeout: float = 300.0,
         client_info: Mapping[str, Any] | None = None,
+        protocol_version: str = protocol.LATEST,
     ) -> None:
+        if protocol_version not in protocol.SUPPORTED:
+            raise ValueError(
+                f"protocol version {protocol_version!r} is not one this client speaks ({', '.join(protocol.SUPPORTED)})"
+            )
         self.url = url
+        self.protocol_version = protocol_version
         self.timeout = timeout
         self._auth = auth or Auth()
         self._policy = policy
@@ -124,6 +147,7 @@ class Client:
                 policy=self._policy,
                 backoff=self._backoff,
                 client_info=self._client_info,
+                protocol_version=self.protocol_version,
             )
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
@@ -189,19 +213,47 @@ class Client:
         """
         if self._tools is None:
             await self.list_tools(timeout=timeout)
-        tool = (self._tools or {}).get(name)
-        spec = CallSpec(
+        spec = self._spec(ToolCall(name, arguments or {}, on_progress, reissue))
+        return _tool_result(name, await self._require().request(spec, self._deadline(timeout), on_progress))
+
+    async def call_tools(
+        self,
+        calls: Sequence[ToolCall],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - one deadline for the whole batch
+    ) -> list[ToolResult | McpClientError]:
+        """Run several calls at once; returns each call's one outcome, in order, instead of raising it.
+
+        Under 2025-03-26 they go as one JSON-RPC batch on one stream, whose token must cover every call's
+        resource; where no authorization server mints such a token, the client falls back to per-tool
+        tokens (splitting a batch not yet run, re-issuing idempotent calls of one that ran). Under later
+        revisions each call is its own POST, all in flight together.
+        """
+        if self._tools is None:
+            await self.list_tools(timeout=timeout)
+        specs = [self._spec(call) for call in calls]
+        answers = await self._require().request_batch(specs, self._deadline(timeout), [c.on_progress for c in calls])
+        outcomes: list[ToolResult | McpClientError] = []
+        for call, answer in zip(calls, answers, strict=True):
+            if isinstance(answer, McpClientError):
+                outcomes.append(answer)
+                continue
+            try:
+                outcomes.append(_tool_result(call.name, answer))
+            except ToolError as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    def _spec(self, call: ToolCall) -> CallSpec:
+        tool = (self._tools or {}).get(call.name)
+        return CallSpec(
             "tools/call",
-            {"name": name, "arguments": dict(arguments or {})},
+            {"name": call.name, "arguments": dict(call.arguments)},
             resources=frozenset({tool.resource}) if tool is not None and tool.resource else frozenset(),
             idempotent=tool.idempotent if tool is not None else False,
-            reissue=reissue,
-            progress=on_progress is not None,
+            reissue=call.reissue,
+            progress=call.on_progress is not None,
         )
-        result = ToolResult.from_wire(await self._require().request(spec, self._deadline(timeout), on_progress))
-        if result.raw.get("isError") is True:
-            raise ToolError(result.text or f"tool {name} reported an error", result)
-        return result
 
     def _deadline(self, timeout: float | None) -> float | None:
         value = self.timeout if timeout is None else timeout
@@ -211,3 +263,11 @@ class Client:
         if self._session is None or self._stack is None:
             raise RuntimeError("use the client inside 'async with'")
         return self._session
+
+
+def _tool_result(name: str, raw: Mapping[str, Any]) -> ToolResult:
+    """The typed result, or :class:`ToolError` when the tool reported failure (``isError``)."""
+    result = ToolResult.from_wire(raw)
+    if result.raw.get("isError") is True:
+        raise ToolError(result.text or f"tool {name} reported an error", result)
+    return result

@@ -11,6 +11,21 @@ URI; then RFC 8414 / OpenID Connect discovery), and obtains tokens by ``client_c
 Token requests are built with plain httpx so repeated ``resource`` parameters are encoded correctly.
 Tokens are cached by the resources they were issued for; a token's ``aud`` is read, without trusting
 it, only to notice that an authorization server narrowed what was asked for. Tokens are never logged.
+
+When no token the client can get is known to cover a request (a single-audience authorization server
+refuses several resources with ``invalid_target``; the application dropped privileges with
+:meth:`OAuth.narrow`), the newest token held is presented anyway: only the server knows what a token
+covers there (ours lets its own URI cover every tool), and its refusal names what is missing and
+starts a re-authorization.
+
+Without a ``client_id`` the client registers itself per authorization server (:mod:`.registration`);
+scopes follow the MCP scope selection strategy (:mod:`.scopes`). An ``authorization_code`` client waits
+for the server's first challenge before sending anyone to a login page: a server that needs no token
+never asks, and one that does names the scope it wants. A 401 (as opposed to a 403 for more scope)
+makes the next grant re-read the protected resource metadata, so a server that moved to another
+authorization server is followed there with a fresh registration. Servers from before RFC 9728
+(2025-03-26) get RFC 8414 discovery at their origin, then the default ``/authorize``, ``/token`` and
+``/register`` endpoints there.
 """
 
 from __future__ import annotations
@@ -33,6 +48,8 @@ from anyio.abc import ByteStream, SocketAttribute, SocketListener
 
 from ..core.resources import InvalidResource, audience_of, canonical_resource
 from .errors import AuthorizationFailed
+from .registration import ClientCredentials, ClientRegistration, choose_auth_method, register_client
+from .scopes import ScopeSelection
 
 log = logging.getLogger("mcp_lossless.client.oauth")
 
@@ -134,6 +151,16 @@ def authorization_server_metadata_urls(issuer: str) -> list[str]:
     ]
 
 
+def legacy_authorization_server(origin: str) -> dict[str, Any]:
+    """The endpoints a 2025-03-26 client assumes when a server publishes no metadata at all."""
+    return {
+        "issuer": origin,
+        "authorization_endpoint": f"{origin}/authorize",
+        "token_endpoint": f"{origin}/token",
+        "registration_endpoint": f"{origin}/register",
+    }
+
+
 def unverified_audience(token: str) -> frozenset[str] | None:
     """The ``aud`` of a JWT, read *without* verifying it: only to detect narrowing, never to trust."""
     parts = token.split(".")
@@ -194,26 +221,40 @@ class OAuth(Auth):
 
     ``grant`` is ``"client_credentials"`` or an :class:`AuthorizationCodeGrant`. A token is reused while
     its audience covers what a request needs and it is not about to expire (``leeway`` seconds).
+    ``client_id=None`` (``authorization_code`` only) registers as ``registration`` says; ``token_auth``
+    (``client_secret_basic``, ``client_secret_post`` or ``none``) defaults to what the server supports.
     """
 
     def __init__(
         self,
-        client_id: str,
+        client_id: str | None,
         client_secret: str | None = None,
         *,
         grant: str | AuthorizationCodeGrant = "client_credentials",
         scope: str | None = None,
-        token_auth: str = "client_secret_basic",
+        token_auth: str | None = None,
+        registration: ClientRegistration | None = None,
         leeway: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if grant != "client_credentials" and not isinstance(grant, AuthorizationCodeGrant):
             raise ValueError("grant must be 'client_credentials' or an AuthorizationCodeGrant")
+        if client_id is None and not isinstance(grant, AuthorizationCodeGrant):
+            raise ValueError("client_credentials needs a client_id; only authorization_code clients register")
         self.client_id = client_id
         self._secret = client_secret
         self._grant = grant
-        self._scope = set(scope.split()) if scope else set()
+        self._scope = ScopeSelection(scope)
         self._token_auth = token_auth
+        self._registration = registration or ClientRegistration()
+        self._registered: dict[str, ClientCredentials] = {}
+        """Dynamic registrations by issuer: one authorization server's client is never shown to another."""
+        self._needed = not isinstance(grant, AuthorizationCodeGrant)
+        """Whether to get tokens before being asked; an authorization_code client waits for a challenge."""
+        self._rediscover = False
+        self._issuer_url: str | None = None
+        self._legacy = False
+        """No protected resource metadata: a 2025-03-26 server, whose origin is the authorization server."""
         self._leeway = leeway
         self._clock = clock
         self._http: httpx.AsyncClient | None = None
@@ -225,6 +266,8 @@ class OAuth(Auth):
         self._tokens: list[_Token] = []
         self._refresh_token: str | None = None
         self._lock = anyio.Lock()
+        self._ceiling: frozenset[str] | None = None
+        """Set by :meth:`narrow`: no refresh or grant reaches beyond it until a re-authorization."""
         self.narrowed: list[tuple[frozenset[str], frozenset[str]]] = []
         """Every (asked for, granted) pair where the AS granted less than was asked: for logs and tests."""
 
@@ -234,17 +277,28 @@ class OAuth(Auth):
         self.resource = canonical_resource(server_url)
 
     def challenged(self, challenge: Challenge) -> None:
+        self._needed = True
         if challenge.resource_metadata and challenge.resource_metadata != self._challenge_metadata:
             self._challenge_metadata = challenge.resource_metadata
-        if challenge.error == "insufficient_scope" and challenge.scope:
-            self._scope |= set(challenge.scope.split())
+        self._scope.challenged(challenge.scope)
+        if challenge.error != "insufficient_scope":
+            self._rediscover = True  # the token was not accepted at all: its issuer may no longer be trusted
 
     async def token(self, resources: frozenset[str]) -> str | None:
         async with self._lock:
+            if not self._needed:
+                return None
+            await self._authorization_server()  # first: the metadata may name the resource to ask for
             wanted = self._wanted(resources)
             cached = self._cached(wanted)
             if cached is not None:
                 return cached.value
+            held = self._newest()
+            if self._ceiling is not None and not wanted <= self._ceiling and held is not None:
+                log.info(
+                    "privileges narrowed to %s; presenting that token for %s", _names(held.audience), _names(wanted)
+                )
+                return held.value
             if self._refresh_token is not None:
                 try:
                     refreshed = await self._refresh(wanted)
@@ -253,11 +307,25 @@ class OAuth(Auth):
                 else:
                     if self._covers(refreshed, wanted):
                         return refreshed.value
-            return (await self._new_grant(wanted)).value
+            try:
+                return (await self._new_grant(wanted)).value
+            except TokenEndpointError as exc:
+                held = self._newest()
+                if held is None:
+                    raise
+                log.info(
+                    "no token for %s (%s); presenting one for %s", _names(wanted), exc.error, _names(held.audience)
+                )
+                return held.value
 
     async def reauthorize(self, resources: frozenset[str]) -> None:
         """A fresh grant for ``resources``; every cached token that was refused is forgotten."""
         async with self._lock:
+            self._needed = True
+            if self._rediscover:
+                self._rediscover = False
+                self._as = None
+            await self._authorization_server()
             wanted = self._wanted(resources)
             self._tokens = [t for t in self._tokens if not self._covers(t, wanted)]
             token = await self._new_grant(wanted)
@@ -265,6 +333,24 @@ class OAuth(Auth):
                 raise AuthorizationFailed(
                     f"the authorization server granted {_names(token.audience)} when asked for {_names(wanted)}"
                 )
+            self._ceiling = None
+
+    async def narrow(self, resources: Iterable[str]) -> None:
+        """Drop privileges: a token for exactly ``resources`` replaces every token held.
+
+        It comes from a refresh (least privilege) when the grant has a refresh token, else from a new grant.
+        Until the next re-authorization nothing wider is asked for: a request that needs more presents the
+        narrowed token, and the server's refusal is what starts the fresh grant.
+        """
+        async with self._lock:
+            wanted = self._wanted(frozenset(resources))
+            if self._refresh_token is not None:
+                token = await self._refresh(wanted)
+            else:
+                token = await self._new_grant(wanted)
+            self._tokens = [token]
+            self._ceiling = token.audience
+            log.info("privileges narrowed to %s", _names(token.audience))
 
     # ---- token cache --------------------------------------------------------------------------------
 
@@ -278,11 +364,20 @@ class OAuth(Auth):
         """Exact coverage: a token for the whole server is not used for one tool (least privilege)."""
         return wanted <= token.audience
 
+    def _newest(self) -> _Token | None:
+        """The newest token that has not expired yet, whatever it covers (for the server to judge)."""
+        alive = self._alive(0.0)
+        return max(alive, key=lambda t: t.issued_at) if alive else None
+
     def _cached(self, wanted: frozenset[str]) -> _Token | None:
-        now = self._clock()
-        self._tokens = [t for t in self._tokens if t.expires_at is None or t.expires_at - self._leeway > now]
-        usable = [t for t in self._tokens if self._covers(t, wanted)]
+        """The newest token covering ``wanted`` that is not about to expire."""
+        usable = [t for t in self._alive(self._leeway) if self._covers(t, wanted)]
         return max(usable, key=lambda t: t.issued_at) if usable else None
+
+    def _alive(self, margin: float) -> list[_Token]:
+        now = self._clock()
+        self._tokens = [t for t in self._tokens if t.expires_at is None or t.expires_at > now]
+        return [t for t in self._tokens if t.expires_at is None or t.expires_at - margin > now]
 
     # ---- token requests -----------------------------------------------------------------------------
 
@@ -306,17 +401,19 @@ class OAuth(Auth):
             raise AuthorizationFailed("the authorization server metadata has no authorization_endpoint")
         verifier, challenge = pkce_pair()
         state = secrets.token_urlsafe(16)
+        client = await self._credentials(metadata)
         query: list[tuple[str, str]] = [
             ("response_type", "code"),
-            ("client_id", self.client_id),
+            ("client_id", client.client_id),
             ("redirect_uri", grant.redirect_uri),
             ("code_challenge", challenge),
             ("code_challenge_method", "S256"),
             ("state", state),
             *(("resource", r) for r in sorted(wanted)),
         ]
-        if self._scope:
-            query.append(("scope", " ".join(sorted(self._scope))))
+        scope = self._scope.current()
+        if scope is not None:
+            query.append(("scope", scope))
         if grant.login_hint:
             query.append(("login_hint", grant.login_hint))
         separator = "&" if urlsplit(endpoint).query else "?"
@@ -350,17 +447,19 @@ class OAuth(Auth):
         if not isinstance(endpoint, str):
             raise AuthorizationFailed("the authorization server metadata has no token_endpoint")
         form: list[tuple[str, str]] = [*params.items(), *(("resource", r) for r in sorted(wanted))]
-        if with_scope and self._scope:
-            form.append(("scope", " ".join(sorted(self._scope))))
+        scope = self._scope.current()
+        if with_scope and scope is not None:
+            form.append(("scope", scope))
         headers = dict(_FORM_HEADERS)
-        if self._secret is not None and self._token_auth == "client_secret_basic":
+        client = await self._credentials(metadata)
+        if client.client_secret is not None and client.auth_method == "client_secret_basic":
             # RFC 6749 §2.3.1: both parts are form-urlencoded before base64.
-            pair = f"{quote_plus(self.client_id)}:{quote_plus(self._secret)}".encode()
+            pair = f"{quote_plus(client.client_id)}:{quote_plus(client.client_secret)}".encode()
             headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         else:
-            form.append(("client_id", self.client_id))
-            if self._secret is not None:
-                form.append(("client_secret", self._secret))
+            form.append(("client_id", client.client_id))
+            if client.client_secret is not None and client.auth_method == "client_secret_post":
+                form.append(("client_secret", client.client_secret))
         try:
             response = await self._client().post(endpoint, content=urlencode(form), headers=headers)
         except httpx.HTTPError as exc:
@@ -392,12 +491,29 @@ class OAuth(Auth):
         self._tokens.append(token)
         return token
 
+    async def _credentials(self, metadata: Mapping[str, Any]) -> ClientCredentials:
+        """Who we are at this authorization server: the configured client, else its own registration."""
+        if self.client_id is not None:
+            method = self._token_auth or choose_auth_method(metadata, self._secret is not None)
+            return ClientCredentials(self.client_id, self._secret, method)
+        issuer = str(metadata.get("issuer"))
+        known = self._registered.get(issuer)
+        if known is None:
+            assert isinstance(self._grant, AuthorizationCodeGrant)
+            known = await register_client(self._client(), metadata, self._registration, self._grant.redirect_uri)
+            self._registered[issuer] = known
+        return known
+
     # ---- metadata -----------------------------------------------------------------------------------
 
     async def _authorization_server(self) -> Mapping[str, Any]:
         if self._as is not None:
             return self._as
-        issuer = await self._issuer()
+        previous = self._issuer_url
+        issuer = self._issuer_url = await self._issuer()
+        if previous is not None and issuer != previous:
+            log.warning("the server moved from authorization server %s to %s", previous, issuer)
+            self._tokens, self._refresh_token = [], None
         for url in authorization_server_metadata_urls(issuer):
             document = await self._get_json(url)
             if document is None:
@@ -408,6 +524,9 @@ class OAuth(Auth):
                 )
             self._as = document
             return document
+        if self._legacy:
+            self._as = legacy_authorization_server(issuer)
+            return self._as
         raise AuthorizationFailed(f"no authorization server metadata for {issuer}")
 
     async def _issuer(self) -> str:
@@ -421,21 +540,29 @@ class OAuth(Auth):
                 raise AuthorizationFailed(f"protected resource metadata at {url} is for {resource!r}, not this server")
             if not isinstance(servers, list) or not servers or not isinstance(servers[0], str):
                 raise AuthorizationFailed(f"protected resource metadata at {url} names no authorization server")
-            if canonical_resource(resource) == canonical_resource(self._server_url):
-                self.resource = canonical_resource(resource)
+            theirs, mine = canonical_resource(resource), canonical_resource(self._server_url)
+            if theirs == mine or mine.startswith(theirs + "/"):
+                self.resource = theirs  # sent exactly as published, even where it names the whole origin
+            self._scope.advertised(document.get("scopes_supported"))
+            self._legacy = False
             return servers[0]
         # Servers from before RFC 9728 (2025-03-26): the MCP server's origin is the authorization server.
+        self._legacy = True
         parts = urlsplit(self._server_url)
         return f"{parts.scheme}://{parts.netloc}"
 
     def _ours(self, resource: str) -> bool:
-        """The metadata describes this MCP server or one of its tools (a resource below its URL)."""
+        """The metadata describes this MCP server, one of its tools (below its URL), or a resource above it.
+
+        A resource above it on the same origin is what RFC 9728 has the root well-known URI describe; a
+        resource on another origin (or beside this server) is someone else's.
+        """
         try:
             theirs = canonical_resource(resource)
         except InvalidResource:
             return False
         mine = canonical_resource(self._server_url)
-        return theirs == mine or theirs.startswith(mine + "/")
+        return theirs == mine or theirs.startswith(mine + "/") or mine.startswith(theirs + "/")
 
     async def _get_json(self, url: str) -> dict[str, Any] | None:
         try:

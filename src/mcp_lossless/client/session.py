@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ from ..core.ledger import (
     Resolve,
     Resume,
     Send,
+    SendBatch,
     StreamKey,
 )
 from ..core.sse import SseTooLarge
@@ -63,7 +64,8 @@ log = logging.getLogger("mcp_lossless.client")
 
 NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 HANDSHAKE_VERSIONS = protocol.SUPPORTED
-"""Offered in this order: the newest first; the server's answer decides (lifecycle version negotiation)."""
+"""The revisions this client speaks. It offers one (the newest unless told otherwise) and accepts any of these
+in the server's answer (lifecycle version negotiation). 2026-07-28 is not among them: the client never sends it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +108,11 @@ class Session:
         backoff: Backoff | None = None,
         client_info: Mapping[str, Any] | None = None,
         rng: random.Random | None = None,
+        protocol_version: str = protocol.LATEST,
     ) -> None:
+        if protocol_version not in HANDSHAKE_VERSIONS:
+            raise ValueError(f"protocol version {protocol_version!r} is not one of {', '.join(HANDSHAKE_VERSIONS)}")
+        self.offered_version = protocol_version
         self.transport = transport
         self.auth = auth
         self.backoff = backoff or Backoff()
@@ -150,7 +156,7 @@ class Session:
             "jsonrpc": "2.0",
             "id": f"{self._prefix}-init-{self._handshakes}",
             "method": "initialize",
-            "params": {"protocolVersion": HANDSHAKE_VERSIONS[0], "capabilities": {}, "clientInfo": self.client_info},
+            "params": {"protocolVersion": self.offered_version, "capabilities": {}, "clientInfo": self.client_info},
         }
         response, session_id = await self._exchange(message)
         if "error" in response:
@@ -161,7 +167,10 @@ class Session:
             raise ProtocolViolation("initialize answered without a result object")
         version = result.get("protocolVersion")
         if version not in HANDSHAKE_VERSIONS:
-            raise ProtocolViolation(f"the server speaks protocol {version!r}; this client speaks {HANDSHAKE_VERSIONS}")
+            raise ProtocolViolation(
+                f"offered protocol {self.offered_version}, the server answered {version!r}; "
+                f"this client speaks {', '.join(HANDSHAKE_VERSIONS)} (2026-07-28-only servers are not supported yet)"
+            )
         transport.session_id = session_id
         transport.protocol_version = str(version)
         await self._post_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
@@ -236,15 +245,63 @@ class Session:
             self._waiters.pop(key, None)
         if waiter.outcome is None:
             self._apply(self.ledger.expire(key))
-            waiter.outcome = Failure(FailureKind.DEADLINE, f"no outcome within {deadline} s")
+            waiter.outcome = Failure(FailureKind.DEADLINE, f"no outcome within {deadline:.3g} s")
         return _unwrap(waiter.outcome)
+
+    async def request_batch(
+        self, specs: Sequence[CallSpec], deadline: float | None, on_progress: Sequence[ProgressCallback | None]
+    ) -> list[dict[str, Any] | McpClientError]:
+        """Send ``specs`` together and wait for every outcome: each call's ``result``, or its typed error.
+
+        One JSON-RPC batch on one stream where the negotiated protocol allows it (2025-03-26), else one POST
+        per call, all in flight at once. One deadline covers them all.
+        """
+        if self._closing:
+            raise ClientClosed("the client is closed")
+        if self._broken is not None:
+            raise SessionLost(f"no session: {self._broken.reason}")
+        if not specs:
+            return []
+        await self._ready.wait()
+        if protocol.allows_batches(self.transport.protocol_version or ""):
+            keys, actions = self.ledger.begin_batch(specs)
+        else:
+            keys, actions = [], []
+            for spec in specs:
+                key, sends = self.ledger.begin(spec)
+                keys.append(key)
+                actions += sends
+        waiters = [_Waiter(callback) for callback in on_progress]
+        self._waiters.update(zip(keys, waiters, strict=True))
+        self._apply(actions)
+        try:
+            with anyio.move_on_after(deadline if deadline is not None else math.inf):
+                for waiter in waiters:
+                    await waiter.done.wait()
+        except BaseException:
+            for key in keys:
+                self._apply(self.ledger.cancel(key, "the caller cancelled the call"))
+            raise
+        finally:
+            for key in keys:
+                self._waiters.pop(key, None)
+        outcomes: list[dict[str, Any] | McpClientError] = []
+        for key, waiter in zip(keys, waiters, strict=True):
+            if waiter.outcome is None:
+                self._apply(self.ledger.expire(key))
+                waiter.outcome = Failure(FailureKind.DEADLINE, f"no outcome within {deadline:.3g} s")
+            try:
+                outcomes.append(_unwrap(waiter.outcome))
+            except McpClientError as exc:
+                outcomes.append(exc)
+        return outcomes
 
     # ---- executing actions --------------------------------------------------------------------------
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
             self._log(action)
-            if isinstance(action, Send):
+            if isinstance(action, Send | SendBatch):
                 self._require_tg().start_soon(self._send, action, self._connection_scope(action.link.stream))
             elif isinstance(action, Resume):
                 self._require_tg().start_soon(self._resume, action, self._connection_scope(action.link.stream))
@@ -287,6 +344,8 @@ class Session:
             log.warning("re-issuing %r as %r: %s", action.reissue_of, action.message["id"], action.reason)
         elif isinstance(action, Send) and action.reason != "new call":
             log.info("sending %r again: %s", action.message["id"], action.reason)
+        elif isinstance(action, SendBatch):
+            log.info("sending a batch of %s: %s", ", ".join(repr(m["id"]) for m in action.messages), action.reason)
         elif isinstance(action, Resume):
             stream, cursor, attempt = action.link.stream, action.cursor, action.attempt
             log.info("resuming stream %d from %r (try %d): %s", stream, cursor, attempt, action.reason)
@@ -325,14 +384,18 @@ class Session:
 
     # ---- connections --------------------------------------------------------------------------------
 
-    async def _send(self, action: Send, scope: anyio.CancelScope) -> None:
+    async def _send(self, action: Send | SendBatch, scope: anyio.CancelScope) -> None:
         link = action.link
+        body = action.message if isinstance(action, Send) else list(action.messages)
         with scope:
+            if isinstance(action, Send) and action.attempt > 0:
+                # A re-issue follows a failure (a drop, a restart): do not hammer a server that is coming back.
+                await anyio.sleep(self.backoff.delay(action.attempt - 1, None, self._rng.random()))
             try:
                 await self._ready.wait()
                 sent_on = self.transport.session_id
                 token = await self.auth.token(action.resources)
-                async with self.transport.post(action.message, token) as response:
+                async with self.transport.post(body, token) as response:
                     await self._consume(link, response, sent_on, resuming=False)
             except AuthorizationFailed as exc:
                 self._apply(self.ledger.unauthorized(link, action.resources, exc.reason))

@@ -6,7 +6,7 @@ by the ledger (see :mod:`mcp_lossless.client.session`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -84,8 +84,10 @@ class HttpTransport:
         return headers
 
     @asynccontextmanager
-    async def post(self, message: Mapping[str, Any], token: str | None) -> AsyncIterator[httpx.Response]:
-        """POST one JSON-RPC message; the response is open for streaming inside the block."""
+    async def post(
+        self, message: Mapping[str, Any] | Sequence[Mapping[str, Any]], token: str | None
+    ) -> AsyncIterator[httpx.Response]:
+        """POST one JSON-RPC message (or a batch: a list); the response is open for streaming inside the block."""
         headers = self.headers(token, ACCEPT_POST)
         headers["Content-Type"] = "application/json"
         request = self.http.build_request("POST", self.url, content=orjson.dumps(message), headers=headers)

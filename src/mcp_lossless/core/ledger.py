@@ -121,6 +121,19 @@ class Send:
     resources: frozenset[str]
     reason: str
     reissue_of: str | int | None = None
+    attempt: int = 0
+    """How many times this call was re-issued before: the adapter backs off before sending again."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendBatch:
+    """POST ``messages`` as one JSON-RPC batch (2025-03-26 only); every response arrives on ``link``."""
+
+    link: Link
+    calls: tuple[CallKey, ...]
+    messages: tuple[Mapping[str, Any], ...]
+    resources: frozenset[str]
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +206,7 @@ class Report:
     detail: str
 
 
-Action = Send | Resume | Reauthorize | Resolve | Progress | CancelOnServer | CloseStream | Incoming | Report
+Action = Send | SendBatch | Resume | Reauthorize | Resolve | Progress | CancelOnServer | CloseStream | Incoming | Report
 
 
 # ---- state -----------------------------------------------------------------------------------------
@@ -274,6 +287,23 @@ class Ledger:
         self._calls[key] = call
         self._by_wire[wire] = key
         return key, [Send(Link(stream.key, stream.epoch), key, self._message(call), spec.resources, "new call")]
+
+    def begin_batch(self, specs: Sequence[CallSpec]) -> tuple[list[CallKey], list[Action]]:
+        """Register several calls on one stream and return the :class:`SendBatch` that sends them together.
+
+        The stream's token must cover the union of their resources; if no authorization server will mint
+        one, the calls are split (see :meth:`reauthorization_failed`).
+        """
+        if not specs:
+            raise ValueError("a batch needs at least one call")
+        keys = list(range(self._next_key, self._next_key + len(specs)))
+        self._next_key += len(specs)
+        stream = self._new_stream(*keys)
+        for key, spec in zip(keys, specs, strict=True):
+            wire = self._new_wire_id()
+            self._calls[key] = _Call(key, spec, wire, stream.key)
+            self._by_wire[wire] = key
+        return keys, [self._send_all(stream, "new batch")]
 
     # ---- what arrived -------------------------------------------------------------------------------
 
@@ -430,16 +460,16 @@ class Ledger:
             call.refused = False
         if stream.cursor is not None:
             return [self._resume(stream, "re-authorized; resuming from the same cursor")]
-        (call,) = self._calls_on(stream)
         stream.epoch += 1
-        link = Link(stream.key, stream.epoch)
-        return [Send(link, call.key, self._message(call), call.spec.resources, "re-authorized; sending again")]
+        return [self._send_all(stream, "re-authorized; sending again")]
 
     def reauthorization_failed(self, stream_key: StreamKey, detail: str) -> list[Action]:
         """No grant covers the stream: abandon it; re-issue each call with its own token, or fail it."""
         stream = self._streams.get(stream_key)
         if stream is None or stream.state is not _State.REAUTH:
             return []
+        if stream.cursor is None and len(stream.calls) > 1:
+            return self._split(stream, f"no token covers the whole batch ({detail}); sending each call on its own")
         if stream.cursor is None:
             out: list[Action] = []
             for call in self._calls_on(stream):
@@ -514,6 +544,11 @@ class Ledger:
         return self._resolve(call, Answered(msg), "answered")
 
     def _refused(self, stream: _Stream, call: _Call, data: Mapping[str, Any]) -> list[Action]:
+        if stream.cursor is None:
+            # Refused before any event id (no priming below 2025-11-25): the request ran, and there is no
+            # cursor to resume it from, so sending it again under its id would be a duplicate request.
+            reason = f"delivery refused before any event id ({data.get('reason', 'refused')}), cannot resume"
+            return self._recover_calls(stream, [call], FailureKind.MAY_HAVE_RUN, reason)
         call.refused = True
         required = data.get("requiredResources")
         if isinstance(required, list):
@@ -575,8 +610,12 @@ class Ledger:
 
     def _ask_reauthorization(self, stream: _Stream, why: str) -> list[Action]:
         if stream.reauths >= self.policy.max_reauthorizations:
-            kind = FailureKind.MAY_HAVE_RUN if stream.cursor is not None else FailureKind.AUTHORIZATION
-            return self._recover(stream, kind, f"{why}; gave up after {stream.reauths} re-authorizations")
+            why = f"{why}; gave up after {stream.reauths} re-authorizations"
+            if stream.cursor is not None:
+                return self._recover(stream, FailureKind.MAY_HAVE_RUN, why)
+            # Not re-issued, idempotent or not: a new id would meet the same refusal and start the count
+            # of authorizations over (MCP: clients limit scope step-up retries).
+            return [a for call in self._calls_on(stream) for a in self._fail(call, FailureKind.AUTHORIZATION, why)]
         stream.reauths += 1
         stream.state = _State.REAUTH
         stream.epoch += 1
@@ -638,8 +677,29 @@ class Ledger:
         if old.state is _State.CLOSED:
             out.append(CloseStream(old.key, why))
         message = self._message(call)
-        out.append(Send(Link(stream.key, stream.epoch), call.key, message, call.spec.resources, why, old_wire))
+        link = Link(stream.key, stream.epoch)
+        out.append(Send(link, call.key, message, call.spec.resources, why, old_wire, call.reissues))
         return out
+
+    def _split(self, old: _Stream, why: str) -> list[Action]:
+        """Send each call of a batch the server never processed on a stream of its own, under the same id."""
+        out: list[Action] = []
+        for call in self._calls_on(old):
+            self._detach(call, old)
+            stream = self._new_stream(call.key)
+            call.stream = stream.key
+            out.append(Send(Link(stream.key, stream.epoch), call.key, self._message(call), call.spec.resources, why))
+        return [CloseStream(old.key, why), *out]
+
+    def _send_all(self, stream: _Stream, why: str) -> Send | SendBatch:
+        """Put every call of a stream that has not reached the server (yet) on the wire: one POST."""
+        calls = self._calls_on(stream)
+        link = Link(stream.key, stream.epoch)
+        if len(calls) == 1:
+            (call,) = calls
+            return Send(link, call.key, self._message(call), call.spec.resources, why)
+        resources = frozenset[str]().union(*(c.spec.resources for c in calls))
+        return SendBatch(link, tuple(c.key for c in calls), tuple(self._message(c) for c in calls), resources, why)
 
     def _fail(
         self, call: _Call, kind: FailureKind, reason: str, error: Mapping[str, Any] | None = None
@@ -672,8 +732,8 @@ class Ledger:
     def _calls_on(self, stream: _Stream) -> list[_Call]:
         return [self._calls[k] for k in sorted(stream.calls)]
 
-    def _new_stream(self, call: CallKey) -> _Stream:
-        stream = _Stream(self._next_stream, {call})
+    def _new_stream(self, *calls: CallKey) -> _Stream:
+        stream = _Stream(self._next_stream, set(calls))
         self._next_stream += 1
         self._streams[stream.key] = stream
         return stream

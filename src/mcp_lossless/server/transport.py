@@ -298,12 +298,12 @@ class Transport:
         live = LiveStream(record)
         session.live[record.stream] = live
         s.metrics.post_streams.inc()
+        head = b"" if s.config.json_response else self._priming(session, record, version)  # names position 0
         for message, request in zip(requests, pending, strict=True):
             await self.dispatcher.dispatch(session, live, grant, message, request)
         if s.config.json_response:
             await self._write_json(live, send, batch)
             return
-        head = self._priming(session, record, version)
         writer = SseWriter(s, session.id, record.stream, DeliveryGate(grant, s.policy, None, s.leeway), record.requests)
         await writer.run(receive, send, LiveSource(live, 0, has_cursor=bool(head)), head)
         self._release(session, live)

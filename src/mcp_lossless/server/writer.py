@@ -70,7 +70,18 @@ class LiveSource:
         return []
 
     async def wait(self) -> None:
-        await self.live.waiter()
+        """Until ``ready`` may have something new. Events published while the writer was sending (it was
+        not waiting then) are noticed here, not lost with the wake-up that announced them."""
+        live = self.live
+        if (
+            live.broken
+            or live.done
+            or live.after(self.sent_seq)
+            or live.generation != self.generation
+            or live.close_generation == self.generation
+        ):
+            return
+        await live.waiter()
 
     def close(self) -> None:
         if self.live.writer == self.generation:

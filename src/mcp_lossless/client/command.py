@@ -1,0 +1,200 @@
+"""``mcp-lossless call URL TOOL key=value …``: one tool call from the shell, its one outcome, an exit status.
+
+Progress goes to stderr (a bar on a terminal, one line per update otherwise); the outcome goes to stdout
+(the result's text, or with ``--json`` one JSON document) and, for errors, a sentence on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+import orjson
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from .client import Client, ToolResult
+from .errors import (
+    AuthorizationFailed,
+    CallMayHaveRun,
+    ConnectionFailed,
+    DeadlineExceeded,
+    McpClientError,
+    ToolError,
+)
+from .oauth import Auth, AuthorizationCodeGrant, LoopbackRedirect, OAuth
+from .session import ProgressUpdate
+
+EXIT_RESULT = 0
+EXIT_TOOL_ERROR = 1
+EXIT_USAGE = 2
+EXIT_MAY_HAVE_RUN = 3
+EXIT_AUTHORIZATION = 4
+EXIT_UNREACHED = 5
+EXIT_SERVER = 6
+SAFETY_MARGIN = 5.0
+"""Seconds past ``--timeout`` after which the command gives up even if the client's own deadline did not fire."""
+MINIMUM_WAIT = 0.001
+
+EPILOG = """\
+VALUE is parsed as JSON when it parses (5, true, null, [1], {"a": 1}, "quoted"), else taken as a string.
+Without --client-id no credentials are sent (enough for servers that ask for none). With --client-id and
+--client-secret the client_credentials grant is used; with --client-id alone, authorization code + PKCE:
+open the printed URL in a browser, which redirects back to a listener on 127.0.0.1.
+
+Exit status:
+  0  the tool returned a result
+  1  the tool ran and reported an error (isError)
+  2  bad usage
+  3  the call may have run, but its result was not received (not retried: the tool is not idempotent)
+  4  authorization failed (no token the server accepts could be obtained)
+  5  the deadline passed, or the server could not be reached
+  6  the server refused the request or broke the protocol"""
+
+
+class UsageError(Exception):
+    pass
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = EPILOG
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("url", help="the MCP endpoint, e.g. http://127.0.0.1:8000/mcp")
+    p.add_argument("tool", help="the tool to call")
+    p.add_argument("arguments", nargs="*", metavar="KEY=VALUE", help="the tool's arguments")
+    p.add_argument("--client-id", help="OAuth client id (client_credentials with --client-secret, else code + PKCE)")
+    p.add_argument("--client-secret", help="OAuth client secret")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="deadline of the call (default 60)")
+    p.add_argument("--json", action="store_true", help="print one JSON document: the outcome, for machines")
+    p.add_argument("-v", "--verbose", action="store_true", help="log the client's recovery decisions to stderr")
+
+
+def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` pairs; each value is JSON when it parses, else the string as written."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"argument {pair!r} is not KEY=VALUE")
+        if key in out:
+            raise UsageError(f"argument {key!r} given twice")
+        try:
+            out[key] = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def exit_status(error: BaseException) -> int:
+    if isinstance(error, ToolError):
+        return EXIT_TOOL_ERROR
+    if isinstance(error, CallMayHaveRun):
+        return EXIT_MAY_HAVE_RUN
+    if isinstance(error, AuthorizationFailed):
+        return EXIT_AUTHORIZATION
+    if isinstance(error, DeadlineExceeded | ConnectionFailed | TimeoutError):
+        return EXIT_UNREACHED
+    return EXIT_SERVER
+
+
+def run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("mcp-lossless call: %(message)s"))
+    client_log = logging.getLogger("mcp_lossless")
+    client_log.addHandler(handler)
+    client_log.setLevel(logging.INFO if args.verbose else logging.CRITICAL)
+    try:
+        arguments = parse_arguments(args.arguments)
+        if args.timeout <= 0:
+            raise UsageError("--timeout must be positive")
+        if args.client_secret is not None and args.client_id is None:
+            raise UsageError("--client-secret needs --client-id")
+    except UsageError as exc:
+        err.print(f"mcp-lossless call: {exc}", markup=False)
+        return EXIT_USAGE
+    try:
+        result = anyio.run(_call, args, arguments, err)
+    except (McpClientError, TimeoutError) as exc:
+        return _failed(args, exc, err)
+    if args.json:
+        print(orjson.dumps({"outcome": "result", "result": result.raw}).decode())
+    else:
+        print(result.text if result.text else orjson.dumps(result.raw.get("content", [])).decode())
+    return EXIT_RESULT
+
+
+async def _call(args: argparse.Namespace, arguments: dict[str, Any], err: Console) -> ToolResult:
+    with _progress_display(err, args.tool) as show:
+        if args.client_id is not None and args.client_secret is None:
+            async with LoopbackRedirect(lambda url: err.print(f"Open to authorize: {url}", markup=False)) as redirect:
+                auth = OAuth(args.client_id, grant=AuthorizationCodeGrant(redirect.uri, redirect))
+                return await _call_with(args, arguments, auth, show)
+        credentials = OAuth(args.client_id, args.client_secret) if args.client_id is not None else Auth()
+        return await _call_with(args, arguments, credentials, show)
+
+
+async def _call_with(
+    args: argparse.Namespace, arguments: dict[str, Any], auth: Auth, show: Callable[[ProgressUpdate], None]
+) -> ToolResult:
+    """The handshake, the tool list and the call share one deadline; the call's own fires first."""
+    deadline = anyio.current_time() + args.timeout
+    with anyio.fail_after(args.timeout + SAFETY_MARGIN):
+        async with Client(args.url, auth=auth, timeout=args.timeout) as client:
+            remaining = max(deadline - anyio.current_time(), MINIMUM_WAIT)
+            return await client.call_tool(args.tool, arguments, on_progress=show, timeout=remaining)
+
+
+@contextmanager
+def _progress_display(err: Console, tool: str) -> Iterator[Callable[[ProgressUpdate], None]]:
+    """A bar on a terminal; one line per update when stderr is a file or a pipe."""
+    if not err.is_terminal:
+
+        def line(update: ProgressUpdate) -> None:
+            total = f"/{update.total:g}" if update.total is not None else ""
+            message = f" {update.message}" if update.message else ""
+            print(f"progress {update.progress:g}{total}{message}", file=sys.stderr, flush=True)
+
+        yield line
+        return
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"), TimeElapsedColumn(),
+        console=err, transient=True,
+    ) as bar:  # fmt: skip
+        task: TaskID = bar.add_task(tool, total=None, note="")
+
+        def update_bar(update: ProgressUpdate) -> None:
+            bar.update(task, completed=update.progress, total=update.total, note=update.message or "")
+
+        yield update_bar
+
+
+def _failed(args: argparse.Namespace, error: BaseException, err: Console) -> int:
+    status = exit_status(error)
+    kind = error.kind if isinstance(error, McpClientError) else "deadline"
+    reason = error.reason if isinstance(error, McpClientError) else f"no answer within {args.timeout:g} s"
+    if args.json:
+        document: dict[str, Any] = {"outcome": "error", "kind": kind, "reason": reason, "exit": status}
+        if isinstance(error, ToolError) and isinstance(error.result, ToolResult):
+            document["result"] = error.result.raw
+        print(orjson.dumps(document).decode())
+    else:
+        if isinstance(error, ToolError):
+            print(error.reason)
+        err.print(f"mcp-lossless call: {_headline(status)} ({kind}): {reason}", markup=False)
+    return status
+
+
+def _headline(status: int) -> str:
+    return {
+        EXIT_TOOL_ERROR: "the tool reported an error",
+        EXIT_MAY_HAVE_RUN: "the call may have run, but its result was not received",
+        EXIT_AUTHORIZATION: "authorization failed",
+        EXIT_UNREACHED: "no outcome",
+        EXIT_SERVER: "the server refused or broke the protocol",
+    }[status]

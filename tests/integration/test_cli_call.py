@@ -1,0 +1,165 @@
+"""``mcp-lossless call`` as a user runs it: a real CLI process against a real ``mcp-lossless serve`` process."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from mcp_lossless.client.command import (
+    EXIT_AUTHORIZATION,
+    EXIT_MAY_HAVE_RUN,
+    EXIT_RESULT,
+    EXIT_SERVER,
+    EXIT_TOOL_ERROR,
+    EXIT_UNREACHED,
+    EXIT_USAGE,
+    UsageError,
+    exit_status,
+    parse_arguments,
+)
+from mcp_lossless.client.errors import (
+    AuthorizationFailed,
+    CallMayHaveRun,
+    ConnectionFailed,
+    DeadlineExceeded,
+    ProtocolViolation,
+    RemoteError,
+    SessionLost,
+    ToolError,
+)
+from tests.support.processes import CLI, ServerProcess, cli_server, free_port
+
+CREDENTIALS = ["--client-id", "dev-client", "--client-secret", "dev-secret"]
+COMMAND_TIMEOUT = 30
+
+
+@pytest.fixture(scope="module")
+def authorized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log = tmp_path_factory.mktemp("serve") / "authorized.log"
+    with cli_server(["--store", "memory", "--retry-ms", "100"], log) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def open_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log = tmp_path_factory.mktemp("serve") / "open.log"
+    with cli_server(["--store", "memory", "--auth", "none"], log) as server:
+        yield server
+
+
+def call(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "call", *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False, stdin=None
+    )
+
+
+def test_result_with_client_credentials_as_json_and_progress_on_stderr(authorized: ServerProcess) -> None:
+    done = call(f"{authorized.base}/mcp", "search", "query=lossless", "steps=3", "delay_ms=20", *CREDENTIALS, "--json")
+    assert done.returncode == EXIT_RESULT, done.stderr
+    document = orjson.loads(done.stdout)
+    assert document["outcome"] == "result"
+    assert document["result"]["content"][0]["text"] == "search results for 'lossless': 3 documents"
+    assert [line for line in done.stderr.splitlines() if line.startswith("progress")] == [
+        "progress 1/3 search step 1/3",
+        "progress 2/3 search step 2/3",
+        "progress 3/3 search step 3/3",
+    ]
+
+
+def test_no_credentials_needed_when_the_server_asks_for_none(open_server: ServerProcess) -> None:
+    done = call(f"{open_server.base}/mcp", "fetch", "url=https://example.com/x", "steps=1", "delay_ms=0")
+    assert done.returncode == EXIT_RESULT, done.stderr
+    assert done.stdout.strip() == "contents of https://example.com/x: 21 bytes"
+
+
+def test_values_are_json_when_they_parse(open_server: ServerProcess) -> None:
+    """``query=5`` is the number 5, which the tool refuses; ``query='"5"'`` is the string."""
+    number = call(f"{open_server.base}/mcp", "search", "query=5", "steps=1", "delay_ms=0", "--json")
+    assert number.returncode == EXIT_SERVER
+    assert "query" in orjson.loads(number.stdout)["reason"]
+    string = call(f"{open_server.base}/mcp", "search", 'query="5"', "steps=1", "delay_ms=0")
+    assert string.returncode == EXIT_RESULT and string.stdout.strip() == "search results for '5': 3 documents"
+
+
+def test_authorization_needed_but_no_credentials(authorized: ServerProcess) -> None:
+    done = call(f"{authorized.base}/mcp", "search", "query=x")
+    assert done.returncode == EXIT_AUTHORIZATION
+    assert "authorization failed" in done.stderr and "no credentials" in done.stderr
+
+
+def test_wrong_secret_is_an_authorization_failure(authorized: ServerProcess) -> None:
+    secret = "wrong-s3cret-value"
+    done = call(f"{authorized.base}/mcp", "search", "query=x", "--client-id", "dev-client", "--client-secret", secret)
+    assert done.returncode == EXIT_AUTHORIZATION
+    assert "invalid_client" in done.stderr
+    assert secret not in done.stderr + done.stdout
+
+
+def test_unknown_tool_is_a_server_refusal(authorized: ServerProcess) -> None:
+    done = call(f"{authorized.base}/mcp", "nosuch", *CREDENTIALS, "--json")
+    assert done.returncode == EXIT_SERVER
+    document = orjson.loads(done.stdout)
+    assert document == {"outcome": "error", "kind": "remote_error", "reason": document["reason"], "exit": EXIT_SERVER}
+    assert "nosuch" in document["reason"]
+
+
+def test_deadline(authorized: ServerProcess) -> None:
+    done = call(
+        f"{authorized.base}/mcp",
+        "fetch",
+        "url=u",
+        "steps=5",
+        "delay_ms=1000",
+        *CREDENTIALS,
+        "--timeout",
+        "1.5",
+        "--json",
+    )
+    assert done.returncode == EXIT_UNREACHED
+    assert orjson.loads(done.stdout)["kind"] == "deadline"
+
+
+def test_unreachable_server() -> None:
+    done = call(f"http://127.0.0.1:{free_port()}/mcp", "search", "query=x", "--timeout", "5")
+    assert done.returncode == EXIT_UNREACHED
+    assert "cannot reach" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["search", "query"], ["search", "=x"], ["search", "a=1", "a=2"], ["search", "--timeout", "0"],
+     ["search", "--client-secret", "s"], ["search", "--no-such-flag"]],
+)  # fmt: skip
+def test_usage_errors(args: list[str]) -> None:
+    done = call("http://127.0.0.1:9/mcp", *args)
+    assert done.returncode == EXIT_USAGE
+    assert done.stdout == ""
+
+
+def test_help_documents_every_exit_status() -> None:
+    done = call("--help")
+    assert done.returncode == 0
+    for status in range(7):
+        assert f"\n  {status}  " in done.stdout
+
+
+def test_argument_values() -> None:
+    parsed = parse_arguments(["n=5", "b=true", "nothing=null", "list=[1,2]", "text=hello world", 'quoted="5"', "e="])
+    assert parsed == {"n": 5, "b": True, "nothing": None, "list": [1, 2], "text": "hello world", "quoted": "5", "e": ""}
+    with pytest.raises(UsageError):
+        parse_arguments(["novalue"])
+
+
+def test_exit_status_per_outcome() -> None:
+    assert exit_status(ToolError("failed", None)) == EXIT_TOOL_ERROR
+    assert exit_status(CallMayHaveRun("lost")) == EXIT_MAY_HAVE_RUN
+    assert exit_status(SessionLost("gone")) == EXIT_MAY_HAVE_RUN
+    assert exit_status(AuthorizationFailed("no")) == EXIT_AUTHORIZATION
+    assert exit_status(DeadlineExceeded("late")) == EXIT_UNREACHED
+    assert exit_status(ConnectionFailed("down")) == EXIT_UNREACHED
+    assert exit_status(TimeoutError()) == EXIT_UNREACHED
+    assert exit_status(RemoteError(-32602, "bad")) == EXIT_SERVER
+    assert exit_status(ProtocolViolation("bad frames")) == EXIT_SERVER
