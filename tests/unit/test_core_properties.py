@@ -215,26 +215,32 @@ def test_plan_replay_missing_does_not_depend_on_order(
         assert in_order.missing == reordered.missing
 
 
-@given(event_logs(), AUDIENCES, st.lists(st.booleans()))
+@given(event_logs(), AUDIENCES, st.lists(st.integers(1, 5)))
 def test_delivery_gate_admits_only_covered_events_and_moves_cursor_on_delivery(
-    events: list[StoredEvent], audience: frozenset[str], deliver: list[bool]
+    events: list[StoredEvent], audience: frozenset[str], sizes: list[int]
 ) -> None:
     gate = DeliveryGate(Grant(ALICE, audience, expires_at=1000.0), POLICY, "start")
     expected_cursor = "start"
-    for event, send in zip(events, deliver + [True] * len(events), strict=False):
-        refusal = gate.check(event, now=10.0)
+    position = 0
+    for size in [*sizes, len(events)]:
+        batch = events[position : position + size]
+        admitted, refusal = gate.admit(batch, now=10.0)
+        assert all(POLICY.covers(audience, event.resources) for event in batch[:admitted])
+        if admitted:
+            expected_cursor = batch[admitted - 1].event_id
         assert gate.last_delivered == expected_cursor
         if refusal is None:
-            assert POLICY.covers(audience, event.resources)
-            if send:
-                gate.delivered(event)
-                expected_cursor = event.event_id
+            assert admitted == len(batch)
         else:
+            refused = batch[admitted]
             assert refusal.reason is RefusalReason.INSUFFICIENT_AUDIENCE
-            assert refusal.event_id == event.event_id
-            assert refusal.missing == tuple(sorted(gap(audience, event)))
+            assert refusal.event_id == refused.event_id
+            assert refusal.missing == tuple(sorted(gap(audience, refused)))
             assert refusal.cursor == expected_cursor
-        assert gate.last_delivered == expected_cursor
+            return
+        position += size
+        if position >= len(events):
+            return
 
 
 @given(event_logs(), st.floats(0, 1e9), st.floats(0, 600), st.floats(1e-3, 1e6))
@@ -244,10 +250,10 @@ def test_delivery_gate_refuses_everything_once_the_grant_expired(
     gate = DeliveryGate(Grant(ALICE, frozenset({CANONICAL}), expires_at=expires_at), POLICY, "start", leeway)
     now = expires_at + leeway + late_by
     assume(now > expires_at + leeway)
-    for event in events:
-        refusal = gate.check(event, now)
-        assert refusal is not None
+    for start in range(len(events)):
+        admitted, refusal = gate.admit(events[start:], now)
+        assert admitted == 0 and refusal is not None
         assert refusal.reason is RefusalReason.TOKEN_EXPIRED
-        assert refusal.event_id == event.event_id
+        assert refusal.event_id == events[start].event_id
         assert refusal.cursor == "start"
     assert gate.last_delivered == "start"

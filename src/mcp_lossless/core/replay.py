@@ -7,7 +7,7 @@ last delivered event.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -43,15 +43,19 @@ def plan_replay(events: Iterable[StoredEvent], grant: Grant, policy: AudiencePol
     memo: dict[frozenset[str], frozenset[str]] = {}
     first: StoredEvent | None = None
     lacking: set[str] = set()
+    last_tags: frozenset[str] | None = None
+    last_gap: frozenset[str] = frozenset()
     for event in events:
         tags = event.resources
-        gap = memo.get(tags)
-        if gap is None:
-            gap = memo[tags] = policy.missing(audience, tags)
-        if gap:
+        if tags is not last_tags:  # runs of one tool share one interned set: an identity test per event
+            gap = memo.get(tags)
+            if gap is None:
+                gap = memo[tags] = policy.missing(audience, tags)
+            last_tags, last_gap = tags, gap
+        if last_gap:
             if first is None:
                 first = event
-            lacking |= gap
+            lacking |= last_gap
     if first is None:
         return None
     return Refusal(
@@ -71,29 +75,41 @@ class DeliveryGate:
         self._memo: dict[frozenset[str], frozenset[str]] = {}
         self.last_delivered = cursor
 
-    def check(self, event: StoredEvent, now: float) -> Refusal | None:
-        """``None`` if ``event`` may be sent now (the caller then calls :meth:`delivered`)."""
-        if self._grant.expired(now, self._leeway):
-            return Refusal(
-                RefusalReason.TOKEN_EXPIRED,
-                event.event_id,
-                event.request_id,
-                tuple(sorted(event.resources)),
-                self.last_delivered,
-            )
-        tags = event.resources
-        gap = self._memo.get(tags)
-        if gap is None:
-            gap = self._memo[tags] = self._policy.missing(self._grant.audience, tags)
-        if gap:
-            return Refusal(
-                RefusalReason.INSUFFICIENT_AUDIENCE,
-                event.event_id,
-                event.request_id,
-                tuple(sorted(gap)),
-                self.last_delivered,
-            )
-        return None
+    def admit(self, events: Sequence[StoredEvent], now: float) -> tuple[int, Refusal | None]:
+        """How many of ``events`` (a prefix) may be sent now, and the refusal for the first that may not.
 
-    def delivered(self, event: StoredEvent) -> None:
-        self.last_delivered = event.event_id
+        The cursor moves to the last admitted event. A batch is sent at one instant, so expiry is checked
+        once per batch; coverage once per run of events sharing a tag set.
+        """
+        if not events:
+            return 0, None
+        if self._grant.expired(now, self._leeway):
+            first = events[0]
+            missing = tuple(sorted(first.resources))
+            return 0, Refusal(
+                RefusalReason.TOKEN_EXPIRED, first.event_id, first.request_id, missing, self.last_delivered
+            )
+        memo = self._memo
+        audience = self._grant.audience
+        last_tags: frozenset[str] | None = None
+        for index, event in enumerate(events):
+            tags = event.resources
+            if tags is last_tags:
+                continue
+            gap = memo.get(tags)
+            if gap is None:
+                gap = memo[tags] = self._policy.missing(audience, tags)
+            if gap:
+                if index:
+                    self.last_delivered = events[index - 1].event_id
+                refusal = Refusal(
+                    RefusalReason.INSUFFICIENT_AUDIENCE,
+                    event.event_id,
+                    event.request_id,
+                    tuple(sorted(gap)),
+                    self.last_delivered,
+                )
+                return index, refusal
+            last_tags = tags
+        self.last_delivered = events[-1].event_id
+        return len(events), None

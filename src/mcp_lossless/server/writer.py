@@ -212,18 +212,17 @@ class SseWriter:
 
     def _frames(self, events: list[StoredEvent], out: list[bytes]) -> bool:
         """Append the frames of ``events`` the token may receive; ``True`` when a refusal ended the stream."""
-        gate = self.gate
+        admitted, refusal = self.gate.admit(events, now())
         retry = self.s.config.retry_ms
-        clock = now()
-        for event in events:
-            refusal = gate.check(event, clock)
-            if refusal is not None:
-                out.append(self._refusal(refusal))
-                return True
-            out.append(frames.sse(event.event_id, event.data, None if event.data else retry))
-            gate.delivered(event)
+        sse = frames.sse
+        settled = self.settled
+        for event in events[:admitted] if refusal is not None else events:
+            out.append(sse(event.event_id, event.data, None if event.data else retry))
             if event.terminal and event.request_id is not None:
-                self.settled.add(event.request_id)
+                settled.add(event.request_id)
+        if refusal is not None:
+            out.append(self._refusal(refusal))
+            return True
         return False
 
     def _unsettled(self) -> list[RequestId]:
