@@ -266,6 +266,9 @@ def markdown(document: dict[str, Any], json_path: Path) -> str:
         "",
         "Event stores side by side (memory, SQLite, Redis: append and replay rates, cross-replica resume latency,",
         "Redis memory per 10,000 events): [`RESULTS-stores.md`](RESULTS-stores.md), `benchmarks/stores.py`.",
+        "What authorizing every replayed event costs, measured on the server's replay path with and without it:",
+        "[`RESULTS-auth-cost.md`](RESULTS-auth-cost.md), `benchmarks/auth_cost.py` (the ours-jwt vs ours-none rows",
+        "below compare JWT verification end to end; both run the per-event checks).",
         "",
     ]
     failures = {name: e["failures"] for name, e in summary.items() if e["failures"]}

@@ -257,3 +257,17 @@ def test_delivery_gate_refuses_everything_once_the_grant_expired(
         assert refusal.event_id == events[start].event_id
         assert refusal.cursor == "start"
     assert gate.last_delivered == "start"
+
+
+@given(event_logs(), AUDIENCES)
+def test_planning_with_the_stream_tags_decides_like_planning_event_by_event(
+    events: list[StoredEvent], audience: frozenset[str]
+) -> None:
+    grant = Grant(ALICE, audience)
+    tags = {e.resources for e in events} | {frozenset()}
+    with_tags = plan_replay(events, grant, POLICY, "c", tags)
+    without = plan_replay(events, grant, POLICY, "c")
+    assert with_tags == without
+    fast, slow = DeliveryGate(grant, POLICY, "c", 0.0, tags), DeliveryGate(grant, POLICY, "c")
+    assert fast.admit(events, 1.0) == slow.admit(events, 1.0)
+    assert fast.last_delivered == slow.last_delivered

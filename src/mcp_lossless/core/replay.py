@@ -7,7 +7,7 @@ last delivered event.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -33,13 +33,23 @@ class Refusal:
     """The ``Last-Event-ID`` to resume from: the last event actually delivered (unchanged on refusal)."""
 
 
-def plan_replay(events: Iterable[StoredEvent], grant: Grant, policy: AudiencePolicy, cursor: str) -> Refusal | None:
+def plan_replay(
+    events: Iterable[StoredEvent],
+    grant: Grant,
+    policy: AudiencePolicy,
+    cursor: str,
+    stream_tags: Collection[frozenset[str]] | None = None,
+) -> Refusal | None:
     """Decide a replay before any byte is sent: ``None`` to deliver all, else the refusal.
 
     ``missing`` lists all resources lacking across the remaining events, so one re-authorization
-    suffices. Coverage is memoized per tag set: events of one tool share one interned frozenset.
+    suffices. ``stream_tags`` are the tag sets the stream's events can carry (each event carries its
+    request's resources, or none): when the token covers all of them, no event needs a look. Otherwise each
+    event is checked, memoized per tag set (events of one tool share one interned frozenset).
     """
     audience = grant.audience
+    if stream_tags is not None and not any(policy.missing(audience, tags) for tags in stream_tags):
+        return None  # every tag set the stream can carry is covered: no per-event work
     memo: dict[frozenset[str], frozenset[str]] = {}
     first: StoredEvent | None = None
     lacking: set[str] = set()
@@ -64,22 +74,39 @@ def plan_replay(events: Iterable[StoredEvent], grant: Grant, policy: AudiencePol
 
 
 class DeliveryGate:
-    """Checks each live event of a committed stream against the stream's token, one event at a time."""
+    """Checks the live events of a committed stream against the stream's token before each write."""
 
-    __slots__ = ("_grant", "_leeway", "_memo", "_policy", "last_delivered")
+    __slots__ = ("_covers_stream", "_grant", "_leeway", "_memo", "_policy", "last_delivered")
 
-    def __init__(self, grant: Grant, policy: AudiencePolicy, cursor: str | None, leeway: float = 0.0) -> None:
+    def __init__(
+        self,
+        grant: Grant,
+        policy: AudiencePolicy,
+        cursor: str | None,
+        leeway: float = 0.0,
+        stream_tags: Collection[frozenset[str]] | None = None,
+    ) -> None:
         self._grant = grant
         self._policy = policy
         self._leeway = leeway
         self._memo: dict[frozenset[str], frozenset[str]] = {}
         self.last_delivered = cursor
+        self._covers_stream = stream_tags is not None and not any(
+            policy.missing(grant.audience, tags) for tags in stream_tags
+        )
+        """The token covers every tag set the stream can carry: only expiry is left to check per write."""
+
+    def _gap(self, tags: frozenset[str]) -> frozenset[str]:
+        gap = self._memo.get(tags)
+        if gap is None:
+            gap = self._memo[tags] = self._policy.missing(self._grant.audience, tags)
+        return gap
 
     def admit(self, events: Sequence[StoredEvent], now: float) -> tuple[int, Refusal | None]:
         """How many of ``events`` (a prefix) may be sent now, and the refusal for the first that may not.
 
         The cursor moves to the last admitted event. A batch is sent at one instant, so expiry is checked
-        once per batch; coverage once per run of events sharing a tag set.
+        once per batch; coverage once per distinct tag set, and per event only to find a refused one.
         """
         if not events:
             return 0, None
@@ -89,16 +116,15 @@ class DeliveryGate:
             return 0, Refusal(
                 RefusalReason.TOKEN_EXPIRED, first.event_id, first.request_id, missing, self.last_delivered
             )
-        memo = self._memo
-        audience = self._grant.audience
+        if self._covers_stream:
+            self.last_delivered = events[-1].event_id
+            return len(events), None
         last_tags: frozenset[str] | None = None
         for index, event in enumerate(events):
             tags = event.resources
             if tags is last_tags:
                 continue
-            gap = memo.get(tags)
-            if gap is None:
-                gap = memo[tags] = self._policy.missing(audience, tags)
+            gap = self._gap(tags)
             if gap:
                 if index:
                     self.last_delivered = events[index - 1].event_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from ..core.eventids import EventIdCodec
-from ..core.events import RequestId, StoredEvent, StreamRecord
+from ..core.events import PendingRequest, StoredEvent, StreamRecord
 from ..stores.base import EventStore, StoreUnavailable, StreamTakenOver
 
 STORE_RETRY_SECONDS = 30.0
@@ -100,13 +100,16 @@ class LiveStream:
         store: EventStore,
         codec: EventIdCodec,
         data: bytes,
-        request_id: RequestId | None = None,
-        tool: str | None = None,
-        resources: frozenset[str] = frozenset(),
+        request: PendingRequest,
         terminal: bool = False,
     ) -> StoredEvent:
-        """Store one event, then publish it; returns it. Completion is recorded when the last request is answered."""
+        """Store one event of ``request``, then publish it. Completion is recorded when the last request is answered.
+
+        An event carries its request's tags and nothing else, so a stream's possible tag sets are its requests'
+        (what lets replay checks skip per-event work when a token covers them all).
+        """
         record = self.record
+        request_id = request.request_id
         async with self._lock:
             seq = record.last_seq + 1
             event = StoredEvent(
@@ -116,8 +119,8 @@ class LiveStream:
                 codec.encode(record.session_id, record.stream, seq),
                 data,
                 request_id,
-                tool,
-                resources,
+                request.tool,
+                request.resources,
                 terminal,
             )
             await _append_with_retry(store, event)

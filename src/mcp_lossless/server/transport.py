@@ -304,7 +304,8 @@ class Transport:
         if s.config.json_response:
             await self._write_json(live, send, batch)
             return
-        writer = SseWriter(s, session.id, record.stream, DeliveryGate(grant, s.policy, None, s.leeway), record.requests)
+        gate = DeliveryGate(grant, s.policy, None, s.leeway, stream_tags(record))
+        writer = SseWriter(s, session.id, record.stream, gate, record.requests)
         await writer.run(receive, send, LiveSource(live, 0, has_cursor=bool(head)), head)
         self._release(session, live)
 
@@ -369,7 +370,8 @@ class Transport:
             return
         s.metrics.streams.labels("get").inc()
         head = self._priming(session, live.record, session.version)
-        writer = SseWriter(s, session.id, live.record.stream, DeliveryGate(grant, s.policy, None, s.leeway), ())
+        gate = DeliveryGate(grant, s.policy, None, s.leeway, stream_tags(live.record))
+        writer = SseWriter(s, session.id, live.record.stream, gate, ())
         await writer.run(receive, send, LiveSource(live, live.record.last_seq, has_cursor=bool(head)), head)
 
     async def _resume(self, receive: Receive, send: Send, session: Session, grant: Grant, last_event_id: str) -> None:
@@ -403,7 +405,8 @@ class Transport:
             except EventsEvicted:
                 await self._cursor_problem(send, session, CursorProblem.EVICTED, last_event_id)
                 return
-        refusal = plan_replay(events, grant, s.policy, last_event_id)
+        tags = stream_tags(record)
+        refusal = plan_replay(events, grant, s.policy, last_event_id, tags)
         if refusal is not None:
             await self._refuse_replay(send, session, refusal)
             return
@@ -420,7 +423,7 @@ class Transport:
             tail="live" if live is not None else "replica" if remote else "none",
         )
         settled = answered - {e.request_id for e in events if e.terminal}
-        gate = DeliveryGate(grant, s.policy, last_event_id, s.leeway)
+        gate = DeliveryGate(grant, s.policy, last_event_id, s.leeway, tags)
         writer = SseWriter(s, session.id, cursor.stream, gate, record.requests, settled)
         source: LiveSource | StoredSource
         if live is not None:
@@ -500,9 +503,7 @@ class Transport:
             live = LiveStream(fresh)
             lost = [r.request_id for r in fresh.unanswered()]
             for request in fresh.unanswered():
-                data = frames.execution_lost(request.request_id)
-                rid, tool, tags = request.request_id, request.tool, request.resources
-                await live.append(s.store, s.codec, data, rid, tool, tags, terminal=True)
+                await live.append(s.store, s.codec, frames.execution_lost(request.request_id), request, terminal=True)
                 s.metrics.lost.inc()
             log_decision("execution_lost", stream=record.stream, requests=lost)
             return live.record
@@ -520,6 +521,11 @@ class Transport:
         self.s.metrics.sessions.set(len(self.s.sessions))
         log_decision("session_deleted", session=fingerprint(session.id))
         await respond(send, 204)
+
+
+def stream_tags(record: StreamRecord) -> set[frozenset[str]]:
+    """The tag sets a stream's events can carry: each event carries its request's resources, or none."""
+    return {frozenset(), *(request.resources for request in record.requests)}
 
 
 def _validate(messages: list[Any]) -> str | None:
