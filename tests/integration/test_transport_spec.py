@@ -184,3 +184,6 @@ async def test_metrics_count_streams_and_refusals(peer: Peer, server_url: str, h
     text = (await http.get(f"{server_url}/metrics")).text
     assert re.search(r'mcp_lossless_refusals_total\{phase="replay",reason="insufficient_audience"\} [1-9]', text)
     assert re.search(r'mcp_lossless_streams_total\{kind="post"\} [1-9]', text)
+    assert re.search(r'mcp_lossless_store_seconds_count\{op="append"\} [1-9]', text)
+    assert re.search(r'mcp_lossless_store_seconds_count\{op="read"\} [0-9]', text)
+    assert re.search(r"mcp_lossless_replayed_events_total [0-9]", text)

@@ -13,6 +13,7 @@ import httpx
 
 from ..asgi import Receive, Scope, Send, header, respond, respond_json
 from ..core.resources import canonical_resource
+from ..devauth.server import DevAuthServer
 from ..stores.base import EventStore, open_store
 from . import metadata
 from .auth import JwtVerifier, RemoteJwks, StaticJwks, TokenVerifier, discover_jwks_uri
@@ -37,12 +38,11 @@ def _host_of(value: str) -> str:
 class LosslessApp:
     """Build with :func:`create_app`; serve with any ASGI server (the CLI uses uvicorn)."""
 
-    def __init__(self, state: ServerState, dev_as: object | None = None) -> None:
+    def __init__(self, state: ServerState, dev_as: DevAuthServer | None = None) -> None:
         self.state = state
         self.config = state.config
         self.transport = Transport(state)
         self.dev_as = dev_as
-        self._dev_prefix = urlsplit(self.config.dev_issuer).path if dev_as is not None else None
         self._prm = {metadata.metadata_path(r): r for r in state.resources()}
         self._sweeper: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
@@ -81,14 +81,10 @@ class LosslessApp:
             )
         elif path == "/metrics":
             await respond(send, 200, self.state.metrics.render(), b"text/plain; version=0.0.4")
-        elif self.dev_as is not None and self._dev_paths(path):
-            await self.dev_as(scope, receive, send)  # type: ignore[operator]
+        elif self.dev_as is not None and self.dev_as.handles(path):
+            await self.dev_as(scope, receive, send)
         else:
             await respond_json(send, 404, {"error": "not_found", "error_description": f"no resource at {path}"})
-
-    def _dev_paths(self, path: str) -> bool:
-        prefix = self._dev_prefix or ""
-        return path.startswith(prefix + "/") or (path.startswith("/.well-known/") and path.endswith(prefix))
 
     async def _rebinding_guard(self, scope: Scope, send: Send) -> bool:
         """DNS-rebinding protection: Origin (and, on loopback, Host) must be ours (MCP transport MUST)."""
@@ -182,7 +178,6 @@ def create_app(
     servers: list[str] = []
     if config.issuer == "dev":
         from ..devauth.keys import SigningKeys
-        from ..devauth.server import DevAuthServer
 
         canonical = canonical_resource(config.canonical_uri)
         dev_as = DevAuthServer(

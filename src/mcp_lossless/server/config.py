@@ -52,9 +52,5 @@ class ServerConfig:
         return f"{self.base_url}/dev-as"
 
     @property
-    def auth_enabled(self) -> bool:
-        return self.issuer is not None
-
-    @property
     def loopback(self) -> bool:
         return self.host in LOOPBACK_HOSTS

@@ -43,7 +43,7 @@ class StreamChannel:
         self._request = request
 
     async def _emit(self, data: bytes) -> None:
-        await self._live.append(self._state.store, self._state.codec, data, self._request)
+        await self._live.append(data, self._request)
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         await self._emit(frames.notification(method, params))
@@ -106,7 +106,7 @@ class Dispatcher:
             await self.answer(live, request, frames.error(rid, errors.METHOD_NOT_FOUND, text))
 
     async def answer(self, live: LiveStream, request: PendingRequest, data: bytes) -> None:
-        await live.append(self.s.store, self.s.codec, data, request, terminal=True)
+        await live.append(data, request, terminal=True)
 
     def _tool_work(self, request: PendingRequest, params: dict[str, Any]) -> Callable[[ToolContext], Awaitable[bytes]]:
         tool = self.s.tools[request.tool or ""]

@@ -76,6 +76,8 @@ class Metrics:
             registry=r,
             buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5),
         )
+        self.append_latency = self.store_latency.labels("append")
+        self.read_latency = self.store_latency.labels("read")
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..core.eventids import EventIdCodec, new_key
+from ..core.events import StreamRecord
 from ..core.principal import ANONYMOUS, Grant
 from ..core.resources import AudiencePolicy, canonical_resource
 from ..stores.base import EventStore
@@ -16,6 +17,7 @@ from .auth import TokenVerifier
 from .config import ServerConfig
 from .observability import Metrics
 from .sessions import SessionRegistry
+from .streams import LiveStream
 from .tools import RESOURCE_META_KEY, MethodHandler, ToolRegistry
 
 
@@ -66,6 +68,9 @@ class ServerState:
     async def start(self) -> None:
         await self.store.open()
         self._codec = EventIdCodec(await self.store.secret())
+
+    def live_stream(self, record: StreamRecord) -> LiveStream:
+        return LiveStream(record, self.store, self.codec, self.metrics.append_latency.observe)
 
     def _describe(self, name: str) -> dict[str, Any]:
         tool = self.tools[name]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from time import perf_counter
 
 from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamRecord
@@ -38,7 +40,10 @@ class LiveStream:
     """
 
     __slots__ = (
+        "_codec",
         "_lock",
+        "_observe",
+        "_store",
         "_waiters",
         "broken",
         "close_generation",
@@ -49,8 +54,14 @@ class LiveStream:
         "writer",
     )
 
-    def __init__(self, record: StreamRecord) -> None:
+    def __init__(
+        self, record: StreamRecord, store: EventStore, codec: EventIdCodec, observe: Callable[[float], None]
+    ) -> None:
         self.record = record
+        self._store = store
+        self._codec = codec
+        self._observe = observe
+        """Records each append's store latency (a metrics histogram)."""
         self.events: list[StoredEvent] = []
         self.done = False
         self.broken = False
@@ -95,20 +106,14 @@ class LiveStream:
         self.close_generation = self.generation
         self.notify()
 
-    async def append(
-        self,
-        store: EventStore,
-        codec: EventIdCodec,
-        data: bytes,
-        request: PendingRequest,
-        terminal: bool = False,
-    ) -> StoredEvent:
+    async def append(self, data: bytes, request: PendingRequest, terminal: bool = False) -> StoredEvent:
         """Store one event of ``request``, then publish it. Completion is recorded when the last request is answered.
 
         An event carries its request's tags and nothing else, so a stream's possible tag sets are its requests'
         (what lets replay checks skip per-event work when a token covers them all).
         """
         record = self.record
+        store = self._store
         request_id = request.request_id
         async with self._lock:
             seq = record.last_seq + 1
@@ -116,14 +121,16 @@ class LiveStream:
                 record.session_id,
                 record.stream,
                 seq,
-                codec.encode(record.session_id, record.stream, seq),
+                self._codec.encode(record.session_id, record.stream, seq),
                 data,
                 request_id,
                 request.tool,
                 request.resources,
                 terminal,
             )
+            started = perf_counter()
             await _append_with_retry(store, event)
+            self._observe(perf_counter() - started)
             record.last_seq = seq
             if terminal and request_id is not None:
                 record.answered = record.answered | {request_id}

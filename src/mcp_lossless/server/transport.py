@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from time import perf_counter
 from typing import Any
 
 import orjson
@@ -295,7 +296,7 @@ class Transport:
         # Position 0 is the stream's start: the priming event's id names it, and it is never stored.
         record = StreamRecord(session.id, new_key(os.urandom(16)), StreamKind.POST, s.instance, tuple(pending), 0)
         await s.store.open_stream(record)
-        live = LiveStream(record)
+        live = s.live_stream(record)
         session.live[record.stream] = live
         s.metrics.post_streams.inc()
         head = b"" if s.config.json_response else self._priming(session, record, version)  # names position 0
@@ -362,7 +363,7 @@ class Transport:
         if live is None:
             record = StreamRecord(session.id, new_key(os.urandom(16)), StreamKind.GET, s.instance, (), 0)
             await s.store.open_stream(record)
-            live = LiveStream(record)
+            live = s.live_stream(record)
             session.live[record.stream] = live
             session.get_stream = record.stream
         elif live.writer is not None:
@@ -401,7 +402,9 @@ class Transport:
                 record = await self._end_orphan(record)
             answered = record.answered
             try:
+                started = perf_counter()
                 events = await s.store.read_after(cursor.stream, cursor.seq)
+                s.metrics.read_latency.observe(perf_counter() - started)
             except EventsEvicted:
                 await self._cursor_problem(send, session, CursorProblem.EVICTED, last_event_id)
                 return
@@ -500,10 +503,10 @@ class Transport:
             fresh = await s.store.get_stream(record.stream)
             if fresh is None or fresh.completed:
                 return fresh or record
-            live = LiveStream(fresh)
+            live = s.live_stream(fresh)
             lost = [r.request_id for r in fresh.unanswered()]
             for request in fresh.unanswered():
-                await live.append(s.store, s.codec, frames.execution_lost(request.request_id), request, terminal=True)
+                await live.append(frames.execution_lost(request.request_id), request, terminal=True)
                 s.metrics.lost.inc()
             log_decision("execution_lost", stream=record.stream, requests=lost)
             return live.record
