@@ -128,6 +128,8 @@ class Session:
         self._ready = anyio.Event()
         self._handshakes = 0
         self._closing = False
+        self._notices: set[anyio.Event] = set()
+        """Cancel notices still being sent: ``close`` lets them reach the server before its DELETE."""
         self._broken: McpClientError | None = None
         """Why the session is gone for good (a new one could not be started after the server lost it)."""
 
@@ -142,6 +144,9 @@ class Session:
         self._closing = True
         for key in self.ledger.pending():
             self._apply(self.ledger.cancel(key, "client closed"))
+        with anyio.move_on_after(2):
+            for sent in list(self._notices):
+                await sent.wait()
         if self.transport.session_id is not None and self._ready.is_set():
             with anyio.move_on_after(5), _BestEffort():
                 await self.transport.delete(await self.auth.token(frozenset()))
@@ -322,7 +327,7 @@ class Session:
                 if not self._closing and self._ready.is_set():
                     params = {"requestId": action.wire_id, "reason": action.reason}
                     message = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
-                    self._require_tg().start_soon(self._post_quietly, message)
+                    self._notify_quietly(message)
             elif isinstance(action, Incoming):
                 self._incoming(action.message)
 
@@ -373,7 +378,7 @@ class Session:
                 reply["result"] = {}
             else:
                 reply["error"] = {"code": codes.METHOD_NOT_FOUND, "message": f"client does not support {method}"}
-            self._require_tg().start_soon(self._post_quietly, reply)
+            self._notify_quietly(reply)
             return
         if method == "notifications/message":
             params = message.get("params")
@@ -509,9 +514,19 @@ class Session:
         async with self.transport.post(message, await self.auth.token(frozenset())) as response:
             await response.aread()
 
-    async def _post_quietly(self, message: Mapping[str, Any]) -> None:
-        with _BestEffort():
-            await self._post_notification(message)
+    def _notify_quietly(self, message: Mapping[str, Any]) -> None:
+        """Send a notification in the background; registered at once, so ``close`` waits for it."""
+        sent = anyio.Event()
+        self._notices.add(sent)
+        self._require_tg().start_soon(self._post_quietly, message, sent)
+
+    async def _post_quietly(self, message: Mapping[str, Any], sent: anyio.Event) -> None:
+        try:
+            with _BestEffort():
+                await self._post_notification(message)
+        finally:
+            sent.set()
+            self._notices.discard(sent)
 
     def _require_tg(self) -> TaskGroup:
         if self._tg is None:

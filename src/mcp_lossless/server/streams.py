@@ -61,7 +61,7 @@ class LiveStream:
         self._store = store
         self._codec = codec
         self._observe = observe
-        """Records each append's store latency (a metrics histogram)."""
+        """Records the store latency of each answer's append (a metrics histogram)."""
         self.events: list[StoredEvent] = []
         self.done = False
         self.broken = False
@@ -128,9 +128,12 @@ class LiveStream:
                 request.resources,
                 terminal,
             )
-            started = perf_counter()
-            await _append_with_retry(store, event)
-            self._observe(perf_counter() - started)
+            if terminal:  # one latency sample per answer: an observation per progress event costs more than it tells
+                started = perf_counter()
+                await _append_with_retry(store, event)
+                self._observe(perf_counter() - started)
+            else:
+                await _append_with_retry(store, event)
             record.last_seq = seq
             if terminal and request_id is not None:
                 record.answered = record.answered | {request_id}
