@@ -9,7 +9,7 @@ replicas that share the secret. The stream key lets the server find the stream w
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import hmac
 import re
@@ -20,8 +20,12 @@ _MAC_BYTES = 12
 _ID_RE = re.compile(r"^([A-Za-z0-9_-]{16,64})\.([0-9a-f]{1,12})\.([A-Za-z0-9_-]{16})$")
 
 
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
 def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+    """Unpadded base64url (``base64.urlsafe_b64encode`` costs three more calls; this runs per event)."""
+    return binascii.b2a_base64(raw, newline=False).translate(_URLSAFE).rstrip(b"=").decode("ascii")
 
 
 def new_key(random_bytes: bytes) -> str:

@@ -79,7 +79,8 @@ class Dispatcher:
         method = request.method
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
-        if rid in session.tasks or sum(1 for r in live.record.requests if r.request_id == rid) > 1:
+        requests = live.record.requests
+        if rid in session.tasks or (len(requests) > 1 and sum(r.request_id == rid for r in requests) > 1):
             text = f"request id {rid!r} is already in use in this session"
             await self.answer(live, request, frames.error(rid, errors.INVALID_REQUEST, text))
         elif method == "ping":
