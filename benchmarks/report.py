@@ -185,8 +185,8 @@ def _targets(summary: dict[str, Any]) -> list[str]:
     base, ours = summary.get(BASELINE, {}), summary.get("ours-none", {})
     lines = ["| target | measure | reached | met? |", "|---|---|---|---|"]
 
-    def row(label: str, measure: str, value: float | None, text: str, ok: bool) -> None:
-        verdict = "n/a" if value is None else ("yes" if ok else "**no**")
+    def row(label: str, measure: str, value: float | None, text: str, ok: bool | None) -> None:
+        verdict = "n/a" if value is None or ok is None else ("yes" if ok else "**no**")
         lines.append(f"| {label} | {measure} | {text if value is not None else 'n/a'} | {verdict} |")
 
     def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -222,18 +222,18 @@ def _targets(summary: dict[str, Any]) -> list[str]:
     cost = _auth_cost(summary)
     goal = TARGETS["auth_replay_pct"]
     row(
-        "per-event authorization ≤ 5 % of replay time",
+        "JWT auth on vs off, replay (both run the per-event check; its own cost, ≤ 5 % target: RESULTS-auth-cost.md)",
         "ours-jwt vs ours-none, replay wall time",
         cost[0] if cost else None,
         f"{cost[0]:+.1f} % (noise ±{cost[2] / 2:.0f} %)" if cost else "",
-        cost is not None and cost[0] <= goal,
+        None,
     )
     row(
         "",
         "ours-jwt vs ours-none, server CPU per replayed event",
         cost[1] if cost else None,
         f"{cost[1]:+.1f} %" if cost else "",
-        cost is not None and cost[1] <= goal,
+        None,
     )
     return lines
 
@@ -325,8 +325,9 @@ def markdown(document: dict[str, Any], json_path: Path) -> str:
     if cost:
         out += [
             "",
-            f"Per-event authorization cost on replay (ours-jwt vs ours-none): {cost[0]:+.1f} % of replay wall "
-            f"time, {cost[1]:+.1f} % server CPU per replayed event (target ≤ {TARGETS['auth_replay_pct']:g} %). "
+            f"JWT auth on vs off on replay (ours-jwt vs ours-none; both run the per-event check, whose own cost "
+            f"against the ≤ {TARGETS['auth_replay_pct']:g} % target is in RESULTS-auth-cost.md): {cost[0]:+.1f} % "
+            f"of replay wall time, {cost[1]:+.1f} % server CPU per replayed event. "
             f"Run-to-run noise: the interquartile range of ours-none's replay times is {cost[2]:.0f} % of their "
             "median, so smaller differences cannot be resolved on this box.",
         ]
