@@ -29,19 +29,20 @@ def sse(event_id: str | None, data: bytes, retry_ms: int | None = None) -> bytes
     return head + b"data: " + data + b"\n\n"
 
 
-def dumps(message: dict[str, Any]) -> bytes:
-    return orjson.dumps(message)
-
-
 def result(request_id: RequestId, value: dict[str, Any]) -> bytes:
     return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "result": value})
 
 
-def error(request_id: RequestId | None, code: int, message: str, data: Any = None) -> bytes:
+def error_message(request_id: RequestId | None, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    """A JSON-RPC error response as an object (HTTP error bodies are built from this too)."""
     err: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
         err["data"] = data
-    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": err})
+    return {"jsonrpc": "2.0", "id": request_id, "error": err}
+
+
+def error(request_id: RequestId | None, code: int, message: str, data: Any = None) -> bytes:
+    return orjson.dumps(error_message(request_id, code, message, data))
 
 
 def notification(method: str, params: dict[str, Any]) -> bytes:

@@ -48,10 +48,8 @@ CURSOR_TEXT = {
 
 
 def rpc_error(code: int, message: str, request_id: RequestId | None = None, data: Any = None) -> dict[str, Any]:
-    err: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        err["data"] = data
-    return {"jsonrpc": "2.0", "id": request_id, "error": err}
+    """The body of an HTTP-level refusal: a JSON-RPC error, so stock clients can read it."""
+    return frames.error_message(request_id, code, message, data)
 
 
 class Transport:
