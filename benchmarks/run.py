@@ -110,10 +110,12 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+# Decided once, before this process pins itself to CPU 1: asked afterwards, its own affinity says one CPU.
+CAN_PIN = len(os.sched_getaffinity(0)) > 1 and shutil.which("taskset") is not None
+
+
 def pinned(command: list[str], cpu: int) -> list[str]:
-    if shutil.which("taskset") and len(os.sched_getaffinity(0)) > 1:
-        return ["taskset", "-c", str(cpu), *command]
-    return command
+    return ["taskset", "-c", str(cpu), *command] if CAN_PIN else command
 
 
 @contextlib.asynccontextmanager
@@ -140,6 +142,8 @@ async def running(config: Config, workdir: Path) -> AsyncIterator[tuple[int, loa
         if config.dev_auth:
             token = await loadgen.fetch_dev_token(HOST, port, DEV_CLIENT, DEV_SECRET, target.url)
             target = loadgen.Target(HOST, port, token=token)
+        if CAN_PIN and os.sched_getaffinity(process.pid) & os.sched_getaffinity(0):
+            raise ServerFailed(f"server shares the generator's CPU: {sorted(os.sched_getaffinity(process.pid))}")
         yield process.pid, target
         if process.returncode is not None:
             raise ServerFailed(f"died during the window with {process.returncode}: {_tail(log_path)}")
@@ -285,7 +289,7 @@ def main() -> None:
         parser.error(f"--only {args.only!r} matches none of {list(CONFIGS)}")
 
     pinning = "server on CPU 0 (taskset), generator on CPU 1 (sched_setaffinity)"
-    if len(os.sched_getaffinity(0)) > 1 and shutil.which("taskset"):
+    if CAN_PIN:
         os.sched_setaffinity(0, {1})
     else:
         pinning = "none (fewer than 2 CPUs or no taskset)"
