@@ -10,10 +10,11 @@ import httpx
 import orjson
 import pytest
 
-from mcp_lossless.core.errors import REQUEST_CANCELLED
+from mcp_lossless.core.errors import EXECUTION_LOST, REQUEST_CANCELLED
 from mcp_lossless.server import MethodError, ServerConfig, ToolContext, ToolRegistry, create_app
+from mcp_lossless.stores.memory import MemoryStore
 from tests.support.mcp_http import Peer, call, parse_sse
-from tests.support.uvicorn_server import lossless_server
+from tests.support.uvicorn_server import lossless_server, serve_app
 
 pytestmark = pytest.mark.anyio
 
@@ -108,3 +109,25 @@ async def test_cancelled_request_still_gets_exactly_one_answer(url: str, http: h
                 assert ack.status_code == 202
     answers = [e.message for e in parse_sse(text) if e.message and e.message.get("id") == "w"]
     assert len(answers) == 1 and answers[0]["error"]["code"] == REQUEST_CANCELLED
+
+
+async def test_shutdown_under_a_running_call_records_execution_lost(http: httpx.AsyncClient) -> None:
+    """The ASGI server ending a request mid-call is not a client's cancel: the stored answer says EXECUTION_LOST."""
+    store = MemoryStore()
+    app = create_app(ServerConfig(store="memory", issuer=None), registry(), store=store)
+    with serve_app(app, lifespan="on", graceful_shutdown=1) as base:
+        peer = Peer(http, base)
+        await peer.initialize()
+        request = http.build_request(
+            "POST", peer.url, headers=peer.headers(), content=orjson.dumps(call("w", "wait_forever"))
+        )
+        response = await http.send(request, stream=True)
+        text = ""
+        async for chunk in response.aiter_text():
+            text += chunk
+            if "\n\n" in text:  # the priming event: the call runs
+                break
+        stream = parse_sse(text)[0].id.split(".")[0]
+    await response.aclose()
+    answers = [e for e in await store.read_after(stream, 0) if e.terminal]
+    assert [orjson.loads(e.data)["error"]["code"] for e in answers] == [EXECUTION_LOST]

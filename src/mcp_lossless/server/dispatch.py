@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import orjson
@@ -72,8 +72,18 @@ class Dispatcher:
         self.s = state
 
     async def dispatch(
-        self, session: Session, live: LiveStream, grant: Grant, message: dict[str, Any], request: PendingRequest
-    ) -> None:
+        self,
+        session: Session,
+        live: LiveStream,
+        grant: Grant,
+        message: dict[str, Any],
+        request: PendingRequest,
+        *,
+        inline: bool = False,
+    ) -> Coroutine[Any, Any, None] | None:
+        """Answer ``message`` now, or start its work: in a task of its own, or, with ``inline``, as a coroutine
+        returned for the caller to await in its own task (a POST that carries one request: no task to create
+        and schedule for a call that answers at once)."""
         s = self.s
         rid = request.request_id
         method = request.method
@@ -92,19 +102,20 @@ class Dispatcher:
                 text = f"unknown tool {params.get('name')!r}"
                 await self.answer(live, request, frames.error(rid, errors.INVALID_PARAMS, text))
             else:
-                self._start(session, live, grant, request, params, self._tool_work(request, params))
+                return self._start(session, live, grant, request, params, self._tool_work(request, params), inline)
         elif method in s.methods:
             handler = s.methods[method]
 
             async def work(ctx: ToolContext) -> bytes:
                 return frames.result(rid, await handler(ctx, params))
 
-            self._start(session, live, grant, request, params, work)
+            return self._start(session, live, grant, request, params, work, inline)
         elif method == "logging/setLevel":
             await self.answer(live, request, frames.result(rid, {}))
         else:
             text = f"method {method!r} not found"
             await self.answer(live, request, frames.error(rid, errors.METHOD_NOT_FOUND, text))
+        return None
 
     async def answer(self, live: LiveStream, request: PendingRequest, data: bytes) -> None:
         await live.append(data, request, terminal=True)
@@ -135,14 +146,21 @@ class Dispatcher:
         request: PendingRequest,
         params: dict[str, Any],
         work: Callable[[ToolContext], Awaitable[bytes]],
-    ) -> None:
+        inline: bool,
+    ) -> Coroutine[Any, Any, None] | None:
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         channel = StreamChannel(self.s, session, live, request)
         ctx = ToolContext(grant, request.request_id, token if is_request_id(token) else None, channel)
-        task = asyncio.create_task(self._run(session, live, request, ctx, work))
-        session.tasks[request.request_id] = task
+        run = self._run(session, live, request, ctx, work)
         session.contexts[request.request_id] = ctx
+        if inline:
+            task = asyncio.current_task()
+            assert task is not None, "inline work runs in the request's task"
+            session.tasks[request.request_id] = task
+            return run
+        session.tasks[request.request_id] = asyncio.create_task(run)
+        return None
 
     async def _run(
         self,
@@ -158,11 +176,14 @@ class Dispatcher:
         except MethodError as exc:
             data = frames.error(rid, exc.code, exc.message, exc.data)
         except asyncio.CancelledError:
-            if session.closing == "shutdown":
-                data = frames.execution_lost(rid)
-            else:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # handled here: the task (maybe the request's own) goes on to record the answer
+            if ctx.cancelled.is_set() or session.closing in ("deleted", "expired"):
                 why = "cancelled by client" if session.closing is None else f"session {session.closing}"
                 data = frames.error(rid, errors.REQUEST_CANCELLED, f"request cancelled: {why}")
+            else:  # the server is going away under the call (shutdown, or the ASGI server ending the request)
+                data = frames.execution_lost(rid)
         except StoreUnavailable:
             data = frames.execution_lost(rid)
         except Exception:

@@ -6,10 +6,14 @@ import hashlib
 import logging
 import sys
 import time
+from bisect import bisect_left
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("mcp_lossless")
 
@@ -46,14 +50,77 @@ def fingerprint(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()[:12]
 
 
+class Tally:
+    """A count bumped on every request: a plain number, read at scrape time.
+
+    ``prometheus_client`` takes a lock per update and walks the buckets in Python; on the per-call path
+    that cost several microseconds a call. This process is single-threaded (one event loop), so no lock.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class Latency:
+    """A latency histogram updated per answer: one ``bisect`` and two additions."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.total += seconds
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative ``(le, count)`` pairs ending with ``+Inf``, as the exposition format wants them."""
+        out = []
+        running = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += count
+            out.append(("+Inf" if bound == float("inf") else repr(bound), float(running)))
+        return out
+
+
+STORE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5)
+
+
+class _HotPath(Collector):
+    """Exposes the :class:`Tally` and :class:`Latency` values of :class:`Metrics` at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._m
+        streams = CounterMetricFamily("mcp_lossless_streams", "SSE streams opened", labels=["kind"])
+        streams.add_metric(["post"], m.post_streams.value)
+        streams.add_metric(["get"], m.get_streams.value)
+        yield streams
+        latency = HistogramMetricFamily("mcp_lossless_store_seconds", "Event store operation latency", labels=["op"])
+        for op, histogram in (("append", m.append_latency), ("read", m.read_latency)):
+            latency.add_metric([op], histogram.buckets(), histogram.total)
+        yield latency
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.sessions = Gauge("mcp_lossless_sessions", "Sessions held in this process", registry=r)
-        self.streams = Counter("mcp_lossless_streams_total", "SSE streams opened", ["kind"], registry=r)
-        self.post_streams = self.streams.labels("post")
-        """Pre-bound: a label lookup per request showed in the hot-path profile."""
+        self.post_streams = Tally()
+        self.get_streams = Tally()
+        self.append_latency = Latency(STORE_BUCKETS)
+        self.read_latency = Latency(STORE_BUCKETS)
+        r.register(_HotPath(self))
         self.resumes = Counter(
             "mcp_lossless_resumes_total", "Resume attempts (GET + Last-Event-ID) by outcome", ["outcome"], registry=r
         )
@@ -69,15 +136,6 @@ class Metrics:
             "Requests ended with EXECUTION_LOST after their process died",
             registry=r,
         )
-        self.store_latency = Histogram(
-            "mcp_lossless_store_seconds",
-            "Event store operation latency",
-            ["op"],
-            registry=r,
-            buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5),
-        )
-        self.append_latency = self.store_latency.labels("append")
-        self.read_latency = self.store_latency.labels("read")
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

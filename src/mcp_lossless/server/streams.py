@@ -115,7 +115,9 @@ class LiveStream:
         record = self.record
         store = self._store
         request_id = request.request_id
-        async with self._lock:
+        lock = self._lock
+        await lock.acquire()  # one coroutine; ``async with`` costs three on this per-event path
+        try:
             seq = record.last_seq + 1
             event = StoredEvent(
                 record.session_id,
@@ -128,19 +130,22 @@ class LiveStream:
                 request.resources,
                 terminal,
             )
+            started = perf_counter()
+            try:
+                await store.append(event)
+            except StoreUnavailable:
+                await _append_with_retry(store, event)
             if terminal:  # one latency sample per answer: an observation per progress event costs more than it tells
-                started = perf_counter()
-                await _append_with_retry(store, event)
                 self._observe(perf_counter() - started)
-            else:
-                await _append_with_retry(store, event)
             record.last_seq = seq
-            if terminal and request_id is not None:
-                record.answered = record.answered | {request_id}
             self.events.append(event)
-            if record.requests and not record.unanswered():
-                record.completed = True
-                await store.complete_stream(record.stream)
-                self.done = True
+            if terminal and request_id is not None:
+                answered = record.answered = record.answered | {request_id}
+                if record.requests and (len(answered) == len(record.requests) or not record.unanswered()):
+                    record.completed = True
+                    await store.complete_stream(record.stream)
+                    self.done = True
+        finally:
+            lock.release()
         self.notify()
         return event

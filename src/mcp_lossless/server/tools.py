@@ -131,7 +131,7 @@ class Tool:
         except pydantic.ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors())
             raise ToolInputError(problems) from None
-        return {name: getattr(model, name) for name in type(model).model_fields}
+        return model.__dict__.copy()  # the fields, and only them (``extra="forbid"``)
 
 
 def _arguments_model(name: str, fn: Callable[..., Any]) -> tuple[type[pydantic.BaseModel], str | None]:

@@ -6,8 +6,10 @@ the ASGI server. Replays are planned against the resuming token before any byte 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+from collections.abc import Coroutine
 from time import perf_counter
 from typing import Any
 
@@ -298,14 +300,24 @@ class Transport:
         session.live[record.stream] = live
         s.metrics.post_streams.inc()
         head = b"" if s.config.json_response else self._priming(session, record, version)  # names position 0
-        for message, request in zip(requests, pending, strict=True):
-            await self.dispatcher.dispatch(session, live, grant, message, request)
+        run = None
+        if len(requests) == 1:
+            run = await self.dispatcher.dispatch(session, live, grant, requests[0], pending[0], inline=True)
+        else:
+            for message, request in zip(requests, pending, strict=True):
+                await self.dispatcher.dispatch(session, live, grant, message, request)
         if s.config.json_response:
+            if run is not None:
+                await run
             await self._write_json(live, send, batch)
             return
         gate = DeliveryGate(grant, s.policy, None, s.leeway, stream_tags(record))
         writer = SseWriter(s, session.id, record.stream, gate, record.requests)
-        await writer.run(receive, send, LiveSource(live, 0, has_cursor=bool(head)), head)
+        writing = writer.run(receive, send, LiveSource(live, 0, has_cursor=bool(head)), head)
+        if run is None:
+            await writing
+        else:
+            await _run_then_write(live, run, writing)
         self._release(session, live)
 
     def _priming(self, session: Session, record: StreamRecord, version: str) -> bytes:
@@ -367,7 +379,7 @@ class Transport:
         elif live.writer is not None:
             await respond_json(send, 409, rpc_error(errors.INVALID_REQUEST, "a GET stream is already open"))
             return
-        s.metrics.streams.labels("get").inc()
+        s.metrics.get_streams.inc()
         head = self._priming(session, live.record, session.version)
         gate = DeliveryGate(grant, s.policy, None, s.leeway, stream_tags(live.record))
         writer = SseWriter(s, session.id, live.record.stream, gate, ())
@@ -522,6 +534,34 @@ class Transport:
         self.s.metrics.sessions.set(len(self.s.sessions))
         log_decision("session_deleted", session=fingerprint(session.id))
         await respond(send, 204)
+
+
+async def _run_then_write(live: LiveStream, run: Coroutine[Any, Any, None], writing: Coroutine[Any, Any, None]) -> None:
+    """Run a POST's one request in the request's own task, then write its stream.
+
+    A call that answers without suspending needs no second task: its stream is written whole once it
+    returns. If it suspends, the writer starts in a task of its own on the next loop turn, so the priming
+    event and progress go out while the call runs (as for a POST with several requests).
+    """
+    writer: asyncio.Task[None] | None = None
+
+    def start_writer() -> None:
+        nonlocal writer
+        writer = asyncio.create_task(writing)
+
+    turn = asyncio.get_running_loop().call_soon(start_writer)
+    try:
+        await run
+    except BaseException:
+        if writer is None:
+            turn.cancel()
+            writing.close()
+        raise
+    if writer is None:
+        turn.cancel()
+        await writing
+    else:
+        await writer
 
 
 def stream_tags(record: StreamRecord) -> set[frozenset[str]]:
