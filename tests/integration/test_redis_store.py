@@ -13,7 +13,6 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -180,12 +179,12 @@ async def test_append_is_idempotent_and_never_overwrites_another_instance(replic
     a, b = await replica(), await replica()
     await a.open_stream(stream("k1", requests=(PendingRequest(1, "tools/call", "a", TOOL_A),)))
     await fill(a, "k1", 2)
-    lost = replace(event("k1", 2, request_id=1, terminal=True), data=b'{"error":"execution lost"}')
+    lost = event("k1", 2, request_id=1, terminal=True)._replace(data=b'{"error":"execution lost"}')
     await b.append(lost)
 
     await b.append(lost)  # a retry after a lost reply: already stored, fine
     with pytest.raises(StreamTakenOver):
-        await a.append(replace(lost, data=b'{"result":"late"}'))
+        await a.append(lost._replace(data=b'{"result":"late"}'))
     with pytest.raises(ValueError, match="gap"):
         await a.append(event("k1", 9))
 

@@ -297,7 +297,7 @@ async def test_wait_events_answers_at_once_when_events_are_there(store: EventSto
 async def test_memory_store_evicts_by_bytes() -> None:
     store = MemoryStore(max_bytes=300)
     await store.open_stream(stream("k1"))
-    events = [replace(event("k1", seq), data=b"x" * 100) for seq in range(5)]
+    events = [event("k1", seq)._replace(data=b"x" * 100) for seq in range(5)]
     for item in events:
         await store.append(item)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 RequestId = str | int
 
@@ -13,9 +14,8 @@ class StreamKind(Enum):
     GET = "get"
 
 
-@dataclass(frozen=True, slots=True)
-class PendingRequest:
-    """A request carried by a stream, with the tool and resources its events need."""
+class PendingRequest(NamedTuple):
+    """A request carried by a stream, with the tool and resources its events need (built once per request)."""
 
     request_id: RequestId
     method: str
@@ -23,13 +23,13 @@ class PendingRequest:
     resources: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class StoredEvent:
+class StoredEvent(NamedTuple):
     """One SSE event of one stream.
 
     ``resources`` are the resource indicators a token must cover to receive it (empty: session-level).
     ``data`` is the JSON-RPC message exactly as sent, encoded once at append time; empty for priming.
     ``terminal`` marks the final response (result or error) for ``request_id``.
+    A named tuple: immutable, and built several times faster than a frozen dataclass on the per-event path.
     """
 
     session_id: str

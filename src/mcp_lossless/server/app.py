@@ -63,8 +63,11 @@ class LosslessApp:
     async def _http_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         if path == self.config.path or path == self.config.path + "/":
-            if await self._rebinding_guard(scope, send):
+            problem = self._rebinding_problem(scope)
+            if problem is None:
                 await self.transport(scope, receive, send)
+            else:
+                await respond_json(send, 403, rpc_error(-32600, problem))
         elif path in self._prm and scope["method"] in ("GET", "HEAD"):
             resource = self._prm[path]
             await respond_json(
@@ -86,7 +89,7 @@ class LosslessApp:
         else:
             await respond_json(send, 404, {"error": "not_found", "error_description": f"no resource at {path}"})
 
-    async def _rebinding_guard(self, scope: Scope, send: Send) -> bool:
+    def _rebinding_problem(self, scope: Scope) -> str | None:
         """DNS-rebinding protection: Origin (and, on loopback, Host) must be ours (MCP transport MUST)."""
         config = self.config
         origin = header(scope, b"origin")
@@ -97,13 +100,11 @@ class LosslessApp:
                 or (config.loopback and _host_of(origin) in LOOPBACK_HOSTS)
             )
             if not allowed:
-                await respond_json(send, 403, rpc_error(-32600, f"origin {origin!r} is not allowed"))
-                return False
+                return f"origin {origin!r} is not allowed"
         host = header(scope, b"host")
         if config.loopback and config.public_url is None and host is not None and _host_of(host) not in LOOPBACK_HOSTS:
-            await respond_json(send, 403, rpc_error(-32600, f"host {host!r} is not allowed for a loopback server"))
-            return False
-        return True
+            return f"host {host!r} is not allowed for a loopback server"
+        return None
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
