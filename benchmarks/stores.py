@@ -65,7 +65,9 @@ def progress(stream: str, seq: int) -> StoredEvent:
             "params": {"progressToken": "tok-1", "progress": seq, "total": 100000, "message": f"search step {seq}"},
         }
     )
-    return StoredEvent(SESSION, stream, seq, CODEC.encode(SESSION, stream, seq), data, 7, "search", TAGS)
+    return StoredEvent(
+        SESSION, stream, seq, CODEC.encode(stream, seq, CODEC.stream_mac(SESSION, stream)), data, 7, "search", TAGS
+    )
 
 
 def stream_key(n: int) -> str:

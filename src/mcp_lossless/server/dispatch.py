@@ -28,7 +28,9 @@ _outbound_ids = itertools.count(1)
 
 
 def is_request_id(value: object) -> bool:
-    return isinstance(value, str | int) and not isinstance(value, bool)
+    return isinstance(value, (str, int)) and not isinstance(
+        value, bool
+    )  # a tuple: ``str | int`` builds a union per call
 
 
 class StreamChannel:
@@ -155,7 +157,7 @@ class Dispatcher:
         run = self._run(session, live, request, ctx, work)
         session.contexts[request.request_id] = ctx
         if inline:
-            task = asyncio.current_task()
+            task = asyncio.current_task(self.s.loop)
             assert task is not None, "inline work runs in the request's task"
             session.tasks[request.request_id] = task
             return run
@@ -176,7 +178,7 @@ class Dispatcher:
         except MethodError as exc:
             data = frames.error(rid, exc.code, exc.message, exc.data)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
+            task = asyncio.current_task(self.s.loop)
             if task is not None:
                 task.uncancel()  # handled here: the task (maybe the request's own) goes on to record the answer
             if ctx.cancelled.is_set() or session.closing in ("deleted", "expired"):

@@ -91,7 +91,7 @@ class SessionRegistry:
             session = self._sessions.setdefault(
                 session_id, Session(record.session_id, record.principal, record.protocol_version)
             )
-        if session.principal != principal:
+        if session.principal is not principal and session.principal != principal:
             return None
         return session
 

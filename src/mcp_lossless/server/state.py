@@ -58,6 +58,7 @@ class ServerState:
         self.orphan_lock = asyncio.Lock()
         self.prm_url = metadata.metadata_url(canonical)
         self._codec: EventIdCodec | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def codec(self) -> EventIdCodec:
@@ -65,7 +66,15 @@ class ServerState:
             raise RuntimeError("server not started: the event-id secret comes from the store at startup")
         return self._codec
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the server runs on. Asking asyncio for it costs a ``getpid`` system call each time."""
+        if self._loop is None:
+            raise RuntimeError("server not started")
+        return self._loop
+
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         await self.store.open()
         self._codec = EventIdCodec(await self.store.secret())
 

@@ -40,8 +40,8 @@ class LiveStream:
     """
 
     __slots__ = (
-        "_codec",
         "_lock",
+        "_mac",
         "_observe",
         "_store",
         "_waiters",
@@ -59,7 +59,7 @@ class LiveStream:
     ) -> None:
         self.record = record
         self._store = store
-        self._codec = codec
+        self._mac = codec.stream_mac(record.session_id, record.stream)
         self._observe = observe
         """Records the store latency of each answer's append (a metrics histogram)."""
         self.events: list[StoredEvent] = []
@@ -74,6 +74,10 @@ class LiveStream:
         """A tool asked to close the connection of this writer generation (SEP-1699)."""
         self._lock = asyncio.Lock()
         self._waiters: list[asyncio.Future[None]] = []
+
+    def event_id(self, seq: int) -> str:
+        """The id of position ``seq`` of this stream (the priming event names position 0 this way)."""
+        return EventIdCodec.encode(self.record.stream, seq, self._mac)
 
     def after(self, seq: int) -> list[StoredEvent]:
         events = self.events
@@ -123,7 +127,7 @@ class LiveStream:
                 record.session_id,
                 record.stream,
                 seq,
-                self._codec.encode(record.session_id, record.stream, seq),
+                EventIdCodec.encode(record.stream, seq, self._mac),
                 data,
                 request_id,
                 request.tool,

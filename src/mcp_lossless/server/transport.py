@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Coroutine
 from time import perf_counter
 from typing import Any
@@ -18,13 +17,14 @@ import orjson
 from .. import __version__
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, respond, respond_json
 from ..core import errors, frames, protocol
-from ..core.eventids import Cursor, CursorProblem, Unverified, new_key
+from ..core.eventids import Cursor, CursorProblem, Unverified
 from ..core.events import PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
 from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal, plan_replay
 from ..stores.base import EventsEvicted, StoreUnavailable
 from .auth import InvalidToken
 from .dispatch import Dispatcher, is_request_id
+from .keys import stream_key
 from .observability import fingerprint, log_decision, now
 from .sessions import Session
 from .state import ServerState
@@ -294,12 +294,12 @@ class Transport:
     ) -> None:
         s = self.s
         # Position 0 is the stream's start: the priming event's id names it, and it is never stored.
-        record = StreamRecord(session.id, new_key(os.urandom(16)), StreamKind.POST, s.instance, tuple(pending), 0)
+        record = StreamRecord(session.id, stream_key(), StreamKind.POST, s.instance, tuple(pending), 0)
         await s.store.open_stream(record)
         live = s.live_stream(record)
         session.live[record.stream] = live
         s.metrics.post_streams.inc()
-        head = b"" if s.config.json_response else self._priming(session, record, version)  # names position 0
+        head = b"" if s.config.json_response else self._priming(live, version)  # names position 0
         run = None
         if len(requests) == 1:
             run = await self.dispatcher.dispatch(session, live, grant, requests[0], pending[0], inline=True)
@@ -317,18 +317,17 @@ class Transport:
         if run is None:
             await writing
         else:
-            await _run_then_write(live, run, writing)
+            await _run_then_write(s.loop, run, writing)
         self._release(session, live)
 
-    def _priming(self, session: Session, record: StreamRecord, version: str) -> bytes:
+    def _priming(self, live: LiveStream, version: str) -> bytes:
         """The priming event (SEP-1699): an id for the stream's current position, empty data, ``retry``.
 
         Only for clients at 2025-11-25 or later: older ones cannot parse an event with empty data.
         """
         if not protocol.primes_streams(version):
             return b""
-        event_id = self.s.codec.encode(session.id, record.stream, record.last_seq)
-        return frames.sse(event_id, b"", self.s.config.retry_ms)
+        return frames.sse(live.event_id(live.record.last_seq), b"", self.s.config.retry_ms)
 
     def _release(self, session: Session, live: LiveStream) -> None:
         """Forget a finished stream once no request of it runs; later resumes read it from the store."""
@@ -371,7 +370,7 @@ class Transport:
         s = self.s
         live = session.live.get(session.get_stream) if session.get_stream else None
         if live is None:
-            record = StreamRecord(session.id, new_key(os.urandom(16)), StreamKind.GET, s.instance, (), 0)
+            record = StreamRecord(session.id, stream_key(), StreamKind.GET, s.instance, (), 0)
             await s.store.open_stream(record)
             live = s.live_stream(record)
             session.live[record.stream] = live
@@ -380,7 +379,7 @@ class Transport:
             await respond_json(send, 409, rpc_error(errors.INVALID_REQUEST, "a GET stream is already open"))
             return
         s.metrics.get_streams.inc()
-        head = self._priming(session, live.record, session.version)
+        head = self._priming(live, session.version)
         gate = DeliveryGate(grant, s.policy, None, s.leeway, stream_tags(live.record))
         writer = SseWriter(s, session.id, live.record.stream, gate, ())
         await writer.run(receive, send, LiveSource(live, live.record.last_seq, has_cursor=bool(head)), head)
@@ -536,7 +535,9 @@ class Transport:
         await respond(send, 204)
 
 
-async def _run_then_write(live: LiveStream, run: Coroutine[Any, Any, None], writing: Coroutine[Any, Any, None]) -> None:
+async def _run_then_write(
+    loop: asyncio.AbstractEventLoop, run: Coroutine[Any, Any, None], writing: Coroutine[Any, Any, None]
+) -> None:
     """Run a POST's one request in the request's own task, then write its stream.
 
     A call that answers without suspending needs no second task: its stream is written whole once it
@@ -547,9 +548,9 @@ async def _run_then_write(live: LiveStream, run: Coroutine[Any, Any, None], writ
 
     def start_writer() -> None:
         nonlocal writer
-        writer = asyncio.create_task(writing)
+        writer = loop.create_task(writing)
 
-    turn = asyncio.get_running_loop().call_soon(start_writer)
+    turn = loop.call_soon(start_writer)
     try:
         await run
     except BaseException:
@@ -581,7 +582,7 @@ def _validate(messages: list[Any]) -> str | None:
                 return "method must be a string"
             if "id" in message and not is_request_id(message["id"]):
                 return "request id must be a string or an integer"
-            if "params" in message and not isinstance(message["params"], dict | list):
+            if "params" in message and not isinstance(message["params"], (dict, list)):
                 return "params must be an object"
         elif "id" not in message or ("result" not in message and "error" not in message):
             return "message is neither a request, a notification nor a response"
