@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 BASELINE = "sdk-sse"
+FLOOR = "floor"
 TARGETS = {"echo_ratio": 10.0, "replay_ratio": 10.0, "kb_per_session": 4.0, "auth_replay_pct": 5.0}
 
 
@@ -180,9 +181,15 @@ def _get(entry: Any, *path: str) -> float | None:
     return float(entry) if isinstance(entry, int | float) and not math.isnan(entry) else None
 
 
+def _worst(ratios: list[float | None]) -> float | None:
+    present = [r for r in ratios if r is not None]
+    return min(present) if present else None
+
+
 def _targets(summary: dict[str, Any]) -> list[str]:
-    """ours-none against sdk-sse; throughput ratios and, less sensitive to the shared box, CPU ratios."""
-    base, ours = summary.get(BASELINE, {}), summary.get("ours-none", {})
+    """ours-none against sdk-sse; throughput with the server's core saturated and, less sensitive to the
+    shared box, CPU ratios. The c=1 row is shown beside the floor's, not judged: it measures a round trip."""
+    base, ours, floor = summary.get(BASELINE, {}), summary.get("ours-none", {}), summary.get(FLOOR, {})
     lines = ["| target | measure | reached | met? |", "|---|---|---|---|"]
 
     def row(label: str, measure: str, value: float | None, text: str, ok: bool | None) -> None:
@@ -192,20 +199,37 @@ def _targets(summary: dict[str, Any]) -> list[str]:
     def ratio(numerator: float | None, denominator: float | None) -> float | None:
         return numerator / denominator if numerator is not None and denominator else None
 
-    rps = [ratio(_get(ours, "echo", c, "rps"), _get(base, "echo", c, "rps")) for c in ours.get("echo", {})]
-    worst = min((r for r in rps if r is not None), default=None)
+    def echo_ratio(top: dict[str, Any], bottom: dict[str, Any], concurrency: str, key: str) -> float | None:
+        return ratio(_get(top, "echo", concurrency, key), _get(bottom, "echo", concurrency, key))
+
+    def per_concurrency(values: dict[str, float | None]) -> str:
+        return " / ".join(f"c={c} {v:.1f}x" for c, v in values.items() if v is not None)
+
     goal = TARGETS["echo_ratio"]
+    levels = list(ours.get("echo", {}))
+    rps = {c: echo_ratio(ours, base, c, "rps") for c in levels}
+    worst = _worst(list(rps.values()))
     row(
         "tools/call over SSE ≥ 10x SDK",
-        "requests/s, worst concurrency",
+        "requests/s, every concurrency (worst decides)",
         worst,
-        f"{worst or 0:.1f}x",
+        per_concurrency(rps),
         (worst or 0) >= goal,
     )
-    cpu = ratio(
-        _get(base, "echo", "16", "server_cpu_us_per_request"), _get(ours, "echo", "16", "server_cpu_us_per_request")
+    cpu = {c: echo_ratio(base, ours, c, "server_cpu_us_per_request") for c in levels}
+    worst_cpu = _worst(list(cpu.values()))
+    row(
+        "", "server CPU per call, SDK ÷ ours (worst decides)", worst_cpu, per_concurrency(cpu), (worst_cpu or 0) >= goal
     )
-    row("", "server CPU per call, SDK ÷ ours (c=16)", cpu, f"{cpu or 0:.1f}x", (cpu or 0) >= goal)
+    floor_rps = {c: echo_ratio(floor, base, c, "rps") for c in floor.get("echo", {})}
+    if any(v is not None for v in floor_rps.values()):
+        row(
+            "",
+            "context: the bare floor's requests/s ÷ SDK",
+            _worst(list(floor_rps.values())),
+            per_concurrency(floor_rps),
+            None,
+        )
     goal = TARGETS["replay_ratio"]
     events = ratio(_get(ours, "replay", "replay_events_per_s"), _get(base, "replay", "replay_events_per_s"))
     row("replay ≥ 10x SDK", "replayed events/s", events, f"{events or 0:.1f}x", (events or 0) >= goal)
@@ -236,6 +260,19 @@ def _targets(summary: dict[str, Any]) -> list[str]:
         None,
     )
     return lines
+
+
+def _echo_notes(summary: dict[str, Any]) -> list[str]:
+    """What the floor row is, and what c=1 measures."""
+    if FLOOR not in summary:
+        return []
+    return [
+        f"`{FLOOR}` is the physical floor: a bare ASGI app (`benchmarks/bare_server.py`) on the same uvicorn +",
+        "uvloop + httptools stack, returning the MCP wire shapes without doing any MCP work: what any Python MCP",
+        "server on this stack pays per request on this box. At c=1 one call is in flight, so requests/s is one",
+        "round trip (server work + generator + two cross-core wake-ups): it follows the server's per-call latency.",
+        "",
+    ]
 
 
 def markdown(document: dict[str, Any], json_path: Path) -> str:
@@ -285,6 +322,7 @@ def markdown(document: dict[str, Any], json_path: Path) -> str:
         "",
         "Latency at c=16/64 is mostly queueing behind one saturated core (p50 ≈ c / rps).",
         "",
+        *_echo_notes(summary),
     ]
     out += [
         f"## stream: `fetch(steps={plan['stream_steps']}, delay_ms=0)` with a progress token, "

@@ -5,7 +5,8 @@
     .venv/bin/python benchmarks/run.py --only sdk-sse,ours-none --reps 5
     .venv/bin/python benchmarks/run.py --render benchmarks/results/<timestamp>.json   # report only
 
-Each (config, rep) window gets a fresh server for echo/stream/replay and another fresh one for the idle
+`floor` (`bare_server.py`) is the physical floor: a bare ASGI app on the same uvicorn stack, echo and sessions
+only. Each (config, rep) window gets a fresh server for echo/stream/replay and another fresh one for the idle
 sessions workload. Reps are interleaved (rep 1 of every config, then rep 2, ...) so drift on this shared
 box hits every config alike. The server runs pinned to CPU 0 (`taskset`), this generator to CPU 1, and
 each window records the CPU used by the server, the generator and everything else ("other"). Writes the
@@ -45,6 +46,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 OURS = str(ROOT / ".venv" / "bin" / "mcp-lossless")
 SDK_SERVER = [sys.executable, str(BENCH_DIR / "sdk_server.py")]
+FLOOR_SERVER = [sys.executable, str(BENCH_DIR / "bare_server.py")]
 DEV_CLIENT, DEV_SECRET = "bench", "bench-secret"
 
 
@@ -53,7 +55,7 @@ class Config:
     """A server under test. `command(port, workdir)` starts it on loopback as one process."""
 
     command: Callable[[int, Path], list[str]]
-    sse: bool = True  # JSON-reply servers drop progress, so only echo and sessions apply
+    sse: bool = True  # False: echo and sessions only (JSON replies drop progress; the floor has no progress/replay)
     dev_auth: bool = False  # needs a bearer token from the embedded dev authorization server
 
 
@@ -77,6 +79,7 @@ CONFIGS: dict[str, Config] = {
     ),
     "sdk-sse": Config(lambda port, _: _sdk(port)),
     "sdk-json": Config(lambda port, _: _sdk(port, "--json-response"), sse=False),
+    "floor": Config(lambda port, _: [*FLOOR_SERVER, "--host", HOST, "--port", str(port)], sse=False),
 }
 
 
