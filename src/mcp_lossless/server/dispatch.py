@@ -28,9 +28,8 @@ _outbound_ids = itertools.count(1)
 
 
 def is_request_id(value: object) -> bool:
-    return isinstance(value, (str, int)) and not isinstance(
-        value, bool
-    )  # a tuple: ``str | int`` builds a union per call
+    # A tuple, not ``str | int``: the union is built anew on every call, and this runs twice per request.
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
 class StreamChannel:
