@@ -6,11 +6,13 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 import pytest
 
 from mcp_lossless.core.errors import EXECUTION_LOST, REQUEST_CANCELLED
+from mcp_lossless.core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
 from mcp_lossless.server import MethodError, ServerConfig, ToolContext, ToolRegistry, create_app
 from mcp_lossless.stores.memory import MemoryStore
 from tests.support.mcp_http import Peer, call, parse_sse
@@ -131,3 +133,31 @@ async def test_shutdown_under_a_running_call_records_execution_lost(http: httpx.
     await response.aclose()
     answers = [e for e in await store.read_after(stream, 0) if e.terminal]
     assert [orjson.loads(e.data)["error"]["code"] for e in answers] == [EXECUTION_LOST]
+
+
+async def test_a_stream_answered_but_never_marked_complete_ends_on_resume(http: httpx.AsyncClient) -> None:
+    """Its process died between storing the last answer and marking the stream complete: a resume replays the
+    answer and ends the stream, with no EXECUTION_LOST (the request was answered)."""
+    store = MemoryStore()
+    app = create_app(ServerConfig(store="memory", issuer=None), registry(), store=store)
+    with serve_app(app, lifespan="on") as base:
+        peer = Peer(http, base)
+        await peer.initialize()
+        assert peer.session_id is not None
+        stream, codec = "a-stream-of-a-dead-process", app.state.codec
+        mac = codec.stream_mac(peer.session_id, stream)
+        request = PendingRequest("w", "tools/call", "wait_forever", app.state.tool_tags["wait_forever"])
+        await store.open_stream(StreamRecord(peer.session_id, stream, StreamKind.POST, "dead", (request,), 0))
+        answer = orjson.dumps({"jsonrpc": "2.0", "id": "w", "result": {"content": [], "isError": False}})
+        tags = request.resources
+        await store.append(
+            StoredEvent(peer.session_id, stream, 1, codec.encode(stream, 1, mac), answer, "w", None, tags, True)
+        )
+        with anyio.fail_after(10):
+            response = await http.get(
+                peer.url, headers={**peer.headers(), "last-event-id": codec.encode(stream, 0, mac)}
+            )
+    messages = [e.message for e in parse_sse(response.text) if e.message]
+    assert [m.get("id") for m in messages] == ["w"] and "result" in messages[0]
+    record = await store.get_stream(stream)
+    assert record is not None and record.completed

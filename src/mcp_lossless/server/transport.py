@@ -514,6 +514,10 @@ class Transport:
                 return fresh or record
             live = s.live_stream(fresh)
             lost = [r.request_id for r in fresh.unanswered()]
+            if not lost:  # every request was answered: only the completion mark died with the process
+                fresh.completed = True
+                await s.store.complete_stream(fresh.stream)
+                return fresh
             for request in fresh.unanswered():
                 await live.append(frames.execution_lost(request.request_id), request, terminal=True)
                 s.metrics.lost.inc()
