@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -161,3 +162,50 @@ async def test_a_stream_answered_but_never_marked_complete_ends_on_resume(http: 
     assert [m.get("id") for m in messages] == ["w"] and "result" in messages[0]
     record = await store.get_stream(stream)
     assert record is not None and record.completed
+
+
+class HeldAnswers(MemoryStore):
+    """Holds the answer of request ``held`` in ``append`` until released: the window a cancel used to land in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self._release: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def append(self, event: StoredEvent) -> None:
+        if event.terminal and event.request_id == "held":
+            self._loop, self._release = asyncio.get_running_loop(), asyncio.Event()
+            self.entered.set()
+            await self._release.wait()
+        await super().append(event)
+
+    def release(self) -> None:
+        assert self._loop is not None and self._release is not None
+        self._loop.call_soon_threadsafe(self._release.set)
+
+
+async def test_a_cancel_while_the_answer_is_recorded_does_not_cut_it_short(http: httpx.AsyncClient) -> None:
+    """The answer exists once the work returns: a cancel then is too late, and the answer arrives whole."""
+    tools = ToolRegistry()
+
+    @tools.tool()
+    async def answer_now() -> str:
+        return "done"
+
+    store = HeldAnswers()
+    app = create_app(ServerConfig(store="memory", issuer=None), tools, store=store)
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "held"}}
+    with serve_app(app, lifespan="on") as base:
+        peer = Peer(http, base)
+        await peer.initialize()
+        body = orjson.dumps(call("held", "answer_now"))
+        async with http.stream("POST", peer.url, headers=peer.headers(), content=body) as response:
+            with anyio.fail_after(10):
+                await anyio.to_thread.run_sync(store.entered.wait)
+                ack = await http.post(peer.url, headers=peer.headers(), content=orjson.dumps(cancel))
+                assert ack.status_code == 202
+                store.release()
+                text = (await response.aread()).decode()
+    answers = [e.message for e in parse_sse(text) if e.message and e.message.get("id") == "held"]
+    assert len(answers) == 1 and answers[0]["result"]["content"][0]["text"] == "done"

@@ -194,6 +194,9 @@ class Dispatcher:
                 data = frames.result(rid, {"content": [{"type": "text", "text": text}], "isError": True})
             else:
                 data = frames.error(rid, errors.INTERNAL_ERROR, f"{request.method} failed")
+        # The answer exists: from here on the request is not cancellable (a cancel now could only cut its
+        # record short in a store that suspends), though a closing session still waits for it.
+        session.contexts.pop(rid, None)
         try:
             await self.answer(live, request, data)
         except StoreUnavailable:
@@ -201,7 +204,6 @@ class Dispatcher:
             live.fail()
         finally:
             session.tasks.pop(rid, None)
-            session.contexts.pop(rid, None)
             if live.done:
                 session.live.pop(live.record.stream, None)
 
@@ -210,10 +212,10 @@ class Dispatcher:
         if not isinstance(params, dict):
             return
         rid = params.get("requestId")
-        task = session.tasks.get(rid) if is_request_id(rid) else None  # type: ignore[arg-type]
-        if task is not None:
-            session.contexts[rid].cancelled.set()  # type: ignore[index]
-            task.cancel("cancelled by client")
+        ctx = session.contexts.get(rid) if is_request_id(rid) else None  # type: ignore[arg-type]
+        if ctx is not None:  # still working; an answered request (or one being recorded) is left alone
+            ctx.cancelled.set()
+            session.tasks[rid].cancel("cancelled by client")  # type: ignore[index]
 
     def deliver(self, session: Session, message: dict[str, Any]) -> None:
         """A client's response to a server request (sampling, elicitation) wakes the request that asked."""

@@ -38,6 +38,7 @@ class Session:
         self.live: dict[str, LiveStream] = {}
         self.tasks: dict[str | int, asyncio.Task[None]] = {}
         self.contexts: dict[str | int, ToolContext] = {}
+        """Requests whose work still runs: the cancellable ones (``tasks`` also holds those recording an answer)."""
         self.outbound: dict[str, asyncio.Future[dict[str, Any]]] = {}
         """Server-to-client requests awaiting the client's response, by their id."""
         self.get_stream: str | None = None
@@ -47,11 +48,12 @@ class Session:
         """Why the session's calls are being cancelled: ``deleted``, ``expired`` or ``shutdown``."""
 
     async def close(self, reason: str) -> None:
-        """Cancel running calls and wait for them to record their explicit outcome."""
+        """Cancel running calls and wait for them (and for answers being recorded) to record their outcome."""
         self.closing = reason
         tasks = list(self.tasks.values())
-        for task in tasks:
-            task.cancel()
+        for request_id, task in self.tasks.items():
+            if request_id in self.contexts:  # still working: answers being recorded are not cut short
+                task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
         for live in self.live.values():
