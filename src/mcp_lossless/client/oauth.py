@@ -48,7 +48,7 @@ from anyio.abc import ByteStream, SocketAttribute, SocketListener
 
 from ..core.resources import InvalidResource, audience_of, canonical_resource
 from .errors import AuthorizationFailed
-from .registration import ClientCredentials, ClientRegistration, choose_auth_method, register_client
+from .registration import ClientCredentials, ClientRegistration, choose_auth_method, json_object, register_client
 from .scopes import ScopeSelection
 
 log = logging.getLogger("mcp_lossless.client.oauth")
@@ -464,7 +464,7 @@ class OAuth(Auth):
             response = await self._client().post(endpoint, content=urlencode(form), headers=headers)
         except httpx.HTTPError as exc:
             raise AuthorizationFailed(f"cannot reach the token endpoint: {exc!r}") from exc
-        body = _json_object(response.content)
+        body = json_object(response.content)
         if response.status_code != 200 or not isinstance(body.get("access_token"), str):
             error = str(body.get("error") or f"HTTP {response.status_code}")
             raise TokenEndpointError(error, str(body.get("error_description", "")))
@@ -572,7 +572,7 @@ class OAuth(Auth):
             return None
         if response.status_code != 200:
             return None
-        document = _json_object(response.content)
+        document = json_object(response.content)
         return document or None
 
     def _client(self) -> httpx.AsyncClient:
@@ -582,14 +582,6 @@ class OAuth(Auth):
 
 
 _FORM_HEADERS = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
-
-
-def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _names(resources: Iterable[str]) -> str:

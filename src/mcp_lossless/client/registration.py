@@ -104,7 +104,7 @@ async def register_client(
         response = await http.post(endpoint, content=orjson.dumps(body), headers=headers)
     except httpx.HTTPError as exc:
         raise AuthorizationFailed(f"cannot reach the registration endpoint: {exc!r}") from exc
-    answer = _json_object(response.content)
+    answer = json_object(response.content)
     client_id = answer.get("client_id")
     if response.status_code not in (200, 201) or not isinstance(client_id, str) or not client_id:
         error = answer.get("error") or f"HTTP {response.status_code}"
@@ -124,7 +124,8 @@ def _application_type(redirect_uri: str) -> str:
     return "native" if parts.scheme not in ("http", "https") or parts.hostname in _LOOPBACK else "web"
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """An authorization server's JSON object answer; ``{}`` for any other body (callers say what is missing)."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
