@@ -46,9 +46,9 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge
-        chunks.append(chunk)
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return b"".join((*chunks, chunk)) if chunks else chunk
+        chunks.append(chunk)
 
 
 async def respond(

@@ -125,17 +125,24 @@ async def test_completed_streams_and_sessions_expire_open_streams_do_not(replica
     await store.put_session(session("s1"))
     await store.open_stream(stream("open"))
     await store.open_stream(stream("done"))
+    await store.open_stream(stream("answered", requests=(PendingRequest(7, "tools/call", "a", TOOL_A),)))
     await fill(store, "open", 2)
     await fill(store, "done", 2)
     await store.complete_stream("done")
+    await fill(store, "answered", 1)
+    await store.append(event("answered", 1, request_id=7, terminal=True), completes=True)
 
     assert await raw.ttl(f"{p}:{{s1}}:s:open") == -1
     assert await raw.ttl(f"{p}:{{s1}}:e:open") == -1
-    for key in (f"{p}:{{s1}}:s:done", f"{p}:{{s1}}:e:done", f"{p}:streamidx:done", f"{p}:{{s1}}:session"):
-        assert 100 < await raw.ttl(key) <= 120, key
-    record = await store.get_stream("done")
-    assert record is not None
-    assert record.completed
+    assert await raw.zscore(f"{p}:{{s1}}:streams", "open") == float("inf")
+    for name in ("done", "answered"):
+        for key in (f"{p}:{{s1}}:s:{name}", f"{p}:{{s1}}:e:{name}", f"{p}:streamidx:{name}"):
+            assert 100 < await raw.ttl(key) <= 120, key
+        assert await raw.zscore(f"{p}:{{s1}}:streams", name) < time.time() + 121
+        record = await store.get_stream(name)
+        assert record is not None
+        assert record.completed
+    assert 100 < await raw.ttl(f"{p}:{{s1}}:session") <= 120
 
 
 async def test_sessions_whose_hash_expired_are_still_swept_with_their_streams(replica: OpenReplica, raw: Redis) -> None:

@@ -173,12 +173,12 @@ class HeldAnswers(MemoryStore):
         self._release: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def append(self, event: StoredEvent) -> None:
+    async def append(self, event: StoredEvent, completes: bool = False) -> None:
         if event.terminal and event.request_id == "held":
             self._loop, self._release = asyncio.get_running_loop(), asyncio.Event()
             self.entered.set()
             await self._release.wait()
-        await super().append(event)
+        await super().append(event, completes)
 
     def release(self) -> None:
         assert self._loop is not None and self._release is not None
@@ -202,7 +202,7 @@ async def test_a_cancel_while_the_answer_is_recorded_does_not_cut_it_short(http:
         body = orjson.dumps(call("held", "answer_now"))
         async with http.stream("POST", peer.url, headers=peer.headers(), content=body) as response:
             with anyio.fail_after(10):
-                await anyio.to_thread.run_sync(store.entered.wait)
+                assert await anyio.to_thread.run_sync(store.entered.wait, 10), "the answer never reached the store"
                 ack = await http.post(peer.url, headers=peer.headers(), content=orjson.dumps(cancel))
                 assert ack.status_code == 202
                 store.release()

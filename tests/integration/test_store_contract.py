@@ -182,6 +182,21 @@ async def test_complete_stream_marks_it_completed(store: EventStore) -> None:
     assert got.completed
 
 
+async def test_the_last_answer_completes_its_stream_in_the_same_append(store: EventStore) -> None:
+    requests = (PendingRequest(1, "tools/call", "a", TOOL_A), PendingRequest("two", "tools/call", "a", TOOL_A))
+    await store.open_stream(stream("k1", requests=requests))
+    await store.append(event("k1", 0))
+    await store.append(event("k1", 1, request_id=1, terminal=True))
+    first = await store.get_stream("k1")
+    assert first is not None
+    assert (first.answered, first.completed) == ({1}, False)
+    await store.append(event("k1", 2, request_id="two", terminal=True), completes=True)
+    done = await store.get_stream("k1")
+    assert done is not None
+    assert (done.answered, done.completed, done.last_seq) == ({1, "two"}, True, 2)
+    assert [e.seq for e in await store.read_after("k1", 0)] == [1, 2]
+
+
 async def test_append_then_read_after_follows_cursor_semantics(store: EventStore) -> None:
     await store.open_stream(stream("k1"))
     await store.open_stream(stream("k2"))

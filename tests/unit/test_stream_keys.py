@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 
 from mcp_lossless.server.keys import stream_key
@@ -10,7 +11,8 @@ from mcp_lossless.server.keys import stream_key
 def test_keys_are_distinct_across_blocks() -> None:
     keys = [stream_key() for _ in range(1000)]  # several 256-key blocks
     assert len(set(keys)) == len(keys)
-    assert all(len(key) == 22 for key in keys)  # 16 bytes, unpadded base64url
+    assert all(len(key) == 24 and "=" not in key for key in keys)  # 18 bytes, base64url without padding
+    assert all(len(base64.urlsafe_b64decode(key)) == 18 for key in keys)
 
 
 def test_a_forked_child_draws_fresh_bytes() -> None:

@@ -48,7 +48,7 @@ def plan_replay(
     event is checked, memoized per tag set (events of one tool share one interned frozenset).
     """
     audience = grant.audience
-    if stream_tags is not None and not any(policy.missing(audience, tags) for tags in stream_tags):
+    if stream_tags is not None and policy.covers_all(audience, stream_tags):
         return None  # every tag set the stream can carry is covered: no per-event work
     memo: dict[frozenset[str], frozenset[str]] = {}
     first: StoredEvent | None = None
@@ -84,17 +84,16 @@ class DeliveryGate:
         policy: AudiencePolicy,
         cursor: str | None,
         leeway: float = 0.0,
-        stream_tags: Collection[frozenset[str]] | None = None,
+        covers_stream: bool = False,
     ) -> None:
         self._grant = grant
         self._policy = policy
         self._leeway = leeway
         self._memo: dict[frozenset[str], frozenset[str]] = {}
         self.last_delivered = cursor
-        self._covers_stream = stream_tags is not None and not any(
-            policy.missing(grant.audience, tags) for tags in stream_tags
-        )
-        """The token covers every tag set the stream can carry: only expiry is left to check per write."""
+        self._covers_stream = covers_stream
+        """The token covers every tag set the stream can carry (:meth:`AudiencePolicy.covers_all`, or a POST whose
+        calls were all admitted): only expiry is left to check per write."""
 
     def _gap(self, tags: frozenset[str]) -> frozenset[str]:
         gap = self._memo.get(tags)

@@ -70,6 +70,10 @@ class AudiencePolicy:
     def covers(self, audience: Audience, required: frozenset[str]) -> bool:
         return self.canonical in audience or required <= audience
 
+    def covers_all(self, audience: Audience, tag_sets: Iterable[frozenset[str]]) -> bool:
+        """Whether ``audience`` covers every one of ``tag_sets`` (a stream's possible event tags)."""
+        return self.canonical in audience or all(tags <= audience for tags in tag_sets)
+
     def missing(self, audience: Audience, required: frozenset[str]) -> frozenset[str]:
         if self.canonical in audience:
             return frozenset()

@@ -25,6 +25,7 @@ from .tools import MethodHandler, ToolRegistry
 from .transport import Transport, rpc_error
 
 log = logging.getLogger("mcp_lossless.app")
+_VERDICTS_KEPT = 256
 
 
 def _host_of(value: str) -> str:
@@ -46,6 +47,7 @@ class LosslessApp:
         self._prm = {metadata.metadata_path(r): r for r in state.resources()}
         self._sweeper: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
+        self._verdicts: dict[tuple[str | None, str | None], str | None] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -90,9 +92,21 @@ class LosslessApp:
             await respond_json(send, 404, {"error": "not_found", "error_description": f"no resource at {path}"})
 
     def _rebinding_problem(self, scope: Scope) -> str | None:
-        """DNS-rebinding protection: Origin (and, on loopback, Host) must be ours (MCP transport MUST)."""
+        """DNS-rebinding protection: Origin (and, on loopback, Host) must be ours (MCP transport MUST).
+
+        Clients send the same pair on every request, so verdicts are remembered (a bounded table).
+        """
+        key = (header(scope, b"origin"), header(scope, b"host"))
+        verdicts = self._verdicts
+        if key in verdicts:
+            return verdicts[key]
+        if len(verdicts) >= _VERDICTS_KEPT:
+            verdicts.clear()
+        verdict = verdicts[key] = self._judge(*key)
+        return verdict
+
+    def _judge(self, origin: str | None, host: str | None) -> str | None:
         config = self.config
-        origin = header(scope, b"origin")
         if origin is not None and origin != "null":
             allowed = (
                 origin in config.allowed_origins
@@ -101,7 +115,6 @@ class LosslessApp:
             )
             if not allowed:
                 return f"origin {origin!r} is not allowed"
-        host = header(scope, b"host")
         if config.loopback and config.public_url is None and host is not None and _host_of(host) not in LOOPBACK_HOSTS:
             return f"host {host!r} is not allowed for a loopback server"
         return None

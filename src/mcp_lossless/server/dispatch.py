@@ -94,16 +94,16 @@ class Dispatcher:
         if rid in session.tasks or (len(requests) > 1 and sum(r.request_id == rid for r in requests) > 1):
             text = f"request id {rid!r} is already in use in this session"
             await self.answer(live, request, frames.error(rid, errors.INVALID_REQUEST, text))
-        elif method == "ping":
-            await self.answer(live, request, frames.result(rid, {}))
-        elif method == "tools/list":
-            await self.answer(live, request, frames.result(rid, {"tools": s.tools_list}))
         elif method == "tools/call":
             if request.tool is None:
                 text = f"unknown tool {params.get('name')!r}"
                 await self.answer(live, request, frames.error(rid, errors.INVALID_PARAMS, text))
             else:
                 return self._start(session, live, grant, request, params, self._tool_work(request, params), inline)
+        elif method == "ping":
+            await self.answer(live, request, frames.result(rid, {}))
+        elif method == "tools/list":
+            await self.answer(live, request, frames.result(rid, {"tools": s.tools_list}))
         elif method in s.methods:
             handler = s.methods[method]
 
@@ -180,7 +180,7 @@ class Dispatcher:
             task = asyncio.current_task(self.s.loop)
             if task is not None:
                 task.uncancel()  # handled here: the task (maybe the request's own) goes on to record the answer
-            if ctx.cancelled.is_set() or session.closing in ("deleted", "expired"):
+            if ctx.cancelled or session.closing in ("deleted", "expired"):
                 why = "cancelled by client" if session.closing is None else f"session {session.closing}"
                 data = frames.error(rid, errors.REQUEST_CANCELLED, f"request cancelled: {why}")
             else:  # the server is going away under the call (shutdown, or the ASGI server ending the request)
@@ -198,7 +198,7 @@ class Dispatcher:
         # record short in a store that suspends), though a closing session still waits for it.
         session.contexts.pop(rid, None)
         try:
-            await self.answer(live, request, data)
+            await live.append(data, request, terminal=True)
         except StoreUnavailable:
             log.error("answer to request %s could not be stored; its stream reports the loss", rid)
             live.fail()
@@ -214,7 +214,7 @@ class Dispatcher:
         rid = params.get("requestId")
         ctx = session.contexts.get(rid) if is_request_id(rid) else None  # type: ignore[arg-type]
         if ctx is not None:  # still working; an answered request (or one being recorded) is left alone
-            ctx.cancelled.set()
+            ctx.cancelled = True
             session.tasks[rid].cancel("cancelled by client")  # type: ignore[index]
 
     def deliver(self, session: Session, message: dict[str, Any]) -> None:

@@ -14,13 +14,13 @@ STORE_RETRY_SECONDS = 30.0
 """How long an append waits out a store outage before the event's request is declared lost."""
 
 
-async def _append_with_retry(store: EventStore, event: StoredEvent) -> None:
+async def _append_with_retry(store: EventStore, event: StoredEvent, completes: bool) -> None:
     """Store ``event``, riding out a short outage: an event is never sent before it is stored."""
     delay = 0.05
     waited = 0.0
     while True:
         try:
-            await store.append(event)
+            await store.append(event, completes)
             return
         except StreamTakenOver:
             raise
@@ -111,7 +111,8 @@ class LiveStream:
         self.notify()
 
     async def append(self, data: bytes, request: PendingRequest, terminal: bool = False) -> StoredEvent:
-        """Store one event of ``request``, then publish it. Completion is recorded when the last request is answered.
+        """Store one event of ``request``, then publish it. The answer to the last request completes the stream
+        in the same store write.
 
         An event carries its request's tags and nothing else, so a stream's possible tag sets are its requests'
         (what lets replay checks skip per-event work when a token covers them all).
@@ -134,21 +135,26 @@ class LiveStream:
                 request.resources,
                 terminal,
             )
+            answered = record.answered
+            completes = False
+            if terminal and request_id is not None:
+                answered = answered | {request_id}
+                requests = record.requests  # a batch may repeat an id: then the counts differ
+                completes = bool(requests) and (
+                    len(answered) == len(requests) or all(r.request_id in answered for r in requests)
+                )
             started = perf_counter()
             try:
-                await store.append(event)
+                await store.append(event, completes)
             except StoreUnavailable:
-                await _append_with_retry(store, event)
+                await _append_with_retry(store, event, completes)
             if terminal:  # one latency sample per answer: an observation per progress event costs more than it tells
                 self._observe(perf_counter() - started)
             record.last_seq = seq
             self.events.append(event)
-            if terminal and request_id is not None:
-                answered = record.answered = record.answered | {request_id}
-                if record.requests and (len(answered) == len(record.requests) or not record.unanswered()):
-                    record.completed = True
-                    await store.complete_stream(record.stream)
-                    self.done = True
+            record.answered = answered
+            if completes:
+                record.completed = self.done = True
         finally:
             lock.release()
         self.notify()

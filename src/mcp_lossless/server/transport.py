@@ -220,7 +220,7 @@ class Transport:
         if not requests:
             await respond(send, 202)
             return
-        pending, refused = self._plan_requests(session, requests, grant)
+        pending, refused = self._plan_requests(requests, grant)
         if refused:
             await self._forbid_call(send, refused, requests)
             return
@@ -248,24 +248,26 @@ class Transport:
             [(b"mcp-session-id", session.id.encode())],
         )
 
-    def _plan_requests(
-        self, session: Session, requests: list[dict[str, Any]], grant: Grant
-    ) -> tuple[list[PendingRequest], list[str]]:
+    def _plan_requests(self, requests: list[dict[str, Any]], grant: Grant) -> tuple[list[PendingRequest], list[str]]:
         """Each request with the resources its events need; the resources the token lacks for any call."""
+        s = self.s
         pending = []
         refused: set[str] = set()
         for message in requests:
-            tool_name = None
-            resources: frozenset[str] = frozenset()
-            if message["method"] == "tools/call":
+            method = message["method"]
+            tool = None
+            if method == "tools/call":
                 params = message.get("params")
                 name = params.get("name") if isinstance(params, dict) else None
-                tool = self.s.tools.get(name) if isinstance(name, str) else None
-                if tool is not None:
-                    tool_name = tool.name
-                    resources = self.s.tool_tags[tool.name]
-                    refused |= self.s.policy.missing(grant.audience, resources)
-            pending.append(PendingRequest(message["id"], message["method"], tool_name, resources))
+                tool = s.tools.get(name) if isinstance(name, str) else None
+            if tool is None:
+                pending.append(PendingRequest(message["id"], method))
+                continue
+            resources = s.tool_tags[tool.name]
+            gap = s.policy.missing(grant.audience, resources)
+            if gap:
+                refused |= gap
+            pending.append(PendingRequest(message["id"], method, tool.name, resources))
         return pending, sorted(refused)
 
     async def _forbid_call(self, send: Send, missing: list[str], requests: list[dict[str, Any]]) -> None:
@@ -311,7 +313,8 @@ class Transport:
                 await run
             await self._write_json(live, send, batch)
             return
-        gate = DeliveryGate(grant, s.policy, None, s.leeway, stream_tags(record))
+        # Every call the token does not cover was refused above, so it covers every event this stream can carry.
+        gate = DeliveryGate(grant, s.policy, None, s.leeway, covers_stream=True)
         writer = SseWriter(s, session.id, record.stream, gate, record.requests)
         writing = writer.run(receive, send, LiveSource(live, 0, has_cursor=bool(head)), head)
         if run is None:
@@ -331,8 +334,13 @@ class Transport:
 
     def _release(self, session: Session, live: LiveStream) -> None:
         """Forget a finished stream once no request of it runs; later resumes read it from the store."""
-        if live.done and not session.tasks.keys() & {r.request_id for r in live.record.requests}:
-            session.live.pop(live.record.stream, None)
+        if not live.done:
+            return
+        tasks = session.tasks
+        for request in live.record.requests:
+            if request.request_id in tasks:
+                return
+        session.live.pop(live.record.stream, None)
 
     async def _write_json(self, live: LiveStream, send: Send, batch: bool) -> None:
         while not (live.done or live.broken):
@@ -380,7 +388,8 @@ class Transport:
             return
         s.metrics.get_streams.inc()
         head = self._priming(live, session.version)
-        gate = DeliveryGate(grant, s.policy, None, s.leeway, stream_tags(live.record))
+        covers = s.policy.covers_all(grant.audience, stream_tags(live.record))
+        gate = DeliveryGate(grant, s.policy, None, s.leeway, covers)
         writer = SseWriter(s, session.id, live.record.stream, gate, ())
         await writer.run(receive, send, LiveSource(live, live.record.last_seq, has_cursor=bool(head)), head)
 
@@ -435,7 +444,7 @@ class Transport:
             tail="live" if live is not None else "replica" if remote else "none",
         )
         settled = answered - {e.request_id for e in events if e.terminal}
-        gate = DeliveryGate(grant, s.policy, last_event_id, s.leeway, tags)
+        gate = DeliveryGate(grant, s.policy, last_event_id, s.leeway, s.policy.covers_all(grant.audience, tags))
         writer = SseWriter(s, session.id, cursor.stream, gate, record.requests, settled)
         source: LiveSource | StoredSource
         if live is not None:
@@ -514,7 +523,7 @@ class Transport:
                 return fresh or record
             live = s.live_stream(fresh)
             lost = [r.request_id for r in fresh.unanswered()]
-            if not lost:  # every request was answered: only the completion mark died with the process
+            if not lost:  # answered, yet open: recorded by a version that stored completion in a write of its own
                 fresh.completed = True
                 await s.store.complete_stream(fresh.stream)
                 return fresh

@@ -60,8 +60,12 @@ class EventStore(Protocol):
 
     async def open_stream(self, record: StreamRecord) -> None: ...
     async def get_stream(self, stream: str) -> StreamRecord | None: ...
-    async def append(self, event: StoredEvent) -> None:
-        """Store ``event`` durably before it is sent; a terminal event marks its request answered."""
+    async def append(self, event: StoredEvent, completes: bool = False) -> None:
+        """Store ``event`` durably before it is sent; a terminal event marks its request answered.
+
+        ``completes``: the event answers the stream's last request, and the stream is marked complete in the
+        same write, so no crash can leave a stream answered but still open.
+        """
         ...
 
     async def complete_stream(self, stream: str) -> None: ...

@@ -82,7 +82,7 @@ class MemoryStore:
         found = self._streams.get(stream)
         return None if found is None else found.record.copy()
 
-    async def append(self, event: StoredEvent) -> None:
+    async def append(self, event: StoredEvent, completes: bool = False) -> None:
         stream = self._streams.get(event.stream)
         if stream is None:
             raise KeyError(f"append to unknown stream {event.stream}")
@@ -91,6 +91,8 @@ class MemoryStore:
         record.last_seq = event.seq
         if event.terminal and event.request_id is not None:
             record.answered = record.answered | {event.request_id}
+        if completes:
+            record.completed = True
         self._order.append((event.stream, event.seq))
         self._count += 1
         self._bytes += len(event.data)

@@ -95,11 +95,19 @@ if ARGV[8] ~= '' then
 else
   redis.call('HSET', KEYS[1], 'last', seq)
 end
+if ARGV[10] ~= '' then
+  redis.call('HSET', KEYS[1], 'done', 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[10])
+  redis.call('PEXPIRE', KEYS[2], ARGV[10])
+  redis.call('ZADD', KEYS[3], ARGV[11], ARGV[12])
+end
 return 'ok'
 """
-"""KEYS: record, events. ARGV: seq, i, r, t, g, x, d, answered field or '', maxlen (0: none).
+"""KEYS: record, events, session's streams. ARGV: seq, i, r, t, g, x, d, answered field or '', maxlen (0: none),
+then, when the event completes the stream (as :data:`_COMPLETE`): retention ms or '', expiry time, stream key.
 
-A retried append whose first attempt was stored (reply lost) finds its own entry: ``duplicate``, fine.
+A retried append whose first attempt was stored (reply lost) finds its own entry: ``duplicate``, fine (a
+completing one completed the stream in that same first attempt).
 """
 
 _CLAIM = """
@@ -465,13 +473,15 @@ class RedisStore:
             answered,
         )
 
-    async def append(self, event: StoredEvent) -> None:
+    async def append(self, event: StoredEvent, completes: bool = False) -> None:
         answered = b""
         if event.terminal and event.request_id is not None:
             answered = b"a:" + _json(event.request_id)
+        sid, stream = event.session_id, event.stream
+        ms = self._retention_ms
         outcome = await self._script(
             _APPEND,
-            [self._key(event.session_id, "s:", event.stream), self._key(event.session_id, "e:", event.stream)],
+            [self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._key(sid, "streams")],
             [
                 event.seq,
                 _compact_id(event),
@@ -482,9 +492,15 @@ class RedisStore:
                 event.data,
                 answered,
                 self.max_events_per_stream or 0,
+                ms if completes else "",
+                repr(time.time() + self.retention_seconds) if completes else "",
+                stream,
             ],
         )
         if outcome in (b"ok", b"duplicate"):
+            if completes:  # the stream-to-session index lives outside the session's hash slot
+                with self._guard():
+                    await self._r.pexpire(self._idx_key(stream), ms)
             return
         if outcome == b"unknown":
             raise KeyError(f"append to unknown stream {event.stream}")

@@ -307,7 +307,7 @@ class SqliteStore:
             frozenset(orjson.loads(answered)),
         )
 
-    async def append(self, event: StoredEvent) -> None:
+    async def append(self, event: StoredEvent, completes: bool = False) -> None:
         request_id = None if event.request_id is None else _json(event.request_id)
         with self._transaction() as db:
             found = db.execute("SELECT first_seq, answered FROM streams WHERE stream = ?", (event.stream,)).fetchone()
@@ -336,8 +336,9 @@ class SqliteStore:
                 first_seq = event.seq - limit + 1
                 db.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (event.stream, first_seq))
             db.execute(
-                "UPDATE streams SET last_seq = ?, first_seq = ?, answered = ? WHERE stream = ?",
-                (event.seq, first_seq, answered, event.stream),
+                "UPDATE streams SET last_seq = ?, first_seq = ?, answered = ?, completed = completed OR ?"
+                " WHERE stream = ?",
+                (event.seq, first_seq, answered, completes, event.stream),
             )
 
     async def complete_stream(self, stream: str) -> None:
