@@ -22,16 +22,18 @@ class ClientGone(Exception):
     pass
 
 
-def header(scope: Scope, name: bytes) -> str | None:
-    """The value of header ``name`` (lowercase bytes), decoded as latin-1.
-
-    The headers are indexed once per request under an extension key of the scope, since a request is asked
-    for half a dozen of them.
-    """
+def headers(scope: Scope) -> dict[bytes, bytes]:
+    """The request's headers by lowercase name, indexed once per request under an extension key of the scope
+    (a request is asked for half a dozen of them)."""
     index: dict[bytes, bytes] | None = scope.get("mcp_lossless.headers")
     if index is None:
         index = scope["mcp_lossless.headers"] = dict(scope["headers"])
-    value = index.get(name)
+    return index
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """The value of header ``name`` (lowercase bytes), decoded as latin-1."""
+    value = headers(scope).get(name)
     return None if value is None else value.decode("latin-1")
 
 

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..asgi import Receive, Scope, Send, header, respond, respond_json
+from ..asgi import Receive, Scope, Send, headers, respond, respond_json
 from ..core.resources import canonical_resource
 from ..devauth.server import DevAuthServer
 from ..stores.base import EventStore, open_store
@@ -47,7 +47,7 @@ class LosslessApp:
         self._prm = {metadata.metadata_path(r): r for r in state.resources()}
         self._sweeper: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
-        self._verdicts: dict[tuple[str | None, str | None], str | None] = {}
+        self._verdicts: dict[tuple[bytes | None, bytes | None], str | None] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -96,13 +96,15 @@ class LosslessApp:
 
         Clients send the same pair on every request, so verdicts are remembered (a bounded table).
         """
-        key = (header(scope, b"origin"), header(scope, b"host"))
+        index = headers(scope)
+        key = (index.get(b"origin"), index.get(b"host"))
         verdicts = self._verdicts
         if key in verdicts:
             return verdicts[key]
         if len(verdicts) >= _VERDICTS_KEPT:
             verdicts.clear()
-        verdict = verdicts[key] = self._judge(*key)
+        origin, host = (None if value is None else value.decode("latin-1") for value in key)
+        verdict = verdicts[key] = self._judge(origin, host)
         return verdict
 
     def _judge(self, origin: str | None, host: str | None) -> str | None:

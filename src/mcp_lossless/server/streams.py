@@ -87,7 +87,10 @@ class LiveStream:
         return events[start:] if start < len(events) else []
 
     def notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
+        waiters = self._waiters
+        if not waiters:
+            return
+        self._waiters = []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)

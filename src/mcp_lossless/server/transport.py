@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from .. import __version__
-from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, respond, respond_json
+from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond, respond_json
 from ..core import errors, frames, protocol
 from ..core.eventids import Cursor, CursorProblem, Unverified
 from ..core.events import PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
@@ -154,16 +154,16 @@ class Transport:
         grant = await self._authenticate(scope, send)
         if grant is None:
             return
-        accept = header(scope, b"accept") or ""
-        if "application/json" not in accept or "text/event-stream" not in accept:
+        index = headers(scope)
+        accept = index.get(b"accept", b"")
+        if b"application/json" not in accept or b"text/event-stream" not in accept:
             await respond_json(
                 send,
                 406,
                 rpc_error(errors.INVALID_REQUEST, "Accept must list both application/json and text/event-stream"),
             )
             return
-        content_type = header(scope, b"content-type") or ""
-        if not content_type.lower().startswith("application/json"):
+        if not index.get(b"content-type", b"").lower().startswith(b"application/json"):
             await respond_json(send, 415, rpc_error(errors.INVALID_REQUEST, "Content-Type must be application/json"))
             return
         try:

@@ -138,6 +138,8 @@ async def _wait_disconnect(receive: Receive) -> None:
 class SseWriter:
     """One SSE response: a head, then batches from a source until it ends, the client leaves, or a refusal."""
 
+    __slots__ = ("gate", "requests", "s", "session_id", "settled", "stream")
+
     def __init__(
         self,
         state: ServerState,

@@ -76,7 +76,10 @@ class MemoryStore:
 
     async def open_stream(self, record: StreamRecord) -> None:
         self._streams[record.stream] = _Stream(record.copy())
-        self._by_session.setdefault(record.session_id, set()).add(record.stream)
+        streams = self._by_session.get(record.session_id)
+        if streams is None:
+            streams = self._by_session[record.session_id] = set()
+        streams.add(record.stream)
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         found = self._streams.get(stream)
