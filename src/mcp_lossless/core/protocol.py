@@ -6,7 +6,6 @@ LATEST = "2025-11-25"
 SUPPORTED = ("2025-11-25", "2025-06-18", "2025-03-26")
 STATELESS = "2026-07-28"
 """Removed sessions and resumption; our server refuses it with a 400 (docs/decisions/0004)."""
-DEFAULT_WITHOUT_HEADER = "2025-03-26"
 
 
 def negotiate(requested: object) -> str:

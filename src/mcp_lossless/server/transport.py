@@ -117,12 +117,12 @@ class Transport:
             [(b"www-authenticate", self.s.challenge("invalid_token", description, self.s.prm_url))],
         )
 
-    async def _version(self, scope: Scope, send: Send, session: Session | None) -> str | None:
+    def _version(self, scope: Scope, session: Session) -> str:
+        """The request's protocol version: its header's (maybe unsupported), else the session's."""
         value = header(scope, b"mcp-protocol-version")
-        if value is None:
-            return session.version if session is not None else protocol.DEFAULT_WITHOUT_HEADER
-        if value in protocol.SUPPORTED:
-            return value
+        return session.version if value is None else value
+
+    async def _unsupported_version(self, send: Send, value: str) -> None:
         if value == protocol.STATELESS:
             message = (
                 f"protocol {value} (stateless, no resumption) is not served here; "
@@ -133,7 +133,6 @@ class Transport:
         await respond_json(
             send, 400, rpc_error(errors.INVALID_REQUEST, message, data={"supported": list(protocol.SUPPORTED)})
         )
-        return None
 
     async def _session(self, scope: Scope, send: Send, grant: Grant) -> Session | None:
         session_id = header(scope, b"mcp-session-id")
@@ -195,8 +194,9 @@ class Transport:
         session = await self._session(scope, send, grant)
         if session is None:
             return
-        version = await self._version(scope, send, session)
-        if version is None:
+        version = self._version(scope, session)
+        if version not in protocol.SUPPORTED:
+            await self._unsupported_version(send, version)
             return
         if isinstance(payload, list) and not protocol.allows_batches(session.version):
             await respond_json(
@@ -365,7 +365,9 @@ class Transport:
         session = await self._session(scope, send, grant)
         if session is None:
             return
-        if await self._version(scope, send, session) is None:
+        version = self._version(scope, session)
+        if version not in protocol.SUPPORTED:
+            await self._unsupported_version(send, version)
             return
         last_event_id = header(scope, b"last-event-id")
         if last_event_id is None:
