@@ -209,24 +209,19 @@ def _targets(summary: dict[str, Any]) -> list[str]:
     goal = TARGETS["echo_ratio"]
     levels = [c for c in ours.get("echo", {}) if c != "1"]
     shown = ", ".join(f"c={c}" for c in levels)
-    rps = {c: echo_ratio(ours, base, c, "rps") for c in levels}
-    worst = _worst(list(rps.values()))
-    row(
-        "tools/call over SSE ≥ 10x SDK",
-        f"requests/s, server saturated ({shown}; worst decides)",
-        worst,
-        per_concurrency(rps),
-        (worst or 0) >= goal,
-    )
-    cpu = {c: echo_ratio(base, ours, c, "server_cpu_us_per_request") for c in levels}
-    worst_cpu = _worst(list(cpu.values()))
-    row(
-        "",
-        f"server CPU per call, SDK ÷ ours ({shown}; worst decides)",
-        worst_cpu,
-        per_concurrency(cpu),
-        (worst_cpu or 0) >= goal,
-    )
+    for label, measure, top, bottom, key in (
+        ("tools/call over SSE ≥ 10x SDK", "requests/s", ours, base, "rps"),
+        ("", "server CPU per call, SDK ÷ ours", base, ours, "server_cpu_us_per_request"),
+    ):
+        ratios = {c: echo_ratio(top, bottom, c, key) for c in levels}
+        worst = _worst(list(ratios.values()))
+        row(
+            label,
+            f"{measure}, server saturated ({shown}; worst decides)",
+            worst,
+            per_concurrency(ratios),
+            (worst or 0) >= goal,
+        )
     single_rps, single_cpu = (
         echo_ratio(ours, base, "1", "rps"),
         echo_ratio(base, ours, "1", "server_cpu_us_per_request"),
