@@ -93,17 +93,17 @@ class Dispatcher:
         requests = live.record.requests
         if rid in session.tasks or (len(requests) > 1 and sum(r.request_id == rid for r in requests) > 1):
             text = f"request id {rid!r} is already in use in this session"
-            await self.answer(live, request, frames.error(rid, errors.INVALID_REQUEST, text))
+            await live.append(frames.error(rid, errors.INVALID_REQUEST, text), request, terminal=True)
         elif method == "tools/call":
             if request.tool is None:
                 text = f"unknown tool {params.get('name')!r}"
-                await self.answer(live, request, frames.error(rid, errors.INVALID_PARAMS, text))
+                await live.append(frames.error(rid, errors.INVALID_PARAMS, text), request, terminal=True)
             else:
                 return self._start(session, live, grant, request, params, self._tool_work(request, params), inline)
         elif method == "ping":
-            await self.answer(live, request, frames.result(rid, {}))
+            await live.append(frames.result(rid, {}), request, terminal=True)
         elif method == "tools/list":
-            await self.answer(live, request, frames.result(rid, {"tools": s.tools_list}))
+            await live.append(frames.result(rid, {"tools": s.tools_list}), request, terminal=True)
         elif method in s.methods:
             handler = s.methods[method]
 
@@ -112,14 +112,11 @@ class Dispatcher:
 
             return self._start(session, live, grant, request, params, work, inline)
         elif method == "logging/setLevel":
-            await self.answer(live, request, frames.result(rid, {}))
+            await live.append(frames.result(rid, {}), request, terminal=True)
         else:
             text = f"method {method!r} not found"
-            await self.answer(live, request, frames.error(rid, errors.METHOD_NOT_FOUND, text))
+            await live.append(frames.error(rid, errors.METHOD_NOT_FOUND, text), request, terminal=True)
         return None
-
-    async def answer(self, live: LiveStream, request: PendingRequest, data: bytes) -> None:
-        await live.append(data, request, terminal=True)
 
     def _tool_work(self, request: PendingRequest, params: dict[str, Any]) -> Callable[[ToolContext], Awaitable[bytes]]:
         tool = self.s.tools[request.tool or ""]
