@@ -67,7 +67,19 @@ _CACHE_LIMIT = 65_536
 _OUTAGE_REPLIES = ("MISCONF", "NOREPLICAS", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "LOADING")
 """Error replies that mean "cannot serve now" rather than "bad command" (OOM and READONLY have classes)."""
 
-_APPEND = """
+_MARK_COMPLETE = """
+local function mark_complete(ms, expiry, stream)
+  redis.call('HSET', KEYS[1], 'done', 1)
+  redis.call('PEXPIRE', KEYS[1], ms)
+  redis.call('PEXPIRE', KEYS[2], ms)
+  redis.call('ZADD', KEYS[3], expiry, stream)
+end
+"""
+"""What completing a stream means, for the scripts that do it. KEYS: record, events, session's streams."""
+
+_APPEND = (
+    _MARK_COMPLETE
+    + """
 local last = redis.call('HGET', KEYS[1], 'last')
 if not last then return 'unknown' end
 local seq = tonumber(ARGV[1])
@@ -95,16 +107,12 @@ if ARGV[8] ~= '' then
 else
   redis.call('HSET', KEYS[1], 'last', seq)
 end
-if ARGV[10] ~= '' then
-  redis.call('HSET', KEYS[1], 'done', 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[10])
-  redis.call('PEXPIRE', KEYS[2], ARGV[10])
-  redis.call('ZADD', KEYS[3], ARGV[11], ARGV[12])
-end
+if ARGV[10] ~= '' then mark_complete(ARGV[10], ARGV[11], ARGV[12]) end
 return 'ok'
 """
+)
 """KEYS: record, events, session's streams. ARGV: seq, i, r, t, g, x, d, answered field or '', maxlen (0: none),
-then, when the event completes the stream (as :data:`_COMPLETE`): retention ms or '', expiry time, stream key.
+then, when the event completes the stream: retention ms or '', expiry time, stream key.
 
 A retried append whose first attempt was stored (reply lost) finds its own entry: ``duplicate``, fine (a
 completing one completed the stream in that same first attempt).
@@ -120,14 +128,14 @@ return 0
 """
 """KEYS: record. ARGV: expected owner, new owner. Already ours counts as won, so a retry is safe."""
 
-_COMPLETE = """
+_COMPLETE = (
+    _MARK_COMPLETE
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'done', 1)
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
+mark_complete(ARGV[1], ARGV[2], ARGV[3])
 return 1
 """
+)
 """KEYS: record, events, session's streams. ARGV: retention ms, expiry time, stream key."""
 
 _TOUCH = """
@@ -478,7 +486,6 @@ class RedisStore:
         if event.terminal and event.request_id is not None:
             answered = b"a:" + _json(event.request_id)
         sid, stream = event.session_id, event.stream
-        ms = self._retention_ms
         outcome = await self._script(
             _APPEND,
             [self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._key(sid, "streams")],
@@ -492,15 +499,12 @@ class RedisStore:
                 event.data,
                 answered,
                 self.max_events_per_stream or 0,
-                ms if completes else "",
-                repr(time.time() + self.retention_seconds) if completes else "",
-                stream,
+                *(self._completion(stream) if completes else ("", "", "")),
             ],
         )
         if outcome in (b"ok", b"duplicate"):
-            if completes:  # the stream-to-session index lives outside the session's hash slot
-                with self._guard():
-                    await self._r.pexpire(self._idx_key(stream), ms)
+            if completes:
+                await self._expire_index(stream)
             return
         if outcome == b"unknown":
             raise KeyError(f"append to unknown stream {event.stream}")
@@ -514,11 +518,18 @@ class RedisStore:
         sid = await self._sid(stream)
         if sid is None:
             return
-        ms = self._retention_ms
         keys = [self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._key(sid, "streams")]
-        if await self._script(_COMPLETE, keys, [ms, repr(time.time() + self.retention_seconds), stream]):
-            with self._guard():
-                await self._r.pexpire(self._idx_key(stream), ms)
+        if await self._script(_COMPLETE, keys, list(self._completion(stream))):
+            await self._expire_index(stream)
+
+    def _completion(self, stream: str) -> tuple[int, str, str]:
+        """The arguments of ``mark_complete``: retention ms, when the stream's keys expire, its key."""
+        return self._retention_ms, repr(time.time() + self.retention_seconds), stream
+
+    async def _expire_index(self, stream: str) -> None:
+        """The stream-to-session index lives outside the session's hash slot: its expiry follows the script's."""
+        with self._guard():
+            await self._r.pexpire(self._idx_key(stream), self._retention_ms)
 
     async def read_after(self, stream: str, seq: int) -> list[StoredEvent]:
         sid = await self._sid(stream)
