@@ -334,13 +334,8 @@ class Transport:
 
     def _release(self, session: Session, live: LiveStream) -> None:
         """Forget a finished stream once no request of it runs; later resumes read it from the store."""
-        if not live.done:
-            return
-        tasks = session.tasks
-        for request in live.record.requests:
-            if request.request_id in tasks:
-                return
-        session.live.pop(live.record.stream, None)
+        if live.done and not session.tasks.keys() & {r.request_id for r in live.record.requests}:
+            session.live.pop(live.record.stream, None)
 
     async def _write_json(self, live: LiveStream, send: Send, batch: bool) -> None:
         while not (live.done or live.broken):
