@@ -488,6 +488,11 @@ def _cli_process(portal: BlockingPortal, workdir: Path) -> Iterator[Target]:
             process.stop()
 
 
-def budget(default: int, soak: int) -> int:
-    """How many schedules to run: ``MCP_LOSSLESS_SOAK=1`` asks for the long run."""
-    return soak if os.environ.get("MCP_LOSSLESS_SOAK") == "1" else default
+def soak() -> bool:
+    """``MCP_LOSSLESS_SOAK=1`` asks for the long run."""
+    return os.environ.get("MCP_LOSSLESS_SOAK") == "1"
+
+
+def budget(default: int, long: int) -> int:
+    """How many schedules to run: the long count in a soak."""
+    return long if soak() else default
