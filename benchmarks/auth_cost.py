@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from mcp_lossless.core import replay  # noqa: E402
+from mcp_lossless.core import resume as resume_module  # noqa: E402
 from mcp_lossless.server import ServerConfig, create_app  # noqa: E402
-from mcp_lossless.server import transport as transport_module  # noqa: E402
 
 HEADERS = [
     (b"host", b"127.0.0.1:8000"),
@@ -109,10 +109,10 @@ async def measure(rounds: int) -> dict[str, Any]:
     timings: dict[str, list[float]] = {"authorized": [], "unauthorized": []}
     for _ in range(rounds):  # interleaved, so drift hits both alike
         timings["authorized"].append(await replay_once())
-        transport_module.plan_replay = plan_nothing  # type: ignore[assignment]
+        resume_module.plan_replay = plan_nothing  # type: ignore[assignment]
         replay.DeliveryGate.admit = admit_all  # type: ignore[method-assign]
         timings["unauthorized"].append(await replay_once())
-        transport_module.plan_replay = shipped_plan
+        resume_module.plan_replay = shipped_plan
         replay.DeliveryGate.admit = shipped_admit  # type: ignore[method-assign]
     events = await app.state.store.read_after(ids[0].decode().split(".")[0], len(ids) // 2)
     grant = app.state.anonymous

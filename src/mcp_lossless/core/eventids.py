@@ -52,6 +52,33 @@ class CursorProblem(Enum):
     FOREIGN_STREAM = "foreign_stream"
     EVICTED = "evicted"
 
+    @property
+    def status(self) -> int:
+        """The HTTP status of a resume refused for this reason (ADR 0002), as h11's ``error_status_hint``."""
+        return CURSOR_STATUS[self]
+
+    @property
+    def description(self) -> str:
+        """What the refusal's body says to the client."""
+        return CURSOR_TEXT[self]
+
+
+CURSOR_STATUS = {
+    CursorProblem.MALFORMED: 400,
+    CursorProblem.UNKNOWN: 400,
+    CursorProblem.FOREIGN_SESSION: 409,
+    CursorProblem.FOREIGN_STREAM: 409,
+    CursorProblem.EVICTED: 410,
+}
+"""404 stays with its spec meaning (the session is unknown or not yours: initialize again)."""
+CURSOR_TEXT = {
+    CursorProblem.MALFORMED: "Last-Event-ID is not an event id this server issues",
+    CursorProblem.UNKNOWN: "Last-Event-ID names no event of this session",
+    CursorProblem.FOREIGN_SESSION: "Last-Event-ID belongs to another session",
+    CursorProblem.FOREIGN_STREAM: "Last-Event-ID does not belong to the stream it names",
+    CursorProblem.EVICTED: "events after Last-Event-ID are no longer retained; replaying the rest would lose them",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Unverified:

@@ -7,7 +7,7 @@ last delivered event.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -33,8 +33,46 @@ class Refusal:
     """The ``Last-Event-ID`` to resume from: the last event actually delivered (unchanged on refusal)."""
 
 
+class Coverage:
+    """What one token lacks for each tag set, computed once per distinct (interned) set.
+
+    The one place replay planning and live delivery ask the policy; both scan events through
+    :meth:`uncovered`.
+    """
+
+    __slots__ = ("_audience", "_memo", "_policy")
+
+    def __init__(self, grant: Grant, policy: AudiencePolicy) -> None:
+        self._audience = grant.audience
+        self._policy = policy
+        self._memo: dict[frozenset[str], frozenset[str]] = {}
+
+    def gap(self, tags: frozenset[str]) -> frozenset[str]:
+        gap = self._memo.get(tags)
+        if gap is None:
+            gap = self._memo[tags] = self._policy.missing(self._audience, tags)
+        return gap
+
+    def uncovered(self, events: Sequence[StoredEvent]) -> Iterator[tuple[int, frozenset[str]]]:
+        """``(index, gap)`` for each event that starts a run of one tag set the token does not cover.
+
+        Runs of one tool share one interned set, so an event whose set is the previous one's is passed over
+        with an identity test. The first pair yielded is the first event the token lacks something for; the
+        union of the gaps yielded is everything it lacks for ``events``.
+        """
+        last_tags: frozenset[str] | None = None
+        for index, event in enumerate(events):
+            tags = event.resources
+            if tags is last_tags:
+                continue
+            last_tags = tags
+            gap = self.gap(tags)
+            if gap:
+                yield index, gap
+
+
 def plan_replay(
-    events: Iterable[StoredEvent],
+    events: Sequence[StoredEvent],
     grant: Grant,
     policy: AudiencePolicy,
     cursor: str,
@@ -47,25 +85,14 @@ def plan_replay(
     request's resources, or none): when the token covers all of them, no event needs a look. Otherwise each
     event is checked, memoized per tag set (events of one tool share one interned frozenset).
     """
-    audience = grant.audience
-    if stream_tags is not None and policy.covers_all(audience, stream_tags):
+    if stream_tags is not None and policy.covers_all(grant.audience, stream_tags):
         return None  # every tag set the stream can carry is covered: no per-event work
-    memo: dict[frozenset[str], frozenset[str]] = {}
     first: StoredEvent | None = None
     lacking: set[str] = set()
-    last_tags: frozenset[str] | None = None
-    last_gap: frozenset[str] = frozenset()
-    for event in events:
-        tags = event.resources
-        if tags is not last_tags:  # runs of one tool share one interned set: an identity test per event
-            gap = memo.get(tags)
-            if gap is None:
-                gap = memo[tags] = policy.missing(audience, tags)
-            last_tags, last_gap = tags, gap
-        if last_gap:
-            if first is None:
-                first = event
-            lacking |= last_gap
+    for index, gap in Coverage(grant, policy).uncovered(events):
+        if first is None:
+            first = events[index]
+        lacking |= gap
     if first is None:
         return None
     return Refusal(
@@ -76,7 +103,7 @@ def plan_replay(
 class DeliveryGate:
     """Checks the live events of a committed stream against the stream's token before each write."""
 
-    __slots__ = ("_covers_stream", "_grant", "_leeway", "_memo", "_policy", "last_delivered")
+    __slots__ = ("_coverage", "_covers_stream", "_grant", "_leeway", "last_delivered")
 
     def __init__(
         self,
@@ -87,19 +114,12 @@ class DeliveryGate:
         covers_stream: bool = False,
     ) -> None:
         self._grant = grant
-        self._policy = policy
+        self._coverage = Coverage(grant, policy)
         self._leeway = leeway
-        self._memo: dict[frozenset[str], frozenset[str]] = {}
         self.last_delivered = cursor
         self._covers_stream = covers_stream
         """The token covers every tag set the stream can carry (:meth:`AudiencePolicy.covers_all`, or a POST whose
         calls were all admitted): only expiry is left to check per write."""
-
-    def _gap(self, tags: frozenset[str]) -> frozenset[str]:
-        gap = self._memo.get(tags)
-        if gap is None:
-            gap = self._memo[tags] = self._policy.missing(self._grant.audience, tags)
-        return gap
 
     def admit(self, events: Sequence[StoredEvent], now: float) -> tuple[int, Refusal | None]:
         """How many of ``events`` (a prefix) may be sent now, and the refusal for the first that may not.
@@ -115,26 +135,13 @@ class DeliveryGate:
             return 0, Refusal(
                 RefusalReason.TOKEN_EXPIRED, first.event_id, first.request_id, missing, self.last_delivered
             )
-        if self._covers_stream:
-            self.last_delivered = events[-1].event_id
-            return len(events), None
-        last_tags: frozenset[str] | None = None
-        for index, event in enumerate(events):
-            tags = event.resources
-            if tags is last_tags:
-                continue
-            gap = self._gap(tags)
-            if gap:
+        if not self._covers_stream:
+            for index, gap in self._coverage.uncovered(events):
                 if index:
                     self.last_delivered = events[index - 1].event_id
-                refusal = Refusal(
-                    RefusalReason.INSUFFICIENT_AUDIENCE,
-                    event.event_id,
-                    event.request_id,
-                    tuple(sorted(gap)),
-                    self.last_delivered,
-                )
-                return index, refusal
-            last_tags = tags
+                event = events[index]
+                reason = RefusalReason.INSUFFICIENT_AUDIENCE
+                missing = tuple(sorted(gap))
+                return index, Refusal(reason, event.event_id, event.request_id, missing, self.last_delivered)
         self.last_delivered = events[-1].event_id
         return len(events), None

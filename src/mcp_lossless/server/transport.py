@@ -17,10 +17,22 @@ import orjson
 from .. import __version__
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond, respond_json
 from ..core import errors, frames, protocol
-from ..core.eventids import Cursor, CursorProblem, Unverified
 from ..core.events import PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
 from ..core.principal import Grant
-from ..core.replay import DeliveryGate, Refusal, plan_replay
+from ..core.replay import DeliveryGate, Refusal
+from ..core.resume import (
+    CursorRejected,
+    Lookup,
+    NeedEvents,
+    NeedOwner,
+    NeedStream,
+    ReplayPlan,
+    ResumeFacts,
+    SettleOrphan,
+    Tail,
+    decide_resume,
+    stream_tags,
+)
 from ..stores.base import EventsEvicted, StoreUnavailable
 from .auth import InvalidToken
 from .dispatch import Dispatcher, is_request_id
@@ -32,21 +44,6 @@ from .streams import LiveStream
 from .writer import LiveSource, SseWriter, StoredSource
 
 log = logging.getLogger("mcp_lossless.transport")
-
-CURSOR_STATUS = {
-    CursorProblem.MALFORMED: 400,
-    CursorProblem.UNKNOWN: 400,
-    CursorProblem.FOREIGN_SESSION: 409,
-    CursorProblem.FOREIGN_STREAM: 409,
-    CursorProblem.EVICTED: 410,
-}
-CURSOR_TEXT = {
-    CursorProblem.MALFORMED: "Last-Event-ID is not an event id this server issues",
-    CursorProblem.UNKNOWN: "Last-Event-ID names no event of this session",
-    CursorProblem.FOREIGN_SESSION: "Last-Event-ID belongs to another session",
-    CursorProblem.FOREIGN_STREAM: "Last-Event-ID does not belong to the stream it names",
-    CursorProblem.EVICTED: "events after Last-Event-ID are no longer retained; replaying the rest would lose them",
-}
 
 
 def rpc_error(code: int, message: str, request_id: RequestId | None = None, data: Any = None) -> dict[str, Any]:
@@ -391,92 +388,94 @@ class Transport:
         await writer.run(receive, send, LiveSource(live, live.record.last_seq, has_cursor=bool(head)), head)
 
     async def _resume(self, receive: Receive, send: Send, session: Session, grant: Grant, last_event_id: str) -> None:
+        """Answer what :func:`~..core.resume.decide_resume` asks, then render its outcome."""
         s = self.s
-        cursor = await self._cursor(session, last_event_id)
-        if isinstance(cursor, CursorProblem):
-            await self._cursor_problem(send, session, cursor, last_event_id)
-            return
-        live = session.live.get(cursor.stream)
-        if live is not None and live.broken:
-            session.live.pop(cursor.stream, None)  # its producer could not store an answer: settle it below
-            live = None
-        if live is not None:
-            record = live.record
-            answered = record.answered
-            events: list[StoredEvent] = live.after(cursor.seq)
+        facts = ResumeFacts(session.id, last_event_id, s.codec.decode(last_event_id, session.id))
+        live: LiveStream | None = None
+        while True:
+            step = decide_resume(facts, grant, s.policy)
+            if isinstance(step, NeedStream):
+                live = self._live(session, step.stream)
+                facts.live = live is not None
+                facts.record = (
+                    live.record if live is not None else await s.store.get_stream(step.stream) or Lookup.ABSENT
+                )
+            elif isinstance(step, NeedOwner):
+                facts.owner_alive = await self._owner_alive(step.owner)
+            elif isinstance(step, SettleOrphan):
+                facts.record, facts.settled = await self._end_orphan(step.record), True
+            elif isinstance(step, NeedEvents):
+                facts.events = live.after(step.seq) if live is not None else await self._read_after(step)
+            else:
+                break
+        if isinstance(step, CursorRejected):
+            await self._cursor_problem(send, session, step)
+        elif isinstance(step, Refusal):
+            await self._refuse_replay(send, session, step)
         else:
-            found = await s.store.get_stream(cursor.stream)
-            if found is None:
-                await self._cursor_problem(send, session, CursorProblem.EVICTED, last_event_id)
-                return
-            record = found
-            if cursor.seq > record.last_seq:
-                await self._cursor_problem(send, session, CursorProblem.UNKNOWN, last_event_id)
-                return
-            if not record.completed and record.kind is StreamKind.POST and not await self._owner_alive(record.owner):
-                record = await self._end_orphan(record)
-            answered = record.answered
-            try:
-                started = perf_counter()
-                events = await s.store.read_after(cursor.stream, cursor.seq)
-                s.metrics.read_latency.observe(perf_counter() - started)
-            except EventsEvicted:
-                await self._cursor_problem(send, session, CursorProblem.EVICTED, last_event_id)
-                return
-        tags = stream_tags(record)
-        refusal = plan_replay(events, grant, s.policy, last_event_id, tags)
-        if refusal is not None:
-            await self._refuse_replay(send, session, refusal)
-            return
-        remote = live is None and not record.completed and record.kind is StreamKind.POST
+            await self._replay(receive, send, session, grant, last_event_id, step, live)
+
+    @staticmethod
+    def _live(session: Session, stream: str) -> LiveStream | None:
+        """The session's live stream ``stream``; one whose producer could not store an answer is settled instead."""
+        live = session.live.get(stream)
+        if live is not None and live.broken:
+            session.live.pop(stream, None)
+            return None
+        return live
+
+    async def _read_after(self, step: NeedEvents) -> list[StoredEvent] | Lookup:
+        started = perf_counter()
+        try:
+            events = await self.s.store.read_after(step.stream, step.seq)
+        except EventsEvicted:
+            return Lookup.ABSENT
+        self.s.metrics.read_latency.observe(perf_counter() - started)
+        return events
+
+    async def _replay(
+        self,
+        receive: Receive,
+        send: Send,
+        session: Session,
+        grant: Grant,
+        last_event_id: str,
+        plan: ReplayPlan,
+        live: LiveStream | None,
+    ) -> None:
+        s = self.s
+        stream = plan.cursor.stream
         s.metrics.resumes.labels("replayed").inc()
-        s.metrics.replayed.inc(len(events))
+        s.metrics.replayed.inc(len(plan.events))
         log_decision(
             "resume",
             session=fingerprint(session.id),
-            stream=cursor.stream,
+            stream=stream,
             cursor=last_event_id,
             decision="replay",
-            events=len(events),
-            tail="live" if live is not None else "replica" if remote else "none",
+            events=len(plan.events),
+            tail=plan.tail.value,
         )
-        settled = answered - {e.request_id for e in events if e.terminal}
-        gate = DeliveryGate(grant, s.policy, last_event_id, s.leeway, s.policy.covers_all(grant.audience, tags))
-        writer = SseWriter(s, session.id, cursor.stream, gate, record.requests, settled)
+        gate = DeliveryGate(grant, s.policy, last_event_id, s.leeway, plan.covers_stream)
+        writer = SseWriter(s, session.id, stream, gate, plan.record.requests, plan.settled)
         source: LiveSource | StoredSource
         if live is not None:
-            source = LiveSource(live, cursor.seq, has_cursor=True)
+            source = LiveSource(live, plan.cursor.seq, has_cursor=True)
         else:
-            tail = (s.store, cursor.stream, self._owner_alive, self._end_orphan) if remote else None
-            source = StoredSource(events, cursor.seq, tail)
+            tail = (s.store, stream, self._owner_alive, self._end_orphan) if plan.tail is Tail.REPLICA else None
+            source = StoredSource(plan.events, plan.cursor.seq, tail)
         await writer.run(receive, send, source, b"retry: %d\n\n" % s.config.retry_ms)
 
-    async def _cursor(self, session: Session, raw: str) -> Cursor | CursorProblem:
-        decoded = self.s.codec.decode(raw, session.id)
-        if isinstance(decoded, Unverified):
-            record = await self.s.store.get_stream(decoded.stream)
-            if record is None:
-                return CursorProblem.UNKNOWN
-            if record.session_id != session.id:
-                return CursorProblem.FOREIGN_SESSION
-            return CursorProblem.FOREIGN_STREAM
-        return decoded
-
-    async def _cursor_problem(self, send: Send, session: Session, problem: CursorProblem, raw: str) -> None:
-        self.s.metrics.resumes.labels(problem.value).inc()
+    async def _cursor_problem(self, send: Send, session: Session, rejected: CursorRejected) -> None:
+        self.s.metrics.resumes.labels(rejected.problem.value).inc()
         log_decision(
-            "resume", session=fingerprint(session.id), decision="rejected", reason=problem.value, cursor=raw[:80]
+            "resume",
+            session=fingerprint(session.id),
+            decision="rejected",
+            reason=rejected.problem.value,
+            cursor=rejected.cursor[:80],
         )
-        await respond_json(
-            send,
-            CURSOR_STATUS[problem],
-            {
-                "error": problem.value,
-                "error_description": CURSOR_TEXT[problem],
-                "lastEventId": raw[:200],
-                "resumable": False,
-            },
-        )
+        await respond_json(send, rejected.status, rejected.body)
 
     async def _refuse_replay(self, send: Send, session: Session, refusal: Refusal) -> None:
         s = self.s
@@ -573,11 +572,6 @@ async def _run_then_write(
         await writing
     else:
         await writer
-
-
-def stream_tags(record: StreamRecord) -> set[frozenset[str]]:
-    """The tag sets a stream's events can carry: each event carries its request's resources, or none."""
-    return {frozenset(), *(request.resources for request in record.requests)}
 
 
 def _validate(messages: list[Any]) -> str | None:
