@@ -21,7 +21,7 @@ import pytest
 from redis.asyncio import Redis
 
 from mcp_lossless.core.events import PendingRequest, StoredEvent
-from mcp_lossless.stores.base import EventsEvicted, StoreUnavailable, open_store
+from mcp_lossless.stores import EventsEvicted, StoreUnavailable, open_store
 from mcp_lossless.stores.redis import RedisStore, StreamTakenOver
 from tests.integration.test_store_contract import ALICE, TOOL_A, TOOL_BC, event, fill, session, stream
 from tests.support.redis_server import RedisServer, redis_server_binary

@@ -258,6 +258,17 @@ async def test_append_to_unknown_stream_is_refused(store: EventStore) -> None:
         await store.append(event("never-opened", 0))
 
 
+async def test_append_that_would_leave_a_gap_is_refused(store: EventStore) -> None:
+    await store.open_stream(stream("k1"))
+    events = await fill(store, "k1", 2)
+    with pytest.raises(ValueError, match="position 3"):
+        await store.append(event("k1", 3))
+    assert await store.read_after("k1", -1) == events
+    record = await store.get_stream("k1")
+    assert record is not None
+    assert record.last_seq == 1
+
+
 async def test_eviction_is_all_or_error_never_a_partial_list(open_store: OpenStore) -> None:
     store = await open_store(5)
     await store.open_stream(stream("k1"))

@@ -14,7 +14,7 @@ import httpx
 from ..asgi import Receive, Scope, Send, headers, respond, respond_json
 from ..core.resources import canonical_resource
 from ..devauth.server import DevAuthServer
-from ..stores.base import EventStore, open_store
+from ..stores import EventStore, open_store
 from . import metadata
 from .auth import JwtVerifier, RemoteJwks, StaticJwks, TokenVerifier, discover_jwks_uri
 from .config import LOOPBACK_HOSTS, ServerConfig

@@ -36,6 +36,21 @@ class SessionRecord:
 
 
 class EventStore(Protocol):
+    """Sessions, streams and events, durable as far as the backend's durability goes (docs/stores.md).
+
+    Errors every backend raises the same way:
+
+    - :class:`StoreUnavailable`: the backend cannot serve now (unreachable, locked, disk full); nothing of the
+      failed write was stored, and retrying later may succeed.
+    - :class:`StreamTakenOver` (a :class:`StoreUnavailable`): another instance owns the stream now; retrying
+      cannot help.
+    - ``KeyError`` from :meth:`append`: the stream was never opened, or is gone (its session was deleted).
+    - ``ValueError`` from :meth:`append`: the position would leave a gap after the stream's last one. A position
+      already written is refused too: ``ValueError`` in a single-process store; Redis accepts an identical retry
+      (its reply may have been lost) and answers different content with :class:`StreamTakenOver`.
+    - :class:`EventsEvicted` from reads: events after the cursor are no longer retained.
+    """
+
     shared: bool
     """Whether other server processes use this store too: then the store, not process memory, is the truth
     about sessions (one replica's DELETE must hold on every replica)."""
@@ -91,20 +106,3 @@ class EventStore(Protocol):
         Single-process stores have no other writer to wait for and answer at once.
         """
         ...
-
-
-def open_store(spec: str) -> EventStore:
-    """Build a store from a CLI spec: ``memory``, ``sqlite:PATH`` or ``redis://…``."""
-    if spec == "memory":
-        from .memory import MemoryStore
-
-        return MemoryStore()
-    if spec.startswith("sqlite:"):
-        from .sqlite import SqliteStore
-
-        return SqliteStore(spec.removeprefix("sqlite:"))
-    if spec.startswith(("redis://", "rediss://")):
-        from .redis import RedisStore
-
-        return RedisStore.from_spec(spec)
-    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH, redis://HOST:PORT[/DB][?prefix=P]")

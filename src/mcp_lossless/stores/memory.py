@@ -89,8 +89,10 @@ class MemoryStore:
         stream = self._streams.get(event.stream)
         if stream is None:
             raise KeyError(f"append to unknown stream {event.stream}")
-        stream.events.append(event)
         record = stream.record
+        if event.seq != record.last_seq + 1:
+            raise ValueError(f"append of position {event.seq} to stream {event.stream} after {record.last_seq}")
+        stream.events.append(event)
         record.last_seq = event.seq
         if event.terminal and event.request_id is not None:
             record.answered = record.answered | {event.request_id}

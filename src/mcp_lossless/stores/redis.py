@@ -51,9 +51,10 @@ from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
 
-from mcp_lossless.core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
+from mcp_lossless.core.events import StoredEvent, StreamKind, StreamRecord
 from mcp_lossless.core.principal import Principal
 
+from ._codec import CACHE_LIMIT, Interner, decode_requests, encode_json, encode_requests, encode_tags
 from .base import EventsEvicted, SessionRecord, StoreUnavailable, StreamTakenOver
 
 log = logging.getLogger("mcp_lossless.stores.redis")
@@ -63,7 +64,6 @@ SOCKET_TIMEOUT = 2.0
 CONNECT_TIMEOUT = 1.0
 _RETRIES = 1
 """One quick retry: a pooled connection that died with a Redis restart is replaced transparently."""
-_CACHE_LIMIT = 65_536
 _OUTAGE_REPLIES = ("MISCONF", "NOREPLICAS", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "LOADING")
 """Error replies that mean "cannot serve now" rather than "bad command" (OOM and READONLY have classes)."""
 
@@ -147,20 +147,6 @@ return 1
 """KEYS: session. ARGV: last_seen, retention ms. Never creates a partial session hash."""
 
 
-def _json(value: Any) -> bytes:
-    return orjson.dumps(value)
-
-
-def _encode_requests(requests: tuple[PendingRequest, ...]) -> bytes:
-    return _json(
-        [{"id": r.request_id, "method": r.method, "tool": r.tool, "resources": sorted(r.resources)} for r in requests]
-    )
-
-
-def _decode_requests(raw: bytes) -> tuple[PendingRequest, ...]:
-    return tuple(PendingRequest(r["id"], r["method"], r["tool"], frozenset(r["resources"])) for r in orjson.loads(raw))
-
-
 def _compact_id(event: StoredEvent) -> str:
     """The event id without the ``<stream>.<seq>.`` it repeats from the key and entry id (saves ~25 B/event)."""
     prefix = f"{event.stream}.{event.seq:x}."
@@ -217,10 +203,7 @@ class RedisStore:
         self._heartbeat: asyncio.Task[None] | None = None
         self._sids: dict[str, str] = {}
         """Stream key → session id; never changes for a key, so it is cached."""
-        self._tags: dict[bytes, frozenset[str]] = {}
-        """Interned tag sets: events of one tool share one frozenset, which replay memoizes by."""
-        self._scalars: dict[bytes, Any] = {}
-        """Decoded request ids and tool names by their JSON."""
+        self._interner = Interner()
         self._scripts: dict[str, AsyncScript] = {}
 
     @classmethod
@@ -294,7 +277,7 @@ class RedisStore:
         return f"{self.prefix}:instance:{instance}"
 
     def _remember(self, stream: str, sid: str) -> None:
-        if len(self._sids) >= _CACHE_LIMIT:
+        if len(self._sids) >= CACHE_LIMIT:
             self._sids.clear()
         self._sids[stream] = sid
 
@@ -448,12 +431,12 @@ class RedisStore:
                 fields: dict[EncodableT, EncodableT] = {
                     "kind": record.kind.value,
                     "owner": record.owner,
-                    "req": _encode_requests(record.requests),
+                    "req": encode_requests(record.requests),
                     "last": record.last_seq,
                     "first": record.last_seq + 1,
                     "done": int(record.completed),
                 }
-                fields.update({"a:" + _json(rid).decode(): 1 for rid in record.answered})
+                fields.update({"a:" + encode_json(rid).decode(): 1 for rid in record.answered})
                 pipe.hset(rk, mapping=fields)
                 pipe.zremrangebyscore(streams, "-inf", repr(time.time()))
                 pipe.zadd(streams, {record.stream: math.inf})
@@ -475,7 +458,7 @@ class RedisStore:
             stream,
             StreamKind(raw[b"kind"].decode()),
             raw[b"owner"].decode(),
-            _decode_requests(raw[b"req"]),
+            decode_requests(raw[b"req"]),
             int(raw[b"last"]),
             raw[b"done"] == b"1",
             answered,
@@ -484,7 +467,7 @@ class RedisStore:
     async def append(self, event: StoredEvent, completes: bool = False) -> None:
         answered = b""
         if event.terminal and event.request_id is not None:
-            answered = b"a:" + _json(event.request_id)
+            answered = b"a:" + encode_json(event.request_id)
         sid, stream = event.session_id, event.stream
         outcome = await self._script(
             _APPEND,
@@ -492,9 +475,9 @@ class RedisStore:
             [
                 event.seq,
                 _compact_id(event),
-                _json(event.request_id),
-                _json(event.tool),
-                _json(sorted(event.resources)),
+                encode_json(event.request_id),
+                encode_json(event.tool),
+                encode_tags(event.resources),
                 int(event.terminal),
                 event.data,
                 answered,
@@ -553,33 +536,15 @@ class RedisStore:
         return self._decode(sid, stream, entries)
 
     def _decode(self, sid: str, stream: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[StoredEvent]:
-        scalars = self._scalars
-        if len(scalars) >= _CACHE_LIMIT:
-            scalars.clear()
+        value, tags = self._interner.value, self._interner.tags
         events = []
         for entry_id, f in entries:
             seq = _seq_of(entry_id)
             compact = f[b"i"].decode()
             event_id = f"{stream}.{seq:x}.{compact[1:]}" if compact[0] == "." else compact[1:]
-            raw_rid, raw_tool = f[b"r"], f[b"t"]
-            rid = scalars.get(raw_rid)
-            if rid is None and raw_rid != b"null":
-                rid = scalars[raw_rid] = orjson.loads(raw_rid)
-            tool = scalars.get(raw_tool)
-            if tool is None and raw_tool != b"null":
-                tool = scalars[raw_tool] = orjson.loads(raw_tool)
-            events.append(
-                StoredEvent(sid, stream, seq, event_id, f[b"d"], rid, tool, self._intern(f[b"g"]), f[b"x"] == b"1")
-            )
+            rid, tool, terminal = value(f[b"r"]), value(f[b"t"]), f[b"x"] == b"1"
+            events.append(StoredEvent(sid, stream, seq, event_id, f[b"d"], rid, tool, tags(f[b"g"]), terminal))
         return events
-
-    def _intern(self, raw_tags: bytes) -> frozenset[str]:
-        tags = self._tags.get(raw_tags)
-        if tags is None:
-            if len(self._tags) >= _CACHE_LIMIT:
-                self._tags.clear()
-            tags = self._tags[raw_tags] = frozenset(orjson.loads(raw_tags))
-        return tags
 
     async def wait_events(self, stream: str, seq: int, block_seconds: float) -> list[StoredEvent]:
         """Events after ``seq`` at once if there are any, else an ``XREAD BLOCK`` for up to ``block_seconds``.

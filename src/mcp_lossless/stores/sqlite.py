@@ -30,9 +30,10 @@ from typing import Any
 
 import orjson
 
-from mcp_lossless.core.events import PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
+from mcp_lossless.core.events import RequestId, StoredEvent, StreamKind, StreamRecord
 from mcp_lossless.core.principal import Principal
 
+from ._codec import Interner, decode_requests, encode_requests
 from .base import EventsEvicted, SessionRecord, StoreUnavailable
 
 _SCHEMA_VERSION = 1
@@ -72,7 +73,6 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (stream, seq)
 ) WITHOUT ROWID;
 """
-_TAG_CACHE_LIMIT = 4096
 _CHECKPOINT_EVERY = 100
 """Write transactions between background checkpoints (a commit writes two or three WAL pages)."""
 
@@ -123,16 +123,6 @@ def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _encode_requests(requests: tuple[PendingRequest, ...]) -> str:
-    return _json(
-        [{"id": r.request_id, "method": r.method, "tool": r.tool, "resources": sorted(r.resources)} for r in requests]
-    )
-
-
-def _decode_requests(raw: str) -> tuple[PendingRequest, ...]:
-    return tuple(PendingRequest(r["id"], r["method"], r["tool"], frozenset(r["resources"])) for r in orjson.loads(raw))
-
-
 class SqliteStore:
     """The :class:`~mcp_lossless.stores.base.EventStore` on one SQLite file, owned by one server process."""
 
@@ -147,8 +137,7 @@ class SqliteStore:
         self._checkpointer: _Checkpointer | None = None
         self._writes = 0
         self._secret: bytes | None = None
-        self._tags: dict[str, frozenset[str]] = {}
-        """Interned tag sets: events of one tool share one frozenset, which replay memoizes by."""
+        self._interner = Interner()
 
     async def open(self) -> None:
         try:
@@ -281,7 +270,7 @@ class SqliteStore:
                     record.session_id,
                     record.kind.value,
                     record.owner,
-                    _encode_requests(record.requests),
+                    encode_requests(record.requests).decode(),
                     record.last_seq,
                     int(record.completed),
                     _json(list(record.answered)),
@@ -301,7 +290,7 @@ class SqliteStore:
             stream,
             StreamKind(kind),
             owner,
-            _decode_requests(requests),
+            decode_requests(requests),
             last_seq,
             bool(completed),
             frozenset(orjson.loads(answered)),
@@ -310,10 +299,14 @@ class SqliteStore:
     async def append(self, event: StoredEvent, completes: bool = False) -> None:
         request_id = None if event.request_id is None else _json(event.request_id)
         with self._transaction() as db:
-            found = db.execute("SELECT first_seq, answered FROM streams WHERE stream = ?", (event.stream,)).fetchone()
+            found = db.execute(
+                "SELECT first_seq, last_seq, answered FROM streams WHERE stream = ?", (event.stream,)
+            ).fetchone()
             if found is None:
                 raise KeyError(f"append to unknown stream {event.stream}")
-            first_seq, answered = found
+            first_seq, last_seq, answered = found
+            if event.seq != last_seq + 1:
+                raise ValueError(f"append of position {event.seq} to stream {event.stream} after {last_seq}")
             db.execute(
                 "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -378,19 +371,11 @@ class SqliteStore:
                     data,
                     rid,
                     tool,
-                    self._intern(raw_tags),
+                    self._interner.tags(raw_tags),
                     bool(terminal),
                 )
             )
         return events
-
-    def _intern(self, raw_tags: str) -> frozenset[str]:
-        tags = self._tags.get(raw_tags)
-        if tags is None:
-            if len(self._tags) >= _TAG_CACHE_LIMIT:
-                self._tags.clear()
-            tags = self._tags[raw_tags] = frozenset(orjson.loads(raw_tags))
-        return tags
 
     async def owner_alive(self, owner: str) -> bool:
         """Always ``False``: one process owns the file, so any other owner ended with its process."""

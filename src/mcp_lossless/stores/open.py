@@ -1,0 +1,25 @@
+"""Building a store from its ``--store`` spec; kept apart from the interface, which no backend imports back."""
+
+from __future__ import annotations
+
+from .base import EventStore
+
+
+def open_store(spec: str) -> EventStore:
+    """Build a store from a CLI spec: ``memory``, ``sqlite:PATH`` or ``redis://…``.
+
+    Each backend is imported only when chosen: the Redis client library is not loaded by a SQLite server.
+    """
+    if spec == "memory":
+        from .memory import MemoryStore
+
+        return MemoryStore()
+    if spec.startswith("sqlite:"):
+        from .sqlite import SqliteStore
+
+        return SqliteStore(spec.removeprefix("sqlite:"))
+    if spec.startswith(("redis://", "rediss://")):
+        from .redis import RedisStore
+
+        return RedisStore.from_spec(spec)
+    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH, redis://HOST:PORT[/DB][?prefix=P]")
