@@ -320,18 +320,6 @@ async def test_wait_events_answers_at_once_when_events_are_there(store: EventSto
         assert await store.wait_events("k1", 1, block_seconds=30) == events[2:]
 
 
-async def test_memory_store_evicts_by_bytes() -> None:
-    store = MemoryStore(max_bytes=300)
-    await store.open_stream(stream("k1"))
-    events = [event("k1", seq)._replace(data=b"x" * 100) for seq in range(5)]
-    for item in events:
-        await store.append(item)
-
-    assert await store.read_after("k1", 1) == events[2:]
-    with pytest.raises(EventsEvicted):
-        await store.read_after("k1", 0)
-
-
 async def test_sqlite_interns_equal_tag_sets(tmp_path: Path) -> None:
     store = SqliteStore(str(tmp_path / "tags.db"))
     await store.open()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from time import perf_counter
 
@@ -12,6 +13,10 @@ from ..stores.base import EventStore, StoreUnavailable, StreamTakenOver
 
 STORE_RETRY_SECONDS = 30.0
 """How long an append waits out a store outage before the event's request is declared lost."""
+UNCOMMITTED_LIMIT = 256
+"""Events of one stream queued in the store and not yet stored: a progress append beyond it waits for the store."""
+YIELD_EVERY = 16
+"""Progress appends between two turns given to other tasks: a tool reporting in a tight loop never holds the loop."""
 
 
 async def _append_with_retry(store: EventStore, event: StoredEvent, completes: bool) -> None:
@@ -40,9 +45,13 @@ class LiveStream:
     """
 
     __slots__ = (
+        "_appends",
         "_lock",
+        "_lost",
         "_mac",
         "_observe",
+        "_queued",
+        "_repair",
         "_store",
         "_waiters",
         "broken",
@@ -74,6 +83,12 @@ class LiveStream:
         """A tool asked to close the connection of this writer generation (SEP-1699)."""
         self._lock = asyncio.Lock()
         self._waiters: list[asyncio.Future[None]] = []
+        self._queued: deque[tuple[StoredEvent, asyncio.Future[None]]] = deque()
+        """Progress events handed to the store and not yet published, in position order, with their commits."""
+        self._repair: asyncio.Future[None] | None = None
+        self._lost: BaseException | None = None
+        """Why a queued event could not be stored even after retrying: every later append fails with it."""
+        self._appends = 0
 
     def event_id(self, seq: int) -> str:
         """The id of position ``seq`` of this stream (the priming event names position 0 this way)."""
@@ -117,6 +132,11 @@ class LiveStream:
         """Store one event of ``request``, then publish it. The answer to the last request completes the stream
         in the same store write.
 
+        A progress event (not ``terminal``) returns once the store has queued it; it is published when the store
+        has it, in position order, so a client never holds the id of an event the store could lose. At most
+        :data:`UNCOMMITTED_LIMIT` of them wait for the store at once. An answer returns once it is stored and
+        published, after every event before it.
+
         An event carries its request's tags and nothing else, so a stream's possible tag sets are its requests'
         (what lets replay checks skip per-event work when a token covers them all).
         """
@@ -126,6 +146,11 @@ class LiveStream:
         lock = self._lock
         await lock.acquire()  # one coroutine; ``async with`` costs three on this per-event path
         try:
+            if self._lost is not None:
+                raise self._lost
+            queued = self._queued
+            if queued and (terminal or len(queued) >= UNCOMMITTED_LIMIT):
+                await self._publish_queued(0 if terminal else UNCOMMITTED_LIMIT // 2)
             seq = record.last_seq + 1
             event = StoredEvent(
                 record.session_id,
@@ -138,27 +163,90 @@ class LiveStream:
                 request.resources,
                 terminal,
             )
-            answered = record.answered
-            completes = False
-            if terminal and request_id is not None:
-                answered = answered | {request_id}
+            published = True
+            if not terminal:
+                committed = store.enqueue(event)
+                record.last_seq = seq
+                if not queued and committed.done() and not committed.cancelled() and committed.exception() is None:
+                    self.events.append(event)  # stored at once (memory): publish without a turn of the loop
+                else:
+                    queued.append((event, committed))
+                    committed.add_done_callback(self._committed)
+                    published = False
+            else:
+                answered = record.answered | {request_id} if request_id is not None else record.answered
                 requests = record.requests  # a batch may repeat an id: then the counts differ
-                completes = bool(requests) and (
-                    len(answered) == len(requests) or all(r.request_id in answered for r in requests)
+                completes = (
+                    request_id is not None
+                    and bool(requests)
+                    and (len(answered) == len(requests) or all(r.request_id in answered for r in requests))
                 )
-            started = perf_counter()
-            try:
-                await store.append(event, completes)
-            except StoreUnavailable:
-                await _append_with_retry(store, event, completes)
-            if terminal:  # one latency sample per answer: an observation per progress event costs more than it tells
-                self._observe(perf_counter() - started)
-            record.last_seq = seq
-            self.events.append(event)
-            record.answered = answered
-            if completes:
-                record.completed = self.done = True
+                started = perf_counter()
+                try:
+                    await store.append(event, completes)
+                except StoreUnavailable:
+                    await _append_with_retry(store, event, completes)
+                self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
+                record.last_seq = seq
+                self.events.append(event)
+                record.answered = answered
+                if completes:
+                    record.completed = self.done = True
         finally:
             lock.release()
-        self.notify()
+        if published:
+            self.notify()
+        if not terminal:
+            self._appends += 1
+            if self._appends % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # give other tasks their turn: nothing else may suspend a tight progress loop
         return event
+
+    def _committed(self, _future: asyncio.Future[None]) -> None:
+        """A queued event's write finished: publish every stored one at the head of the queue, in order."""
+        queued = self._queued
+        published = False
+        while queued:
+            event, committed = queued[0]
+            if not committed.done():
+                break
+            if committed.cancelled() or committed.exception() is not None:
+                if self._repair is None:  # no append may come soon to store it again: do it now
+                    self._repair = asyncio.ensure_future(self._repair_queued())
+                break
+            queued.popleft()
+            self.events.append(event)
+            published = True
+        if published:
+            self.notify()
+
+    async def _publish_queued(self, keep: int) -> None:
+        """Under the lock: publish queued events until ``keep`` remain, storing again those whose write failed.
+
+        A store leaves no position stored after one that failed, so from the first failure on, each queued
+        event is stored again in order (riding out an outage as an answer does) before it is published.
+        """
+        queued = self._queued
+        while len(queued) > keep:
+            event, committed = queued[0]
+            if not committed.done():
+                await asyncio.wait((committed,))  # not ``await committed``: a cancel here must not cancel the write
+                continue  # ``_committed`` ran first and published it, or left it for below
+            if committed.cancelled() or committed.exception() is not None:
+                try:  # an identical append of a stored position succeeds, so this is safe whatever happened
+                    await _append_with_retry(self._store, event, False)
+                except Exception as exc:
+                    self._lost = exc
+                    raise
+            queued.popleft()
+            self.events.append(event)
+            self.notify()
+
+    async def _repair_queued(self) -> None:
+        try:
+            async with self._lock:
+                await self._publish_queued(0)
+        except (StoreUnavailable, KeyError, ValueError):
+            self.fail()  # the next append of the stream raises the failure too
+        finally:
+            self._repair = None

@@ -35,6 +35,18 @@ def encode_tags(resources: frozenset[str]) -> bytes:
     return orjson.dumps(sorted(resources))
 
 
+def compact_event_id(stream: str, seq: int, event_id: str) -> str:
+    """The event id without the ``<stream>.<seq hex>.`` it repeats from where it is kept (saves ~25 B/event)."""
+    prefix = f"{stream}.{seq:x}."
+    if event_id.startswith(prefix):
+        return "." + event_id[len(prefix) :]
+    return "=" + event_id
+
+
+def full_event_id(stream: str, seq: int, compact: str) -> str:
+    return f"{stream}.{seq:x}.{compact[1:]}" if compact[0] == "." else compact[1:]
+
+
 class Interner:
     """Decodes each distinct raw value once: events of one tool then share one ``frozenset`` of tags, which
     replay memoizes its authorization checks by, and one decoded request id or tool name."""

@@ -7,6 +7,7 @@ predates the retained window raises :class:`EventsEvicted`, never a partial repl
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,9 +46,10 @@ class EventStore(Protocol):
     - :class:`StreamTakenOver` (a :class:`StoreUnavailable`): another instance owns the stream now; retrying
       cannot help.
     - ``KeyError`` from :meth:`append`: the stream was never opened, or is gone (its session was deleted).
-    - ``ValueError`` from :meth:`append`: the position would leave a gap after the stream's last one. A position
-      already written is refused too: ``ValueError`` in a single-process store; Redis accepts an identical retry
-      (its reply may have been lost) and answers different content with :class:`StreamTakenOver`.
+    - ``ValueError`` from :meth:`append`: the position would leave a gap after the stream's last one, or (in a
+      single-process store) rewrite a stored event; Redis answers the latter with :class:`StreamTakenOver`.
+      Appending again exactly the event stored at a position succeeds and changes nothing, so a retry of an
+      append whose outcome was lost (a dropped reply, a cancelled wait) is always safe.
     - :class:`EventsEvicted` from reads: events after the cursor are no longer retained.
     """
 
@@ -75,12 +77,23 @@ class EventStore(Protocol):
 
     async def open_stream(self, record: StreamRecord) -> None: ...
     async def get_stream(self, stream: str) -> StreamRecord | None: ...
-    async def append(self, event: StoredEvent, completes: bool = False) -> None:
-        """Store ``event`` durably before it is sent; a terminal event marks its request answered.
+    def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
+        """Queue ``event`` behind every write already queued and return at once; the future resolves once the
+        event is stored as durably as the backend stores anything, or fails as :meth:`append` would.
+
+        What lets a producer go on without waiting for each write (the backend batches what queues up
+        meanwhile into one transaction or round trip), while nothing is sent before it is stored: an event
+        may be published only after its future resolved. Futures of one stream resolve in position order, and a
+        store never holds a position of a stream without every position before it: after an append that
+        failed, the next one of its stream is refused as a gap until the failed one is stored again.
 
         ``completes``: the event answers the stream's last request, and the stream is marked complete in the
         same write, so no crash can leave a stream answered but still open.
         """
+        ...
+
+    async def append(self, event: StoredEvent, completes: bool = False) -> None:
+        """``await enqueue(event, completes)``: store ``event`` durably before it is sent."""
         ...
 
     async def complete_stream(self, stream: str) -> None: ...

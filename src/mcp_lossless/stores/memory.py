@@ -1,41 +1,93 @@
-"""A bounded in-memory store: fast, lost on restart, evicts oldest events explicitly when full."""
+"""A bounded in-memory store: fast, lost on restart, evicts oldest events explicitly when full.
+
+The bound is honest: each event is held as one compact ``bytes`` (its id, request id, tool, tag-set index
+and terminal flag as a short JSON header, then the payload copied to its exact size), and what counts
+against ``max_bytes`` is ``sys.getsizeof`` of that object plus its two deque slots. A payload straight from
+``orjson.dumps`` would keep the ~4 KiB buffer orjson allocated for it; the copy keeps only its length.
+
+The bound is partitioned by principal (the session's issuer, subject and client): each principal's
+events are evicted only to bring it under ``max_bytes_per_principal`` / ``max_events_per_principal``, or,
+when the whole store is full, if it holds at least its fair share (the total over the principals holding
+events; the append's own principal first, else the one holding the most). A principal holding less than
+its share never loses events to another's appends, and an evicted principal's resume gets
+:class:`EventsEvicted` (410), never a shortened replay.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 from collections import deque
 from itertools import islice
 
+import orjson
+
 from ..core.events import StoredEvent, StreamRecord
+from ..core.principal import Principal
+from ._codec import compact_event_id, full_event_id
 from .base import EventsEvicted, SessionRecord
+
+_SLOT_BYTES = 16
+"""Two deque slots per held event (its stream's and its principal's eviction order), on top of its bytes."""
+
+
+class _Partition:
+    """The events of one principal, and the order they were appended in (what eviction takes from)."""
+
+    __slots__ = ("bytes", "count", "order")
+
+    def __init__(self) -> None:
+        self.order: deque[_Stream] = deque()
+        """One entry per appended event, naming its stream; entries of deleted streams linger until popped."""
+        self.count = 0
+        self.bytes = 0
 
 
 class _Stream:
-    __slots__ = ("events", "first_seq", "record")
+    __slots__ = ("blobs", "first_seq", "gone", "partition", "record", "tags")
 
-    def __init__(self, record: StreamRecord) -> None:
+    def __init__(self, record: StreamRecord, partition: _Partition) -> None:
         self.record = record
-        self.events: deque[StoredEvent] = deque()
+        self.partition = partition
+        self.blobs: deque[bytes] = deque()
+        """The retained events, encoded, positions ``record.last_seq - len(blobs) + 1`` to ``record.last_seq``."""
         self.first_seq = 0
         """Lowest position still retained; anything below it was evicted."""
+        self.tags: list[frozenset[str]] = []
+        """The distinct tag sets of this stream's events (its requests'), which events name by index."""
+        self.gone = False
 
 
 class MemoryStore:
     shared = False
 
-    def __init__(self, max_events: int = 1_000_000, max_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        max_events: int = 1_000_000,
+        max_bytes: int = 256 * 1024 * 1024,
+        *,
+        max_events_per_principal: int | None = None,
+        max_bytes_per_principal: int | None = None,
+    ) -> None:
+        """Per-principal bounds default to the global ones: the fair-share rule alone keeps principals apart."""
         self.max_events = max_events
         self.max_bytes = max_bytes
+        self.max_events_per_principal = max_events if max_events_per_principal is None else max_events_per_principal
+        self.max_bytes_per_principal = max_bytes if max_bytes_per_principal is None else max_bytes_per_principal
         self._secret = os.urandom(32)
         self._sessions: dict[str, SessionRecord] = {}
         self._streams: dict[str, _Stream] = {}
         self._by_session: dict[str, set[str]] = {}
-        self._order: deque[tuple[str, int]] = deque()
-        """Append order for eviction; entries of deleted streams linger until evicted or compacted."""
+        self._partitions: dict[Principal | None, _Partition] = {}
+        """By principal; ``None`` holds streams of sessions the store was never told about."""
         self._count = 0
-        """Events retained in live streams: what ``max_events`` bounds (``_order`` also holds stale entries)."""
         self._bytes = 0
-        self.evicted = 0
+
+    @property
+    def bytes_held(self) -> int:
+        """What ``max_bytes`` bounds: the retained events' encoded size, as allocated."""
+        return self._bytes
 
     async def open(self) -> None:
         return None
@@ -63,10 +115,19 @@ class MemoryStore:
         for key in self._by_session.pop(session_id, ()):
             stream = self._streams.pop(key, None)
             if stream is not None:
-                self._bytes -= sum(len(e.data) for e in stream.events)
-                self._count -= len(stream.events)
-        if len(self._order) > 2 * self._count + 1024:
-            self._order = deque(entry for entry in self._order if entry[0] in self._streams)
+                self._drop(stream)
+
+    def _drop(self, stream: _Stream) -> None:
+        stream.gone = True
+        partition = stream.partition
+        held = sum(map(sys.getsizeof, stream.blobs)) + _SLOT_BYTES * len(stream.blobs)
+        partition.bytes -= held
+        partition.count -= len(stream.blobs)
+        self._bytes -= held
+        self._count -= len(stream.blobs)
+        stream.blobs.clear()
+        if len(partition.order) > 2 * partition.count + 1024:
+            partition.order = deque(entry for entry in partition.order if not entry.gone)
 
     async def expire_sessions(self, idle_before: float) -> list[str]:
         gone = [sid for sid, rec in self._sessions.items() if rec.last_seen < idle_before]
@@ -75,7 +136,15 @@ class MemoryStore:
         return gone
 
     async def open_stream(self, record: StreamRecord) -> None:
-        self._streams[record.stream] = _Stream(record.copy())
+        session = self._sessions.get(record.session_id)
+        owner = None if session is None else session.principal
+        partition = self._partitions.get(owner)
+        if partition is None:
+            partition = self._partitions[owner] = _Partition()
+        previous = self._streams.get(record.stream)
+        if previous is not None:
+            self._drop(previous)
+        self._streams[record.stream] = _Stream(record.copy(), partition)
         streams = self._by_session.get(record.session_id)
         if streams is None:
             streams = self._by_session[record.session_id] = set()
@@ -85,36 +154,97 @@ class MemoryStore:
         found = self._streams.get(stream)
         return None if found is None else found.record.copy()
 
+    def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
+        """Appends at once (memory has nothing to wait for): the future is already resolved."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            self._append(event, completes)
+        except (KeyError, ValueError) as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+        return future
+
     async def append(self, event: StoredEvent, completes: bool = False) -> None:
+        self._append(event, completes)
+
+    def _append(self, event: StoredEvent, completes: bool) -> None:
         stream = self._streams.get(event.stream)
         if stream is None:
             raise KeyError(f"append to unknown stream {event.stream}")
         record = stream.record
         if event.seq != record.last_seq + 1:
+            if event.seq <= record.last_seq and self._holds(stream, event):
+                return  # a retry of a stored append (its outcome was lost to a cancel): already done
             raise ValueError(f"append of position {event.seq} to stream {event.stream} after {record.last_seq}")
-        stream.events.append(event)
+        tags = stream.tags
+        try:
+            tag_index = tags.index(event.resources)
+        except ValueError:
+            tag_index = len(tags)
+            tags.append(event.resources)
+        header = orjson.dumps(
+            (
+                compact_event_id(event.stream, event.seq, event.event_id),
+                event.request_id,
+                event.tool,
+                tag_index,
+                event.terminal,
+            )
+        )
+        blob = b"".join((header, b"\n", event.data))  # one exact-size object: the header JSON has no raw newline
+        stream.blobs.append(blob)
         record.last_seq = event.seq
         if event.terminal and event.request_id is not None:
             record.answered = record.answered | {event.request_id}
         if completes:
             record.completed = True
-        self._order.append((event.stream, event.seq))
+        size = sys.getsizeof(blob) + _SLOT_BYTES
+        partition = stream.partition
+        partition.order.append(stream)
+        partition.count += 1
+        partition.bytes += size
         self._count += 1
-        self._bytes += len(event.data)
-        if self._count > self.max_events or self._bytes > self.max_bytes:
-            self._evict()
+        self._bytes += size
+        if (
+            partition.bytes > self.max_bytes_per_principal
+            or partition.count > self.max_events_per_principal
+            or self._bytes > self.max_bytes
+            or self._count > self.max_events
+        ):
+            self._evict(partition)
 
-    def _evict(self) -> None:
-        while self._order and (self._count > self.max_events or self._bytes > self.max_bytes):
-            key, _seq = self._order.popleft()
-            stream = self._streams.get(key)
-            if stream is None or not stream.events:
-                continue
-            oldest = stream.events.popleft()
-            stream.first_seq = oldest.seq + 1
-            self._count -= 1
-            self._bytes -= len(oldest.data)
-            self.evicted += 1
+    def _holds(self, stream: _Stream, event: StoredEvent) -> bool:
+        first = stream.record.last_seq - len(stream.blobs) + 1
+        if event.seq < first:
+            return False
+        blob = stream.blobs[event.seq - first]
+        split = blob.index(b"\n")
+        compact = orjson.loads(memoryview(blob)[:split])[0]
+        return full_event_id(event.stream, event.seq, compact) == event.event_id and blob[split + 1 :] == event.data
+
+    def _evict(self, own: _Partition) -> None:
+        while own.count and (own.bytes > self.max_bytes_per_principal or own.count > self.max_events_per_principal):
+            self._evict_oldest(own)
+        while self._count and (self._bytes > self.max_bytes or self._count > self.max_events):
+            holding = sum(1 for p in self._partitions.values() if p.count)
+            victim = own
+            if own.count == 0 or own.bytes * holding < self._bytes:
+                victim = max(self._partitions.values(), key=lambda p: p.bytes)
+            self._evict_oldest(victim)
+
+    def _evict_oldest(self, partition: _Partition) -> None:
+        while True:
+            stream = partition.order.popleft()
+            if not stream.gone and stream.blobs:
+                break
+        blob = stream.blobs.popleft()
+        stream.first_seq = stream.record.last_seq - len(stream.blobs) + 1
+        size = sys.getsizeof(blob) + _SLOT_BYTES
+        partition.count -= 1
+        partition.bytes -= size
+        self._count -= 1
+        self._bytes -= size
 
     async def complete_stream(self, stream: str) -> None:
         found = self._streams.get(stream)
@@ -127,11 +257,20 @@ class MemoryStore:
             return []
         if seq + 1 < found.first_seq:
             raise EventsEvicted(f"events {seq + 1}..{found.first_seq - 1} of stream {stream} were evicted")
-        events = found.events
-        if not events or events[-1].seq <= seq:
+        blobs, record = found.blobs, found.record
+        first = record.last_seq - len(blobs) + 1
+        if not blobs or record.last_seq <= seq:
             return []
-        start = max(0, seq + 1 - events[0].seq)
-        return list(islice(events, start, None))
+        start = max(0, seq + 1 - first)
+        tags, session = found.tags, record.session_id
+        events = []
+        for position, blob in enumerate(islice(blobs, start, None), first + start):
+            split = blob.index(b"\n")
+            compact, rid, tool, tag_index, terminal = orjson.loads(memoryview(blob)[:split])
+            event_id = full_event_id(stream, position, compact)
+            data = blob[split + 1 :]
+            events.append(StoredEvent(session, stream, position, event_id, data, rid, tool, tags[tag_index], terminal))
+        return events
 
     async def owner_alive(self, owner: str) -> bool:
         return False

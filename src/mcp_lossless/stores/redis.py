@@ -54,7 +54,16 @@ from redis.typing import EncodableT
 from mcp_lossless.core.events import StoredEvent, StreamKind, StreamRecord
 from mcp_lossless.core.principal import Principal
 
-from ._codec import CACHE_LIMIT, Interner, decode_requests, encode_json, encode_requests, encode_tags
+from ._codec import (
+    CACHE_LIMIT,
+    Interner,
+    compact_event_id,
+    decode_requests,
+    encode_json,
+    encode_requests,
+    encode_tags,
+    full_event_id,
+)
 from .base import EventsEvicted, SessionRecord, StoreUnavailable, StreamTakenOver
 
 log = logging.getLogger("mcp_lossless.stores.redis")
@@ -147,12 +156,26 @@ return 1
 """KEYS: session. ARGV: last_seen, retention ms. Never creates a partial session hash."""
 
 
-def _compact_id(event: StoredEvent) -> str:
-    """The event id without the ``<stream>.<seq>.`` it repeats from the key and entry id (saves ~25 B/event)."""
-    prefix = f"{event.stream}.{event.seq:x}."
-    if event.event_id.startswith(prefix):
-        return "." + event.event_id[len(prefix) :]
-    return "=" + event.event_id
+_QueuedAppend = tuple[StoredEvent, bool, "asyncio.Future[None]"]
+_PIPELINE_LIMIT = 1024
+"""Appends one pipeline carries at most."""
+
+
+def _append_outcome(event: StoredEvent, reply: Any) -> Exception | None:
+    """What the append script's reply means for the appending task: ``None`` when the event is stored."""
+    if reply in (b"ok", b"duplicate"):
+        return None
+    if reply == b"unknown":
+        return KeyError(f"append to unknown stream {event.stream}")
+    if reply == b"taken":
+        return StreamTakenOver(f"position {event.seq} of stream {event.stream} was already written by another instance")
+    if reply == b"gap":
+        return ValueError(f"append of position {event.seq} to stream {event.stream} would leave a gap")
+    if isinstance(reply, (rx.OutOfMemoryError, rx.ReadOnlyError)) or (
+        isinstance(reply, rx.ResponseError) and str(reply).startswith(_OUTAGE_REPLIES)
+    ):
+        return StoreUnavailable(f"redis store unavailable: {reply}")
+    return reply if isinstance(reply, Exception) else RuntimeError(f"append script answered {reply!r}")
 
 
 def _seq_of(entry_id: bytes) -> int:
@@ -205,6 +228,9 @@ class RedisStore:
         """Stream key → session id; never changes for a key, so it is cached."""
         self._interner = Interner()
         self._scripts: dict[str, AsyncScript] = {}
+        self._queued: list[_QueuedAppend] = []
+        """Appends waiting for the next pipeline, in order."""
+        self._flusher: asyncio.Task[None] | None = None
 
     @classmethod
     def from_spec(cls, spec: str) -> RedisStore:
@@ -464,38 +490,100 @@ class RedisStore:
             answered,
         )
 
+    def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
+        """Queue ``event`` for the next pipeline; the future resolves once Redis ran its append script."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queued.append((event, completes, future))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_appends())
+        return future
+
     async def append(self, event: StoredEvent, completes: bool = False) -> None:
+        await self.enqueue(event, completes)
+
+    async def _flush_appends(self) -> None:
+        """Send what is queued as one pipeline of append scripts, one pipeline in flight at a time.
+
+        One pipeline at a time keeps each stream's appends in position order (Redis runs a pipeline's
+        commands in order), and whatever queues up while one is in flight goes into the next: under load
+        many appends share a round trip, alone an append costs one as before.
+        """
+        queued = self._queued
+        batch: list[_QueuedAppend] = []
+        try:
+            while queued:
+                batch = queued[:_PIPELINE_LIMIT]
+                del queued[:_PIPELINE_LIMIT]
+                try:
+                    outcomes = await self._append_batch(batch)
+                except Exception as exc:  # StoreUnavailable (the pipeline failed), or a bug: each append fails
+                    outcomes = [exc] * len(batch)
+                for (_event, _completes, future), outcome in zip(batch, outcomes, strict=True):
+                    if future.done():
+                        continue
+                    if outcome is None:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(outcome)
+                batch = []
+        finally:
+            self._flusher = None
+            stopped = StoreUnavailable(f"redis store at {self._where} closed with appends pending")
+            for _event, _completes, future in [*batch, *queued]:
+                if not future.done():
+                    future.set_exception(stopped)
+            if batch:
+                queued.clear()
+
+    async def _append_batch(self, batch: list[_QueuedAppend]) -> list[Exception | None]:
+        script = self._scripts.get(_APPEND)
+        if script is None:
+            script = self._scripts[_APPEND] = self._r.register_script(_APPEND)
+        calls = [self._append_call(event, completes) for event, completes, _future in batch]
+        for attempt in range(2):
+            with self._guard():
+                async with self._r.pipeline(transaction=False) as pipe:
+                    for keys, args in calls:
+                        pipe.evalsha(script.sha, 3, *keys, *args)
+                    replies = await pipe.execute(raise_on_error=False)
+            if attempt or not any(isinstance(reply, rx.NoScriptError) for reply in replies):
+                break
+            with self._guard():  # Redis restarted and lost its script cache: load it, send the batch again
+                await self._r.script_load(_APPEND)
+        completed = [
+            event.stream
+            for (event, completes, _future), reply in zip(batch, replies, strict=True)
+            if completes and reply in (b"ok", b"duplicate")
+        ]
+        if completed:
+            with self._guard():
+                async with self._r.pipeline(transaction=False) as pipe:
+                    for stream in completed:
+                        pipe.pexpire(self._idx_key(stream), self._retention_ms)
+                    await pipe.execute()
+        return [
+            _append_outcome(event, reply) for (event, _completes, _future), reply in zip(batch, replies, strict=True)
+        ]
+
+    def _append_call(self, event: StoredEvent, completes: bool) -> tuple[list[str], list[EncodableT]]:
         answered = b""
         if event.terminal and event.request_id is not None:
             answered = b"a:" + encode_json(event.request_id)
         sid, stream = event.session_id, event.stream
-        outcome = await self._script(
-            _APPEND,
-            [self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._key(sid, "streams")],
-            [
-                event.seq,
-                _compact_id(event),
-                encode_json(event.request_id),
-                encode_json(event.tool),
-                encode_tags(event.resources),
-                int(event.terminal),
-                event.data,
-                answered,
-                self.max_events_per_stream or 0,
-                *(self._completion(stream) if completes else ("", "", "")),
-            ],
-        )
-        if outcome in (b"ok", b"duplicate"):
-            if completes:
-                await self._expire_index(stream)
-            return
-        if outcome == b"unknown":
-            raise KeyError(f"append to unknown stream {event.stream}")
-        if outcome == b"taken":
-            raise StreamTakenOver(
-                f"position {event.seq} of stream {event.stream} was already written by another instance"
-            )
-        raise ValueError(f"append of position {event.seq} to stream {event.stream} would leave a gap")
+        keys = [self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._key(sid, "streams")]
+        args: list[EncodableT] = [
+            event.seq,
+            compact_event_id(event.stream, event.seq, event.event_id),
+            encode_json(event.request_id),
+            encode_json(event.tool),
+            encode_tags(event.resources),
+            int(event.terminal),
+            event.data,
+            answered,
+            self.max_events_per_stream or 0,
+            *(self._completion(stream) if completes else ("", "", "")),
+        ]
+        return keys, args
 
     async def complete_stream(self, stream: str) -> None:
         sid = await self._sid(stream)
@@ -540,8 +628,7 @@ class RedisStore:
         events = []
         for entry_id, f in entries:
             seq = _seq_of(entry_id)
-            compact = f[b"i"].decode()
-            event_id = f"{stream}.{seq:x}.{compact[1:]}" if compact[0] == "." else compact[1:]
+            event_id = full_event_id(stream, seq, f[b"i"].decode())
             rid, tool, terminal = value(f[b"r"]), value(f[b"t"]), f[b"x"] == b"1"
             events.append(StoredEvent(sid, stream, seq, event_id, f[b"d"], rid, tool, tags(f[b"g"]), terminal))
         return events

@@ -1,18 +1,18 @@
 """A durable single-file store on the stdlib ``sqlite3``: the default store of ``mcp-lossless serve``.
 
-Durability: WAL journal with ``synchronous=NORMAL``. Every method commits before it returns, so a crash
-of the server *process* (even SIGKILL) keeps every appended event, session, stream record and the
-event-id secret: a commit is in the WAL file, i.e. in the OS page cache, before ``append`` returns.
-An *OS* crash or power loss may roll back the last transactions, because WAL frames are fsynced only
-at checkpoints; that is the price of appends that never wait for the disk.
+Durability: WAL journal with ``synchronous=NORMAL``. A write's future resolves only after its transaction
+committed, so a crash of the server *process* (even SIGKILL) keeps every event, session, stream record and
+the event-id secret whose write returned: a commit is in the WAL file, i.e. in the OS page cache, by then.
+An *OS* crash or power loss may roll back the last transactions, because WAL frames are fsynced only at
+checkpoints; that is the price of appends that never wait for the disk (docs/stores.md).
 
-Threading: sqlite3 is called directly on the event-loop thread, not through a worker thread. Every event
-is appended before it is sent, so a thread hop would sit on the latency of every streamed event, and a
-hop (100-130 us on an idle 2-vCPU VM, up to ``sys.getswitchinterval()`` more while the loop holds the
-GIL) costs more than the append itself (one transaction, about 60-90 us there, mostly the WAL write).
-A 5,000-event ``read_after`` takes about 20 ms there; half of it is building ``StoredEvent`` objects,
-which would hold the GIL in a worker too, and sending those events costs the loop several times more.
-The one slow operation, the checkpoint with its fsyncs, runs mostly on its own thread (:class:`_Checkpointer`).
+Threading and group commit: one thread owns the connection and does every read and write, so nothing
+blocks the event loop. Work is queued in order; the thread takes everything queued while it was busy and
+runs the writes of that batch -- appends of every stream, sessions, stream records -- as **one**
+transaction, then the reads, then hands every outcome back to the loop in one call. Many appends thus
+share one commit (one WAL write) and one thread hop. :meth:`SqliteStore.enqueue` returns as soon as the
+event is queued; its future resolves after the commit, and the server publishes the event only then.
+A read queued after a write sees it; a read never sees a write that has not committed.
 
 Reads are all-or-error: each stream keeps ``first_seq``, the lowest position still retained; a cursor
 below it raises :class:`EventsEvicted`. With ``max_events_per_stream`` set, an append trims the oldest
@@ -21,20 +21,23 @@ positions of its stream beyond the limit and advances ``first_seq`` in the same 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import orjson
 
 from mcp_lossless.core.events import RequestId, StoredEvent, StreamKind, StreamRecord
 from mcp_lossless.core.principal import Principal
 
-from ._codec import Interner, decode_requests, encode_requests
+from ._codec import Interner, decode_requests, encode_requests, encode_tags
 from .base import EventsEvicted, SessionRecord, StoreUnavailable
+
+T = TypeVar("T")
 
 _SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -74,17 +77,19 @@ CREATE TABLE IF NOT EXISTS events (
 ) WITHOUT ROWID;
 """
 _CHECKPOINT_EVERY = 100
-"""Write transactions between background checkpoints (a commit writes two or three WAL pages)."""
+"""Transactions between background checkpoints (a batch of appends is one transaction)."""
+_BATCH_LIMIT = 4096
+"""Queued operations one transaction takes at most: bounds the latency one batch adds to the next."""
 
 
 class _Checkpointer:
-    """Copies the WAL into the database file on its own thread, so most checkpoint work leaves the loop.
+    """Copies the WAL into the database file on its own thread, so the writer rarely waits for the fsyncs.
 
     A PASSIVE checkpoint takes no writer lock and sqlite3 releases the GIL while it runs. It cannot
     restart the WAL under a steady stream of appends (measured: 200 MB after 20,000 appends), so the
     writer keeps SQLite's own auto-checkpoint as the backstop that does; by then this thread has copied
-    and synced most frames, which cut the loop's time in stalls over 1 ms about 3x in measurements. A
-    failed attempt only leaves more for the next one; the WAL is replayed on open either way.
+    and synced most frames. A failed attempt only leaves more for the next one; the WAL is replayed on
+    open either way.
     """
 
     def __init__(self, path: str) -> None:
@@ -118,9 +123,127 @@ class _Checkpointer:
             conn.close()
 
 
-def _json(value: Any) -> str:
+def _text(value: Any) -> str:
     """JSON as TEXT, so the database stays readable with the ``sqlite3`` shell."""
     return orjson.dumps(value).decode()
+
+
+class _Append:
+    """A queued append. Appends of one batch are applied together: one row read and one update per stream."""
+
+    __slots__ = ("completes", "event", "future")
+
+    def __init__(self, event: StoredEvent, completes: bool, future: asyncio.Future[None]) -> None:
+        self.event = event
+        self.completes = completes
+        self.future = future
+
+
+class _Call:
+    """A queued write (``write=True``: inside the batch's transaction) or read (after its commit)."""
+
+    __slots__ = ("fn", "future", "write")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], Any], write: bool, future: asyncio.Future[Any]) -> None:
+        self.fn = fn
+        self.write = write
+        self.future = future
+
+
+_Op = _Append | _Call
+_Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
+
+
+class _StreamState:
+    """A stream's row as a batch of appends changes it; written back once per batch."""
+
+    __slots__ = ("answered", "completes", "first_seq", "last_seq", "trimmed")
+
+    def __init__(self, first_seq: int, last_seq: int, answered: str) -> None:
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        self.answered = answered
+        self.completes = False
+        self.trimmed = False
+
+
+class _Batch:
+    """The appends of one transaction, gathered per stream, then written with one ``executemany``."""
+
+    def __init__(self, db: sqlite3.Connection, limit: int | None) -> None:
+        self.db = db
+        self.limit = limit
+        self.rows: list[tuple[Any, ...]] = []
+        self.states: dict[str, _StreamState | None] = {}
+
+    def add(self, op: _Append) -> BaseException | None:
+        """Record ``op``'s writes, or return why it is refused (nothing of it is written then)."""
+        event = op.event
+        states = self.states
+        key = event.stream
+        if key in states:
+            state = states[key]
+        else:
+            found = self.db.execute(
+                "SELECT first_seq, last_seq, answered FROM streams WHERE stream = ?", (key,)
+            ).fetchone()
+            state = states[key] = None if found is None else _StreamState(*found)
+        if state is None:
+            return KeyError(f"append to unknown stream {key}")
+        if event.seq != state.last_seq + 1:
+            if event.seq <= state.last_seq and self._holds(event):
+                return None  # a retry of a stored append (its outcome was lost to a cancel): already done
+            return ValueError(f"append of position {event.seq} to stream {key} after {state.last_seq}")
+        request_id = event.request_id
+        self.rows.append(
+            (
+                key,
+                event.seq,
+                event.event_id,
+                None if request_id is None else _text(request_id),
+                event.tool,
+                encode_tags(event.resources).decode(),
+                event.data,
+                int(event.terminal),
+            )
+        )
+        state.last_seq = event.seq
+        if event.terminal and request_id is not None:
+            ids = orjson.loads(state.answered)
+            if request_id not in ids:
+                state.answered = _text([*ids, request_id])
+        if op.completes:
+            state.completes = True
+        limit = self.limit
+        if limit is not None and event.seq - limit + 1 > state.first_seq:
+            state.first_seq = event.seq - limit + 1
+            state.trimmed = True
+        return None
+
+    def _holds(self, event: StoredEvent) -> bool:
+        self.flush()  # rows gathered so far may hold it
+        found = self.db.execute(
+            "SELECT event_id, data FROM events WHERE stream = ? AND seq = ?", (event.stream, event.seq)
+        ).fetchone()
+        return found is not None and tuple(found) == (event.event_id, event.data)
+
+    def flush(self) -> None:
+        """Write what was gathered; the cache is dropped, since other writes may change streams next."""
+        db = self.db
+        if self.rows:
+            db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self.rows)
+            self.rows = []
+        for key, state in self.states.items():
+            if state is None:
+                continue
+            if state.trimmed:
+                db.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (key, state.first_seq))
+            db.execute(
+                "UPDATE streams SET last_seq = ?, first_seq = ?, answered = ?, completed = completed OR ?"
+                " WHERE stream = ?",
+                (state.last_seq, state.first_seq, state.answered, state.completes, key),
+            )
+        self.states = {}
 
 
 class SqliteStore:
@@ -133,75 +256,177 @@ class SqliteStore:
             raise ValueError("max_events_per_stream must be at least 1")
         self.path = path
         self.max_events_per_stream = max_events_per_stream
-        self._conn: sqlite3.Connection | None = None
-        self._checkpointer: _Checkpointer | None = None
-        self._writes = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: deque[_Op | None] = deque()
+        """Work for the writer thread, in order; ``None`` asks it to finish."""
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
         self._secret: bytes | None = None
         self._interner = Interner()
+        """Used on the writer thread only."""
+
+    # -- lifecycle -----------------------------------------------------------------------------------
 
     async def open(self) -> None:
+        loop = asyncio.get_running_loop()
+        opened: asyncio.Future[bytes] = loop.create_future()
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, args=(opened,), name="sqlite-store", daemon=True)
+        self._thread.start()
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None)
-            try:
-                self._initialize(conn)
-            except BaseException:
-                conn.close()
-                raise
-        except sqlite3.DatabaseError as exc:
-            raise StoreUnavailable(f"cannot open sqlite store {self.path!r}: {exc}") from exc
-        self._conn = conn
-        self._checkpointer = _Checkpointer(self.path)
-
-    def _initialize(self, conn: sqlite3.Connection) -> None:
-        if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
-            raise sqlite3.DatabaseError("the file system does not support a WAL journal")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=2000")
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, _SCHEMA_VERSION):
-            raise sqlite3.DatabaseError(f"schema version {version}, expected {_SCHEMA_VERSION}")
-        conn.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version={_SCHEMA_VERSION};COMMIT;")
-        conn.execute("INSERT OR IGNORE INTO meta VALUES ('secret', ?)", (os.urandom(32),))
-        self._secret = conn.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()[0]
+            self._secret = await opened
+        except BaseException:
+            self._loop = self._thread = None
+            raise
 
     async def close(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.stop()
-            self._checkpointer = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        thread = self._thread
+        if thread is None:
+            return
+        self._queue.append(None)
+        self._wake.set()
+        await asyncio.to_thread(thread.join)
+        self._loop = self._thread = None
 
-    @property
-    def _db(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise RuntimeError("SqliteStore used before open()")
-        return self._conn
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write; SQLite failures (locked, I/O, disk full) become :class:`StoreUnavailable`."""
-        db = self._db
+    def _run(self, opened: asyncio.Future[bytes]) -> None:
+        """The writer thread: open the file, then serve batches until asked to finish."""
+        loop = opened.get_loop()
         try:
-            db.execute("BEGIN IMMEDIATE")
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
             try:
-                yield db
-                db.execute("COMMIT")
+                secret = self._initialize(db)
             except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
+                db.close()
                 raise
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"sqlite store {self.path!r}: {exc}") from exc
-        self._writes += 1
-        if self._writes % _CHECKPOINT_EVERY == 0 and self._checkpointer is not None:
-            self._checkpointer.wake()
-
-    def _query(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        except Exception as exc:
+            failure: Exception = exc
+            if isinstance(exc, sqlite3.DatabaseError):
+                failure = StoreUnavailable(f"cannot open sqlite store {self.path!r}: {exc}")
+            failed: list[_Outcome] = [(opened, None, failure)]
+            loop.call_soon_threadsafe(_settle, failed)
+            return
+        ready: list[_Outcome] = [(opened, secret, None)]
+        loop.call_soon_threadsafe(_settle, ready)
+        checkpointer = _Checkpointer(self.path)
+        commits = 0
+        queue, wake = self._queue, self._wake
         try:
-            return self._db.execute(sql, params).fetchall()
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"sqlite store {self.path!r}: {exc}") from exc
+            while True:
+                wake.wait()
+                wake.clear()
+                while queue:
+                    batch: list[_Op] = []
+                    while queue and len(batch) < _BATCH_LIMIT:
+                        op = queue.popleft()
+                        if op is None:
+                            self._serve(db, batch, loop)
+                            return
+                        batch.append(op)
+                    if self._serve(db, batch, loop):
+                        commits += 1
+                        if commits % _CHECKPOINT_EVERY == 0:
+                            checkpointer.wake()
+        finally:
+            checkpointer.stop()
+            db.close()
+
+    def _initialize(self, db: sqlite3.Connection) -> bytes:
+        if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+            raise sqlite3.DatabaseError("the file system does not support a WAL journal")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA busy_timeout=2000")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, _SCHEMA_VERSION):
+            raise sqlite3.DatabaseError(f"schema version {version}, expected {_SCHEMA_VERSION}")
+        db.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version={_SCHEMA_VERSION};COMMIT;")
+        db.execute("INSERT OR IGNORE INTO meta VALUES ('secret', ?)", (os.urandom(32),))
+        secret: bytes = db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()[0]
+        return secret
+
+    # -- the writer thread's batches -------------------------------------------------------------------
+
+    def _serve(self, db: sqlite3.Connection, batch: list[_Op], loop: asyncio.AbstractEventLoop) -> bool:
+        """Run one batch: its writes in one transaction, then its reads; hand the outcomes to the loop.
+
+        Returns whether a transaction committed. If the transaction fails, each write is retried alone, so a
+        write that cannot be done (a bug) fails by itself and does not take the others down; when the file
+        cannot be written at all (disk full, I/O error) each fails with :class:`StoreUnavailable`.
+        """
+        writes = [op for op in batch if isinstance(op, _Append) or op.write]
+        outcomes: list[_Outcome] = []
+        committed = False
+        if writes:
+            try:
+                outcomes = self._transaction(db, writes)
+                committed = True
+            except Exception as exc:
+                if len(writes) == 1:
+                    outcomes = [(writes[0].future, None, self._failure(exc))]
+                else:
+                    outcomes = []
+                    for op in writes:
+                        try:
+                            outcomes += self._transaction(db, [op])
+                            committed = True
+                        except Exception as alone:
+                            outcomes.append((op.future, None, self._failure(alone)))
+        for op in batch:
+            if isinstance(op, _Call) and not op.write:
+                try:
+                    outcomes.append((op.future, op.fn(db), None))
+                except Exception as exc:  # EventsEvicted, sqlite3 errors, bugs: the awaiting task raises them
+                    outcomes.append((op.future, None, self._failure(exc)))
+        loop.call_soon_threadsafe(_settle, outcomes)
+        return committed
+
+    def _transaction(self, db: sqlite3.Connection, writes: list[_Op]) -> list[_Outcome]:
+        outcomes: list[_Outcome] = []
+        batch = _Batch(db, self.max_events_per_stream)
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for op in writes:
+                if isinstance(op, _Append):
+                    outcomes.append((op.future, None, batch.add(op)))
+                    continue
+                batch.flush()
+                outcomes.append((op.future, op.fn(db), None))
+            batch.flush()
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return outcomes
+
+    def _failure(self, exc: Exception) -> Exception:
+        """Locked, I/O error, disk full: the store cannot serve now. Anything else stays itself (a bug, or
+        :class:`EventsEvicted` from a read)."""
+        if isinstance(exc, sqlite3.OperationalError):
+            return StoreUnavailable(f"sqlite store {self.path!r}: {exc}")
+        return exc
+
+    # -- queueing from the loop ------------------------------------------------------------------------
+
+    def _submit(self, op: _Op) -> None:
+        self._queue.append(op)
+        self._wake.set()
+
+    def _future(self) -> asyncio.Future[Any]:
+        if self._loop is None:
+            raise RuntimeError("SqliteStore used before open()")
+        return self._loop.create_future()
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        future = self._future()
+        self._submit(_Call(fn, True, future))
+        return future
+
+    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        future = self._future()
+        self._submit(_Call(fn, False, future))
+        return future
+
+    # -- the interface -------------------------------------------------------------------------------
 
     async def secret(self) -> bytes:
         if self._secret is None:
@@ -210,25 +435,24 @@ class SqliteStore:
 
     async def put_session(self, record: SessionRecord) -> None:
         p = record.principal
-        with self._transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    record.session_id,
-                    p.issuer,
-                    p.subject,
-                    p.client_id,
-                    record.protocol_version,
-                    record.created_at,
-                    record.last_seen,
-                ),
-            )
+        row = (
+            record.session_id,
+            p.issuer,
+            p.subject,
+            p.client_id,
+            record.protocol_version,
+            record.created_at,
+            record.last_seen,
+        )
+        await self._write(lambda db: db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", row))
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
-        rows = self._query(
-            "SELECT issuer, subject, client_id, protocol_version, created_at, last_seen"
-            " FROM sessions WHERE session_id = ?",
-            (session_id,),
+        rows = await self._read(
+            lambda db: db.execute(
+                "SELECT issuer, subject, client_id, protocol_version, created_at, last_seen"
+                " FROM sessions WHERE session_id = ?",
+                (session_id,),
+            ).fetchall()
         )
         if not rows:
             return None
@@ -236,51 +460,47 @@ class SqliteStore:
         return SessionRecord(session_id, Principal(issuer, subject, client_id), version, created_at, last_seen)
 
     async def touch_session(self, session_id: str, now: float) -> None:
-        with self._transaction() as db:
-            db.execute("UPDATE sessions SET last_seen = ? WHERE session_id = ?", (now, session_id))
+        await self._write(
+            lambda db: db.execute("UPDATE sessions SET last_seen = ? WHERE session_id = ?", (now, session_id))
+        )
 
     async def delete_session(self, session_id: str) -> None:
-        with self._transaction() as db:
-            self._delete_session(db, session_id)
-
-    @staticmethod
-    def _delete_session(db: sqlite3.Connection, session_id: str) -> None:
-        db.execute(
-            "DELETE FROM events WHERE stream IN (SELECT stream FROM streams WHERE session_id = ?)",
-            (session_id,),
-        )
-        db.execute("DELETE FROM streams WHERE session_id = ?", (session_id,))
-        db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+        await self._write(lambda db: _delete_session(db, session_id))
 
     async def expire_sessions(self, idle_before: float) -> list[str]:
-        with self._transaction() as db:
+        def expire(db: sqlite3.Connection) -> list[str]:
             gone = [row[0] for row in db.execute("SELECT session_id FROM sessions WHERE last_seen < ?", (idle_before,))]
             for session_id in gone:
-                self._delete_session(db, session_id)
-        return gone
+                _delete_session(db, session_id)
+            return gone
+
+        return await self._write(expire)
 
     async def open_stream(self, record: StreamRecord) -> None:
         """Create ``record``'s stream; opening an existing key starts it afresh, as the memory store does."""
-        with self._transaction() as db:
+        row = (
+            record.stream,
+            record.session_id,
+            record.kind.value,
+            record.owner,
+            encode_requests(record.requests).decode(),
+            record.last_seq,
+            int(record.completed),
+            _text(list(record.answered)),
+        )
+
+        def open_stream(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM events WHERE stream = ?", (record.stream,))
-            db.execute(
-                "INSERT OR REPLACE INTO streams VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
-                (
-                    record.stream,
-                    record.session_id,
-                    record.kind.value,
-                    record.owner,
-                    encode_requests(record.requests).decode(),
-                    record.last_seq,
-                    int(record.completed),
-                    _json(list(record.answered)),
-                ),
-            )
+            db.execute("INSERT OR REPLACE INTO streams VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)", row)
+
+        await self._write(open_stream)
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
-        rows = self._query(
-            "SELECT session_id, kind, owner, requests, last_seq, completed, answered FROM streams WHERE stream = ?",
-            (stream,),
+        rows = await self._read(
+            lambda db: db.execute(
+                "SELECT session_id, kind, owner, requests, last_seq, completed, answered FROM streams WHERE stream = ?",
+                (stream,),
+            ).fetchall()
         )
         if not rows:
             return None
@@ -296,84 +516,39 @@ class SqliteStore:
             frozenset(orjson.loads(answered)),
         )
 
+    def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
+        """Queue ``event`` for the next transaction; the future resolves once that transaction committed."""
+        future = self._future()
+        self._submit(_Append(event, completes, future))
+        return future
+
     async def append(self, event: StoredEvent, completes: bool = False) -> None:
-        request_id = None if event.request_id is None else _json(event.request_id)
-        with self._transaction() as db:
-            found = db.execute(
-                "SELECT first_seq, last_seq, answered FROM streams WHERE stream = ?", (event.stream,)
-            ).fetchone()
-            if found is None:
-                raise KeyError(f"append to unknown stream {event.stream}")
-            first_seq, last_seq, answered = found
-            if event.seq != last_seq + 1:
-                raise ValueError(f"append of position {event.seq} to stream {event.stream} after {last_seq}")
-            db.execute(
-                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    event.stream,
-                    event.seq,
-                    event.event_id,
-                    request_id,
-                    event.tool,
-                    _json(sorted(event.resources)),
-                    event.data,
-                    int(event.terminal),
-                ),
-            )
-            if event.terminal and event.request_id is not None:
-                ids = orjson.loads(answered)
-                if event.request_id not in ids:
-                    answered = _json([*ids, event.request_id])
-            limit = self.max_events_per_stream
-            if limit is not None and event.seq - limit + 1 > first_seq:
-                first_seq = event.seq - limit + 1
-                db.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (event.stream, first_seq))
-            db.execute(
-                "UPDATE streams SET last_seq = ?, first_seq = ?, answered = ?, completed = completed OR ?"
-                " WHERE stream = ?",
-                (event.seq, first_seq, answered, completes, event.stream),
-            )
+        await self.enqueue(event, completes)
 
     async def complete_stream(self, stream: str) -> None:
-        with self._transaction() as db:
-            db.execute("UPDATE streams SET completed = 1 WHERE stream = ?", (stream,))
+        await self._write(lambda db: db.execute("UPDATE streams SET completed = 1 WHERE stream = ?", (stream,)))
 
     async def read_after(self, stream: str, seq: int) -> list[StoredEvent]:
-        db = self._db
-        try:
-            found = db.execute("SELECT session_id, first_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
-            if found is None:
-                return []
-            session_id, first_seq = found
-            if seq + 1 < first_seq:
-                raise EventsEvicted(f"events {seq + 1}..{first_seq - 1} of stream {stream} were evicted")
-            rows = db.execute(
-                "SELECT seq, event_id, request_id, tool, resources, data, terminal"
-                " FROM events WHERE stream = ? AND seq > ? ORDER BY seq",
-                (stream, seq),
-            ).fetchall()
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"sqlite store {self.path!r}: {exc}") from exc
-        request_ids: dict[str, RequestId] = {}
+        return await self._read(lambda db: self._read_after(db, stream, seq))
+
+    def _read_after(self, db: sqlite3.Connection, stream: str, seq: int) -> list[StoredEvent]:
+        found = db.execute("SELECT session_id, first_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
+        if found is None:
+            return []
+        session_id, first_seq = found
+        if seq + 1 < first_seq:
+            raise EventsEvicted(f"events {seq + 1}..{first_seq - 1} of stream {stream} were evicted")
+        rows = db.execute(
+            "SELECT seq, event_id, request_id, tool, resources, data, terminal"
+            " FROM events WHERE stream = ? AND seq > ? ORDER BY seq",
+            (stream, seq),
+        ).fetchall()
+        value, tags = self._interner.value, self._interner.tags
         events = []
         for position, event_id, raw_rid, tool, raw_tags, data, terminal in rows:
-            rid = None
-            if raw_rid is not None:
-                rid = request_ids.get(raw_rid)
-                if rid is None:
-                    rid = request_ids[raw_rid] = orjson.loads(raw_rid)
+            rid: RequestId | None = None if raw_rid is None else value(raw_rid)
             events.append(
-                StoredEvent(
-                    session_id,
-                    stream,
-                    position,
-                    event_id,
-                    data,
-                    rid,
-                    tool,
-                    self._interner.tags(raw_tags),
-                    bool(terminal),
-                )
+                StoredEvent(session_id, stream, position, event_id, data, rid, tool, tags(raw_tags), bool(terminal))
             )
         return events
 
@@ -385,11 +560,33 @@ class SqliteStore:
         return None
 
     async def claim_stream(self, stream: str, expected_owner: str, new_owner: str) -> bool:
-        with self._transaction() as db:
+        def claim(db: sqlite3.Connection) -> bool:
             cursor = db.execute(
                 "UPDATE streams SET owner = ? WHERE stream = ? AND owner = ?", (new_owner, stream, expected_owner)
             )
             return cursor.rowcount == 1
 
+        return await self._write(claim)
+
     async def wait_events(self, stream: str, seq: int, block_seconds: float) -> list[StoredEvent]:
         return await self.read_after(stream, seq)
+
+
+def _delete_session(db: sqlite3.Connection, session_id: str) -> None:
+    db.execute(
+        "DELETE FROM events WHERE stream IN (SELECT stream FROM streams WHERE session_id = ?)",
+        (session_id,),
+    )
+    db.execute("DELETE FROM streams WHERE session_id = ?", (session_id,))
+    db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+
+
+def _settle(outcomes: list[_Outcome]) -> None:
+    """On the loop: resolve a batch's futures in queue order (so events publish in position order)."""
+    for future, value, error in outcomes:
+        if future.done():  # its awaiting task was cancelled; the write itself happened or failed regardless
+            continue
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
