@@ -55,6 +55,8 @@ TAGS = frozenset({"http://127.0.0.1:8000/mcp/tools/search"})
 CODEC = EventIdCodec(b"benchmark-secret-of-32-bytes!!!!")
 SESSION = "b" * 43
 REPORT = ROOT / "benchmarks" / "RESULTS-stores.md"
+KEPT = "## Group commit"
+"""The report's sections from this heading on come from ``store_commits.py`` and survive a rerun of this script."""
 
 
 def progress(stream: str, seq: int) -> StoredEvent:
@@ -330,9 +332,12 @@ async def run(args: argparse.Namespace, binary: str, version: str) -> None:
         finally:
             for server in servers.values():
                 server.stop()
-    args.report.write_text(
-        render(results, args, f"redis-server {version.removeprefix('v=')} (appendfsync everysec unless noted)")
-    )
+    text = render(results, args, f"redis-server {version.removeprefix('v=')} (appendfsync everysec unless noted)")
+    if args.report.exists():  # sections other scripts write (benchmarks/store_commits.py) stay
+        old = args.report.read_text()
+        if KEPT in old:
+            text += "\n" + old[old.index(KEPT) :]
+    args.report.write_text(text)
     print(f"wrote {args.report}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 import uuid
@@ -267,6 +268,38 @@ async def test_append_that_would_leave_a_gap_is_refused(store: EventStore) -> No
     record = await store.get_stream("k1")
     assert record is not None
     assert record.last_seq == 1
+
+
+async def test_queued_appends_of_many_streams_are_stored_in_order_and_a_refused_one_fails_alone(
+    store: EventStore,
+) -> None:
+    """What group commit must keep: appends queued without waiting, from several streams, land in position order;
+    a refused append (a gap) fails alone, and the stream's next position is still the one after its last stored."""
+    keys = [f"many-{n}" for n in range(4)]
+    for key in keys:
+        await store.open_stream(stream(key))
+    written = {key: [event(key, seq) for seq in range(150)] for key in keys}
+    queued = [store.enqueue(written[key][seq]) for seq in range(150) for key in keys]
+    refused = store.enqueue(event("many-0", 200))
+    after = store.enqueue(event("many-1", 150))
+    await asyncio.gather(*queued, after)
+    with pytest.raises(ValueError, match="position 200"):
+        await refused
+    for key in keys:
+        assert await store.read_after(key, -1) == written[key] + ([event(key, 150)] if key == "many-1" else [])
+    record = await store.get_stream("many-0")
+    assert record is not None
+    assert record.last_seq == 149
+
+
+async def test_appending_exactly_the_stored_event_again_changes_nothing(store: EventStore) -> None:
+    """A retry whose first attempt's outcome was lost is safe; different content at a stored position is not."""
+    await store.open_stream(stream("k1"))
+    events = await fill(store, "k1", 3)
+    await store.append(events[1])
+    with pytest.raises((ValueError, StoreUnavailable)):
+        await store.append(events[1]._replace(data=b"something else"))
+    assert await store.read_after("k1", -1) == events
 
 
 async def test_eviction_is_all_or_error_never_a_partial_list(open_store: OpenStore) -> None:

@@ -245,7 +245,8 @@ class LiveStream:
     async def _repair_queued(self) -> None:
         try:
             async with self._lock:
-                await self._publish_queued(0)
+                if self._lost is None:  # else an append already gave up on the store: it raises that
+                    await self._publish_queued(0)
         except (StoreUnavailable, KeyError, ValueError):
             self.fail()  # the next append of the stream raises the failure too
         finally:

@@ -6,7 +6,7 @@ from .base import EventStore
 
 
 def open_store(spec: str) -> EventStore:
-    """Build a store from a CLI spec: ``memory``, ``sqlite:PATH`` or ``redis://…``.
+    """Build a store from a CLI spec: ``memory``, ``sqlite:PATH[?settings]`` or ``redis://…[?settings]``.
 
     Each backend is imported only when chosen: the Redis client library is not loaded by a SQLite server.
     """
@@ -17,9 +17,9 @@ def open_store(spec: str) -> EventStore:
     if spec.startswith("sqlite:"):
         from .sqlite import SqliteStore
 
-        return SqliteStore(spec.removeprefix("sqlite:"))
+        return SqliteStore.from_spec(spec.removeprefix("sqlite:"))
     if spec.startswith(("redis://", "rediss://")):
         from .redis import RedisStore
 
         return RedisStore.from_spec(spec)
-    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH, redis://HOST:PORT[/DB][?prefix=P]")
+    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?prefix=P]")

@@ -329,6 +329,12 @@ class RedisStore:
         self._blocking = self._client(None)
 
     async def close(self) -> None:
+        if self._flusher is not None:  # let queued appends reach Redis (or fail) before the connections go
+            await asyncio.wait([self._flusher], timeout=2 * SOCKET_TIMEOUT)
+            if self._flusher is not None:
+                self._flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._flusher
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -25,21 +25,23 @@ import asyncio
 import os
 import sqlite3
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import parse_qsl
 
 import orjson
 
 from mcp_lossless.core.events import RequestId, StoredEvent, StreamKind, StreamRecord
 from mcp_lossless.core.principal import Principal
 
-from ._codec import Interner, decode_requests, encode_requests, encode_tags
+from ._codec import CACHE_LIMIT, Interner, decode_requests, encode_requests, encode_tags
 from .base import EventsEvicted, SessionRecord, StoreUnavailable
 
 T = TypeVar("T")
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sessions (
@@ -61,9 +63,13 @@ CREATE TABLE IF NOT EXISTS streams (
     last_seq INTEGER NOT NULL,
     first_seq INTEGER NOT NULL,
     completed INTEGER NOT NULL,
-    answered TEXT NOT NULL
+    answered TEXT NOT NULL,
+    completed_at REAL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS streams_by_session ON streams (session_id);
+CREATE INDEX IF NOT EXISTS streams_by_completion ON streams (completed_at) WHERE completed_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS completed_streams_by_session ON streams (session_id, completed_at)
+    WHERE completed_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS events (
     stream TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -76,6 +82,16 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (stream, seq)
 ) WITHOUT ROWID;
 """
+_MIGRATE_FROM_1 = (
+    "ALTER TABLE streams ADD COLUMN completed_at REAL; UPDATE streams SET completed_at = {now} WHERE completed;"
+)
+"""Version 1 had no completion times: its completed streams count as completed when the file is opened."""
+_JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
+"""Bytes the WAL file is truncated to after a checkpoint resets it (else it keeps its high-water size)."""
+_SWEEP_CHUNK = 500
+"""Streams one retention transaction deletes at most: a sweep never holds queued appends up for long."""
+_VACUUM_PAGES = 2048
+"""Free pages one incremental vacuum returns to the file system at most (8 MiB with 4 KiB pages)."""
 _CHECKPOINT_EVERY = 100
 """Transactions between background checkpoints (a batch of appends is one transaction)."""
 _BATCH_LIMIT = 4096
@@ -170,9 +186,13 @@ class _StreamState:
 class _Batch:
     """The appends of one transaction, gathered per stream, then written with one ``executemany``."""
 
-    def __init__(self, db: sqlite3.Connection, limit: int | None) -> None:
+    def __init__(
+        self, db: sqlite3.Connection, limit: int | None, now: float, tag_texts: dict[frozenset[str], str]
+    ) -> None:
         self.db = db
         self.limit = limit
+        self.now = now
+        self.tag_texts = tag_texts
         self.rows: list[tuple[Any, ...]] = []
         self.states: dict[str, _StreamState | None] = {}
 
@@ -195,6 +215,11 @@ class _Batch:
                 return None  # a retry of a stored append (its outcome was lost to a cancel): already done
             return ValueError(f"append of position {event.seq} to stream {key} after {state.last_seq}")
         request_id = event.request_id
+        tags = self.tag_texts.get(event.resources)
+        if tags is None:
+            if len(self.tag_texts) >= CACHE_LIMIT:
+                self.tag_texts.clear()
+            tags = self.tag_texts[event.resources] = encode_tags(event.resources).decode()
         self.rows.append(
             (
                 key,
@@ -202,7 +227,7 @@ class _Batch:
                 event.event_id,
                 None if request_id is None else _text(request_id),
                 event.tool,
-                encode_tags(event.resources).decode(),
+                tags,
                 event.data,
                 int(event.terminal),
             )
@@ -239,9 +264,9 @@ class _Batch:
             if state.trimmed:
                 db.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (key, state.first_seq))
             db.execute(
-                "UPDATE streams SET last_seq = ?, first_seq = ?, answered = ?, completed = completed OR ?"
-                " WHERE stream = ?",
-                (state.last_seq, state.first_seq, state.answered, state.completes, key),
+                "UPDATE streams SET last_seq = ?, first_seq = ?, answered = ?, completed = completed OR ?,"
+                " completed_at = CASE WHEN ? AND completed_at IS NULL THEN ? ELSE completed_at END WHERE stream = ?",
+                (state.last_seq, state.first_seq, state.answered, state.completes, state.completes, self.now, key),
             )
         self.states = {}
 
@@ -251,19 +276,69 @@ class SqliteStore:
 
     shared = False
 
-    def __init__(self, path: str, *, max_events_per_stream: int | None = None) -> None:
+    PARAMETERS: ClassVar[dict[str, type]] = {
+        "retention_seconds": float,
+        "max_completed_streams_per_session": int,
+        "max_events_per_stream": int,
+        "sweep_seconds": float,
+    }
+    """Settings a ``sqlite:PATH?name=value&...`` spec may carry."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        retention_seconds: float = 3600,
+        max_completed_streams_per_session: int = 1000,
+        max_events_per_stream: int | None = None,
+        sweep_seconds: float = 30,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``retention_seconds``: how long a completed stream is kept; ``max_completed_streams_per_session``: how
+        many completed streams each session keeps at most (the newest); both are enforced by a sweep every
+        ``sweep_seconds``, which also returns free pages to the file system. ``max_events_per_stream``: a
+        length cap applied on append (``None``: none). ``clock``: wall-clock seconds (a test's is injected)."""
         if max_events_per_stream is not None and max_events_per_stream < 1:
             raise ValueError("max_events_per_stream must be at least 1")
+        if retention_seconds <= 0 or sweep_seconds <= 0 or max_completed_streams_per_session < 1:
+            raise ValueError("retention_seconds, sweep_seconds and max_completed_streams_per_session must be positive")
         self.path = path
+        self.retention_seconds = retention_seconds
+        self.max_completed_streams_per_session = max_completed_streams_per_session
         self.max_events_per_stream = max_events_per_stream
+        self.sweep_seconds = sweep_seconds
+        self._clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: deque[_Op | None] = deque()
         """Work for the writer thread, in order; ``None`` asks it to finish."""
         self._wake = threading.Event()
+        self._idle = False
+        """Whether the writer thread may be waiting for ``_wake`` (set by it, read by the loop)."""
         self._thread: threading.Thread | None = None
         self._secret: bytes | None = None
         self._interner = Interner()
-        """Used on the writer thread only."""
+        self._tag_texts: dict[frozenset[str], str] = {}
+        """Encoded tag sets by set: events of one tool share one. Both used on the writer thread only."""
+
+    @classmethod
+    def from_spec(cls, spec: str) -> SqliteStore:
+        """``PATH[?retention_seconds=S&max_completed_streams_per_session=N&max_events_per_stream=N&sweep_seconds=S]``."""
+        path, _, query = spec.partition("?")
+        if not path:
+            raise ValueError("sqlite store: the spec names no file (sqlite:PATH)")
+        settings: dict[str, Any] = {}
+        for name, value in parse_qsl(query, keep_blank_values=True):
+            kind = cls.PARAMETERS.get(name)
+            if kind is None:
+                raise ValueError(f"sqlite store: unknown setting {name!r} (known: {', '.join(cls.PARAMETERS)})")
+            if name == "max_events_per_stream" and value.lower() in ("", "none", "0"):
+                settings[name] = None
+                continue
+            try:
+                settings[name] = kind(value)
+            except ValueError:
+                raise ValueError(f"sqlite store: {name}={value!r} is not a valid {kind.__name__}") from None
+        return cls(path, **settings)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -310,10 +385,17 @@ class SqliteStore:
         checkpointer = _Checkpointer(self.path)
         commits = 0
         queue, wake = self._queue, self._wake
+        next_sweep = time.monotonic() + self.sweep_seconds
         try:
             while True:
-                wake.wait()
+                self._idle = True  # before looking at the queue: an append after this look sees it and wakes us
+                if not queue:
+                    wake.wait(max(0.0, next_sweep - time.monotonic()))
+                self._idle = False
                 wake.clear()
+                if time.monotonic() >= next_sweep:
+                    more = self._sweep_quietly(db)
+                    next_sweep = time.monotonic() + (0 if more else self.sweep_seconds)
                 while queue:
                     batch: list[_Op] = []
                     while queue and len(batch) < _BATCH_LIMIT:
@@ -331,14 +413,19 @@ class SqliteStore:
             db.close()
 
     def _initialize(self, db: sqlite3.Connection) -> bytes:
+        db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # takes effect on a new file; an old one is vacuumed below
         if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
             raise sqlite3.DatabaseError("the file system does not support a WAL journal")
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute("PRAGMA busy_timeout=2000")
+        db.execute(f"PRAGMA journal_size_limit={_JOURNAL_SIZE_LIMIT}")
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, _SCHEMA_VERSION):
+        if version not in (0, 1, _SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {version}, expected {_SCHEMA_VERSION}")
-        db.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version={_SCHEMA_VERSION};COMMIT;")
+        migrate = _MIGRATE_FROM_1.format(now=repr(self._clock())) if version == 1 else ""
+        db.executescript(f"BEGIN IMMEDIATE;{migrate}{_SCHEMA}PRAGMA user_version={_SCHEMA_VERSION};COMMIT;")
+        if db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # a file made before page reuse was configured
+            db.execute("VACUUM")
         db.execute("INSERT OR IGNORE INTO meta VALUES ('secret', ?)", (os.urandom(32),))
         secret: bytes = db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()[0]
         return secret
@@ -348,9 +435,10 @@ class SqliteStore:
     def _serve(self, db: sqlite3.Connection, batch: list[_Op], loop: asyncio.AbstractEventLoop) -> bool:
         """Run one batch: its writes in one transaction, then its reads; hand the outcomes to the loop.
 
-        Returns whether a transaction committed. If the transaction fails, each write is retried alone, so a
-        write that cannot be done (a bug) fails by itself and does not take the others down; when the file
-        cannot be written at all (disk full, I/O error) each fails with :class:`StoreUnavailable`.
+        Returns whether a transaction committed. When the file cannot be written now (locked by another
+        process, disk full, I/O error) every write of the batch fails with :class:`StoreUnavailable`; any other
+        failure (a bug) has each write retried alone, so the one that cannot be done does not take the others
+        down.
         """
         writes = [op for op in batch if isinstance(op, _Append) or op.write]
         outcomes: list[_Outcome] = []
@@ -360,8 +448,9 @@ class SqliteStore:
                 outcomes = self._transaction(db, writes)
                 committed = True
             except Exception as exc:
-                if len(writes) == 1:
-                    outcomes = [(writes[0].future, None, self._failure(exc))]
+                if len(writes) == 1 or isinstance(exc, sqlite3.OperationalError):  # the file cannot be written now
+                    failure = self._failure(exc)
+                    outcomes = [(op.future, None, failure) for op in writes]
                 else:
                     outcomes = []
                     for op in writes:
@@ -381,7 +470,7 @@ class SqliteStore:
 
     def _transaction(self, db: sqlite3.Connection, writes: list[_Op]) -> list[_Outcome]:
         outcomes: list[_Outcome] = []
-        batch = _Batch(db, self.max_events_per_stream)
+        batch = _Batch(db, self.max_events_per_stream, self._clock(), self._tag_texts)
         db.execute("BEGIN IMMEDIATE")
         try:
             for op in writes:
@@ -405,11 +494,70 @@ class SqliteStore:
             return StoreUnavailable(f"sqlite store {self.path!r}: {exc}")
         return exc
 
+    def _sweep_quietly(self, db: sqlite3.Connection) -> bool:
+        """The periodic sweep; its failure (the file locked, say) only leaves the work for the next one."""
+        try:
+            return self._sweep(db, self._clock())
+        except sqlite3.Error:
+            return False
+
+    def _sweep(self, db: sqlite3.Connection, now: float) -> bool:
+        """One step of retention: delete up to a chunk of completed streams past their age or beyond their
+        session's count, with their events, then return free pages. Returns whether more is due at once."""
+        doomed = [
+            row[0]
+            for row in db.execute(
+                "SELECT stream FROM streams WHERE completed_at IS NOT NULL AND completed_at < ? LIMIT ?",
+                (now - self.retention_seconds, _SWEEP_CHUNK),
+            )
+        ]
+        if len(doomed) < _SWEEP_CHUNK:
+            keep = self.max_completed_streams_per_session
+            crowded = db.execute(
+                "SELECT session_id FROM streams WHERE completed_at IS NOT NULL GROUP BY session_id HAVING count(*) > ?",
+                (keep,),
+            ).fetchall()
+            for (session_id,) in crowded:
+                doomed += [
+                    row[0]
+                    for row in db.execute(
+                        "SELECT stream FROM streams WHERE session_id = ? AND completed_at IS NOT NULL"
+                        " ORDER BY completed_at DESC LIMIT ? OFFSET ?",
+                        (session_id, _SWEEP_CHUNK - len(doomed), keep),
+                    )
+                ]
+                if len(doomed) >= _SWEEP_CHUNK:
+                    break
+        if doomed:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany("DELETE FROM events WHERE stream = ?", [(key,) for key in doomed])
+                db.executemany("DELETE FROM streams WHERE stream = ?", [(key,) for key in doomed])
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+        if free:
+            db.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")  # execute() would free one page
+        return len(doomed) >= _SWEEP_CHUNK or free > _VACUUM_PAGES
+
+    async def sweep(self, now: float | None = None) -> None:
+        """Run retention now, to the end (what the writer thread does step by step every ``sweep_seconds``)."""
+
+        def sweep(db: sqlite3.Connection) -> None:
+            while self._sweep(db, self._clock() if now is None else now):
+                pass
+
+        await self._read(sweep)  # a "read": it runs after the batch's commit, in transactions of its own
+
     # -- queueing from the loop ------------------------------------------------------------------------
 
     def _submit(self, op: _Op) -> None:
         self._queue.append(op)
-        self._wake.set()
+        if self._idle:  # a busy writer finds the op when it looks at the queue again; waking it costs ~2 us
+            self._wake.set()
 
     def _future(self) -> asyncio.Future[Any]:
         if self._loop is None:
@@ -491,7 +639,8 @@ class SqliteStore:
 
         def open_stream(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM events WHERE stream = ?", (record.stream,))
-            db.execute("INSERT OR REPLACE INTO streams VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)", row)
+            completed_at = self._clock() if record.completed else None
+            db.execute("INSERT OR REPLACE INTO streams VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?)", (*row, completed_at))
 
         await self._write(open_stream)
 
@@ -526,7 +675,12 @@ class SqliteStore:
         await self.enqueue(event, completes)
 
     async def complete_stream(self, stream: str) -> None:
-        await self._write(lambda db: db.execute("UPDATE streams SET completed = 1 WHERE stream = ?", (stream,)))
+        await self._write(
+            lambda db: db.execute(
+                "UPDATE streams SET completed = 1, completed_at = coalesce(completed_at, ?) WHERE stream = ?",
+                (self._clock(), stream),
+            )
+        )
 
     async def read_after(self, stream: str, seq: int) -> list[StoredEvent]:
         return await self._read(lambda db: self._read_after(db, stream, seq))

@@ -1,0 +1,152 @@
+"""A live stream over a store that commits in batches: progress appends return once queued, events are published
+only after their commit and in order, a failed commit is stored again before anything after it is published, and
+a tool reporting progress in a tight loop never holds the event loop. Real stores (SQLite on a file, memory)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from mcp_lossless.core.eventids import EventIdCodec
+from mcp_lossless.core.events import PendingRequest, StreamKind, StreamRecord
+from mcp_lossless.server.streams import UNCOMMITTED_LIMIT, LiveStream
+from mcp_lossless.stores import EventStore, StoreUnavailable
+from mcp_lossless.stores.memory import MemoryStore
+from mcp_lossless.stores.sqlite import SqliteStore
+from tests.integration.test_store_contract import TOOL_A
+
+pytestmark = pytest.mark.anyio
+
+REQUEST = PendingRequest(1, "tools/call", "a", TOOL_A)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EventStore]:
+    opened: EventStore = MemoryStore() if request.param == "memory" else SqliteStore(str(tmp_path / "live.db"))
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+async def live_stream(store: EventStore, key: str = "live-1") -> LiveStream:
+    record = StreamRecord("s1", key, StreamKind.POST, "instance-1", (REQUEST,), 0)
+    await store.open_stream(record)
+    return LiveStream(record.copy(), store, EventIdCodec(await store.secret()), lambda _seconds: None)
+
+
+def progress(n: int) -> bytes:
+    return b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":%d}}' % n
+
+
+async def test_events_publish_in_order_and_the_answer_after_all_of_them(store: EventStore) -> None:
+    live = await live_stream(store)
+    for n in range(1, 1_001):
+        await live.append(progress(n), REQUEST)
+    await live.append(b'{"jsonrpc":"2.0","id":1,"result":{}}', REQUEST, terminal=True)
+
+    assert live.done
+    assert [e.seq for e in live.events] == list(range(1, 1_002))
+    stored = await store.read_after("live-1", 0)
+    assert stored == live.events
+    record = await store.get_stream("live-1")
+    assert record is not None
+    assert (record.completed, record.last_seq) == (True, 1_001)
+
+
+async def test_an_event_is_published_only_once_the_file_holds_it(tmp_path: Path) -> None:
+    """Every time the stream wakes its writers, a separate connection to the file already sees what it published."""
+    path = tmp_path / "published.db"
+    store = SqliteStore(str(path))
+    await store.open()
+    witness = sqlite3.connect(path)
+    try:
+        live = await live_stream(store)
+        checked: list[int] = []
+
+        async def watch() -> None:
+            while not live.done:
+                waiter = live.waiter()
+                await waiter
+                if live.events:
+                    (stored,) = witness.execute("SELECT max(seq) FROM events WHERE stream = 'live-1'").fetchone()
+                    assert stored is not None and stored >= live.events[-1].seq
+                    checked.append(live.events[-1].seq)
+
+        watcher = asyncio.create_task(watch())
+        for n in range(1, 3 * UNCOMMITTED_LIMIT):
+            await live.append(progress(n), REQUEST)
+        await live.append(b'{"jsonrpc":"2.0","id":1,"result":{}}', REQUEST, terminal=True)
+        await watcher
+        assert checked and checked[-1] == 3 * UNCOMMITTED_LIMIT
+    finally:
+        witness.close()
+        await store.close()
+
+
+async def test_progress_appends_return_before_their_commit(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "queued.db"))
+    await store.open()
+    try:
+        live = await live_stream(store)
+        for n in range(1, 11):
+            await live.append(progress(n), REQUEST)
+        assert len(live.events) < 10, "ten appends in a row did not each wait for a commit"
+        await live.append(b'{"jsonrpc":"2.0","id":1,"result":{}}', REQUEST, terminal=True)
+        assert [e.seq for e in live.events] == list(range(1, 12))
+    finally:
+        await store.close()
+
+
+async def test_a_tight_progress_loop_gives_other_tasks_their_turn(store: EventStore) -> None:
+    live = await live_stream(store)
+    turns = 0
+    flooding = True
+
+    async def other_client() -> None:
+        nonlocal turns
+        while flooding:
+            await asyncio.sleep(0)  # what is measured: how often this task gets the loop
+            turns += 1
+
+    other = asyncio.create_task(other_client())
+    await asyncio.sleep(0)
+    for n in range(1, 5_001):
+        await live.append(progress(n), REQUEST)
+    flooding = False
+    await other
+    assert turns >= 5_000 // 32, f"the other task ran {turns} times while 5,000 events were appended"
+
+
+async def test_a_commit_that_fails_is_stored_again_before_anything_after_it(tmp_path: Path) -> None:
+    """Another connection holds the write lock: the queued events' commits fail (database is locked) and are
+    stored again, in order, once it lets go; nothing is published before it is stored, nothing twice."""
+    path = tmp_path / "locked.db"
+    store = SqliteStore(str(path))
+    await store.open()
+    blocker = sqlite3.connect(path, isolation_level=None)
+    try:
+        live = await live_stream(store)
+        blocker.execute("BEGIN IMMEDIATE")
+        for n in range(1, 21):
+            await live.append(progress(n), REQUEST)
+        first = live._queued[0][1]  # the first event's commit: it fails once the busy timeout ran out
+        await asyncio.wait([first])
+        assert isinstance(first.exception(), StoreUnavailable)
+        assert live.events == []
+        blocker.execute("ROLLBACK")
+        await live.append(b'{"jsonrpc":"2.0","id":1,"result":{}}', REQUEST, terminal=True)
+
+        assert [e.seq for e in live.events] == list(range(1, 22))
+        assert await store.read_after("live-1", 0) == live.events
+    finally:
+        blocker.close()
+        await store.close()

@@ -1,0 +1,235 @@
+"""SQLite retention: completed streams trimmed by age and by count per session, the file's free pages returned,
+a sweep that runs by itself, settings from the store spec, and files of schema version 1 carried forward."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+from mcp_lossless.core.events import PendingRequest, StoredEvent
+from mcp_lossless.stores import open_store
+from mcp_lossless.stores.sqlite import SqliteStore
+from tests.integration.test_store_contract import ALICE, BOB, TOOL_A, event, session, stream
+
+pytestmark = pytest.mark.anyio
+
+CALL = PendingRequest(1, "tools/call", "a", TOOL_A)
+
+
+class Clock:
+    """Wall-clock seconds the test sets; ``called`` is set on each reading once ``arm`` was called."""
+
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+        self.called = threading.Event()
+        self._armed = False
+
+    def __call__(self) -> float:
+        if self._armed:
+            self.called.set()
+        return self.now
+
+    def arm(self) -> None:
+        self.called.clear()
+        self._armed = True
+
+
+@pytest.fixture
+async def opened(tmp_path: Path) -> AsyncIterator[Callable[..., SqliteStore]]:
+    stores: list[SqliteStore] = []
+
+    def make(**settings: object) -> SqliteStore:
+        store = SqliteStore(str(tmp_path / "retention.db"), **settings)  # type: ignore[arg-type]
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        await store.close()
+
+
+async def finished_call(store: SqliteStore, key: str, session_id: str = "s1", events: int = 3) -> None:
+    """A stream whose one call reported progress and was answered (the answer completes the stream)."""
+    await store.open_stream(stream(key, session_id, requests=(CALL,)))
+    for seq in range(events - 1):
+        await store.append(event(key, seq, session_id=session_id))
+    await store.append(event(key, events - 1, session_id=session_id, request_id=1, terminal=True), completes=True)
+
+
+async def test_completed_streams_older_than_the_retention_are_deleted_with_their_events(
+    opened: Callable[..., SqliteStore],
+) -> None:
+    clock = Clock(1_000.0)
+    store = opened(retention_seconds=3_600, clock=clock)
+    await store.open()
+    await store.put_session(session("s1"))
+    await finished_call(store, "old")
+    clock.now = 4_000.0
+    await finished_call(store, "recent")
+    await store.open_stream(stream("running"))
+    await store.append(event("running", 0))
+    await store.complete_stream("settled")  # unknown: nothing to complete
+
+    await store.sweep(now=4_601.0)
+
+    assert await store.get_stream("old") is None
+    assert await store.read_after("old", -1) == []
+    assert [e.seq for e in await store.read_after("recent", -1)] == [0, 1, 2]
+    assert [e.seq for e in await store.read_after("running", -1)] == [0]
+    assert await store.get_session("s1") == session("s1")
+
+    await store.sweep(now=4_000.0 + 3_601.0)
+    assert await store.get_stream("recent") is None
+    assert await store.get_stream("running") is not None, "a stream still open is never trimmed by age"
+
+
+async def test_each_session_keeps_its_newest_completed_streams_up_to_the_count(
+    opened: Callable[..., SqliteStore],
+) -> None:
+    clock = Clock()
+    store = opened(max_completed_streams_per_session=3, clock=clock)
+    await store.open()
+    await store.put_session(session("s1"))
+    await store.put_session(session("s2", BOB))
+    for n in range(5):
+        clock.now = 1_000.0 + n
+        await finished_call(store, f"s1-call-{n}")
+    await finished_call(store, "s2-call-0", "s2")
+    await finished_call(store, "s2-call-1", "s2")
+    await store.open_stream(stream("s1-running"))
+
+    await store.sweep()
+
+    kept = [n for n in range(5) if await store.get_stream(f"s1-call-{n}") is not None]
+    assert kept == [2, 3, 4]
+    assert await store.read_after("s1-call-0", -1) == []
+    assert await store.get_stream("s2-call-0") is not None and await store.get_stream("s2-call-1") is not None
+    assert await store.get_stream("s1-running") is not None
+
+
+async def test_the_sweep_runs_by_itself(opened: Callable[..., SqliteStore]) -> None:
+    clock = Clock()
+    store = opened(retention_seconds=10, sweep_seconds=0.05, clock=clock)
+    await store.open()
+    await finished_call(store, "done")
+    clock.now += 11
+    clock.arm()  # nothing else is written from here on: the next readings of the clock are sweeps'
+    for _ in range(2):  # the second sweep starts only after the first one finished
+        assert await anyio.to_thread.run_sync(clock.called.wait, 10), "no sweep within 10 s"
+        clock.called.clear()
+    assert await store.get_stream("done") is None
+
+
+async def test_the_file_gives_back_what_deleted_sessions_held(tmp_path: Path) -> None:
+    path = tmp_path / "growth.db"
+    payload = b"x" * 1_000
+
+    async def fill_and_measure(store: SqliteStore, session_id: str) -> None:
+        await store.put_session(session(session_id, ALICE))
+        for n in range(10):
+            key = f"{session_id}-{n}"
+            await store.open_stream(stream(key, session_id))
+            queued = [
+                store.enqueue(event(key, seq, session_id=session_id)._replace(data=payload)) for seq in range(150)
+            ]
+            await asyncio.gather(*queued)
+
+    store = SqliteStore(str(path))
+    await store.open()
+    await fill_and_measure(store, "first")
+    await store.close()
+    full = path.stat().st_size
+    assert full > 3_000_000
+
+    for cycle in range(4):
+        store = SqliteStore(str(path))
+        await store.open()
+        await store.delete_session("first" if cycle == 0 else f"cycle-{cycle - 1}")
+        await store.sweep()
+        await fill_and_measure(store, f"cycle-{cycle}")
+        await store.close()
+        assert path.stat().st_size < 1.5 * full, f"cycle {cycle}: the file grew instead of reusing pages"
+
+    store = SqliteStore(str(path))
+    await store.open()
+    await store.delete_session("cycle-3")
+    await store.sweep()
+    await store.close()
+    assert path.stat().st_size < full / 10, "the free pages went back to the file system"
+
+
+async def test_settings_come_from_the_store_spec(tmp_path: Path) -> None:
+    spec = f"sqlite:{tmp_path}/s.db?retention_seconds=60&max_completed_streams_per_session=5&max_events_per_stream=9"
+    store = open_store(spec)
+    assert isinstance(store, SqliteStore)
+    assert (store.path, store.retention_seconds, store.max_completed_streams_per_session) == (
+        f"{tmp_path}/s.db",
+        60.0,
+        5,
+    )
+    assert store.max_events_per_stream == 9
+    defaults = open_store(f"sqlite:{tmp_path}/d.db")
+    assert isinstance(defaults, SqliteStore)
+    assert (defaults.retention_seconds, defaults.max_completed_streams_per_session) == (3600, 1000)
+    assert defaults.max_events_per_stream is None
+    for bad, message in (
+        ("retention_seconds=soon", "not a valid float"),
+        ("retention_seconds=0", "must be positive"),
+        ("keep=everything", "unknown setting 'keep'"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            open_store(f"sqlite:{tmp_path}/b.db?{bad}")
+
+
+VERSION_1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE sessions (session_id TEXT PRIMARY KEY, issuer TEXT NOT NULL, subject TEXT NOT NULL,
+    client_id TEXT NOT NULL, protocol_version TEXT NOT NULL, created_at REAL NOT NULL, last_seen REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX sessions_by_last_seen ON sessions (last_seen);
+CREATE TABLE streams (stream TEXT PRIMARY KEY, session_id TEXT NOT NULL, kind TEXT NOT NULL, owner TEXT NOT NULL,
+    requests TEXT NOT NULL, last_seq INTEGER NOT NULL, first_seq INTEGER NOT NULL, completed INTEGER NOT NULL,
+    answered TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX streams_by_session ON streams (session_id);
+CREATE TABLE events (stream TEXT NOT NULL, seq INTEGER NOT NULL, event_id TEXT NOT NULL, request_id TEXT, tool TEXT,
+    resources TEXT NOT NULL, data BLOB NOT NULL, terminal INTEGER NOT NULL, PRIMARY KEY (stream, seq)
+) WITHOUT ROWID;
+INSERT INTO meta VALUES ('secret', x'000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f');
+INSERT INTO sessions VALUES ('s1', 'https://issuer.example', 'alice', 'client-1', '2025-11-25', 50.0, 100.0);
+INSERT INTO streams VALUES ('k1', 's1', 'post', 'instance-1', '[]', 1, 0, 1, '[1]');
+INSERT INTO events VALUES ('k1', 0, 'k1.0.mac', NULL, 'a', '["https://mcp.example/tools/a"]', x'', 0);
+INSERT INTO events VALUES ('k1', 1, 'k1.1.mac', '1', 'a', '["https://mcp.example/tools/a"]', x'7b7d', 1);
+PRAGMA user_version = 1;
+"""
+
+
+async def test_a_version_1_file_is_carried_forward(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as old:
+        old.executescript(VERSION_1)
+    clock = Clock(5_000.0)
+    store = SqliteStore(str(path), retention_seconds=100, clock=clock)
+    await store.open()
+    try:
+        assert await store.secret() == bytes(range(32))
+        assert await store.get_session("s1") == session("s1")
+        assert await store.read_after("k1", -1) == [
+            StoredEvent("s1", "k1", 0, "k1.0.mac", b"", None, "a", TOOL_A, False),
+            StoredEvent("s1", "k1", 1, "k1.1.mac", b"{}", 1, "a", TOOL_A, True),
+        ]
+        await store.sweep(now=5_050.0)
+        assert await store.get_stream("k1") is not None, "its completion counts from when the file was opened"
+        await store.sweep(now=5_101.0)
+        assert await store.get_stream("k1") is None
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as reopened:
+        assert reopened.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 2
