@@ -9,8 +9,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mcp_lossless.core.errors import DELIVERY_REFUSED, EXECUTION_LOST
-from mcp_lossless.core.ledger import (
+from mcp_lossless.core.actions import (
     Action,
     Answered,
     CallSpec,
@@ -19,7 +18,6 @@ from mcp_lossless.core.ledger import (
     Failure,
     FailureKind,
     Incoming,
-    Ledger,
     Link,
     Progress,
     Reauthorize,
@@ -29,6 +27,8 @@ from mcp_lossless.core.ledger import (
     Resume,
     Send,
 )
+from mcp_lossless.core.errors import DELIVERY_REFUSED, EXECUTION_LOST
+from mcp_lossless.core.ledger import Ledger
 from mcp_lossless.core.sse import SseEvent
 
 FETCH = "https://mcp.example.com/tools/fetch"

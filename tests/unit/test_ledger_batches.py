@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_lossless.core.errors import DELIVERY_REFUSED
-from mcp_lossless.core.ledger import (
+from mcp_lossless.core.actions import (
     Answered,
     CallSpec,
     CancelOnServer,
     Failure,
     FailureKind,
-    Ledger,
     Reauthorize,
     Resolve,
     Send,
     SendBatch,
 )
+from mcp_lossless.core.errors import DELIVERY_REFUSED
+from mcp_lossless.core.ledger import Ledger
 from tests.unit.test_ledger import FETCH, SEARCH, error, ev, only, result
 
 CHARGE = "https://mcp.example.com/tools/charge"

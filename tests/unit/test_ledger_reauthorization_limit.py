@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from mcp_lossless.core.ledger import CallSpec, Failure, FailureKind, Ledger, Reauthorize, RecoveryPolicy, Resolve, Send
+from mcp_lossless.core.actions import (
+    CallSpec,
+    Failure,
+    FailureKind,
+    Reauthorize,
+    RecoveryPolicy,
+    Resolve,
+    Send,
+)
+from mcp_lossless.core.ledger import Ledger
 
 
 def test_an_idempotent_call_is_not_reissued_when_reauthorization_is_exhausted() -> None:

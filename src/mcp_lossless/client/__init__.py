@@ -7,7 +7,7 @@ Outcomes other than a result are the exceptions below (each with a stable ``kind
 offers the same for scripts.
 """
 
-from ..core.ledger import RecoveryPolicy
+from ..core.actions import RecoveryPolicy
 from .client import Client, Tool, ToolCall, ToolResult
 from .errors import (
     AuthorizationFailed,

@@ -22,7 +22,7 @@ import anyio
 import httpx
 
 from ..core import protocol
-from ..core.ledger import CallSpec, RecoveryPolicy
+from ..core.actions import CallSpec, RecoveryPolicy
 from .errors import McpClientError, ToolError
 from .oauth import Auth
 from .session import ProgressCallback, ServerInfo, Session

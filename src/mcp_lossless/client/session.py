@@ -12,7 +12,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 import anyio
 import httpx
@@ -21,7 +21,7 @@ from anyio.abc import TaskGroup
 
 from ..core import errors as codes
 from ..core import protocol
-from ..core.ledger import (
+from ..core.actions import (
     Action,
     Answered,
     CallKey,
@@ -31,7 +31,6 @@ from ..core.ledger import (
     Failure,
     FailureKind,
     Incoming,
-    Ledger,
     Link,
     Outcome,
     Progress,
@@ -44,6 +43,7 @@ from ..core.ledger import (
     SendBatch,
     StreamKey,
 )
+from ..core.ledger import Ledger
 from ..core.sse import SseTooLarge
 from .errors import (
     AuthorizationFailed,
@@ -304,32 +304,44 @@ class Session:
     # ---- executing actions --------------------------------------------------------------------------
 
     def _apply(self, actions: list[Action]) -> None:
+        """Execute the ledger's decisions, in order. The match is exhaustive over :data:`Action`.
+
+        ``assert_never`` makes that a type check: were an action added to :mod:`mcp_lossless.core.actions`
+        and not handled here, ``action`` would not be narrowed to ``Never`` in the last case and
+        ``mypy --strict`` would fail (``Argument 1 to "assert_never" has incompatible type``).
+        ``tests/unit/test_actions_handled.py`` also checks that the cases name every member of the union.
+        """
         for action in actions:
             self._log(action)
-            if isinstance(action, Send | SendBatch):
-                self._require_tg().start_soon(self._send, action, self._connection_scope(action.link.stream))
-            elif isinstance(action, Resume):
-                self._require_tg().start_soon(self._resume, action, self._connection_scope(action.link.stream))
-            elif isinstance(action, Reauthorize):
-                self._require_tg().start_soon(self._reauthorize, action)
-            elif isinstance(action, CloseStream):
-                scope = self._scopes.pop(action.stream, None)
-                if scope is not None:
-                    scope.cancel()
-            elif isinstance(action, Resolve):
-                waiter = self._waiters.get(action.call)
-                if waiter is not None:
-                    waiter.outcome = action.outcome
-                    waiter.done.set()
-            elif isinstance(action, Progress):
-                self._progress(action)
-            elif isinstance(action, CancelOnServer):
-                if not self._closing and self._ready.is_set():
-                    params = {"requestId": action.wire_id, "reason": action.reason}
-                    message = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
-                    self._notify_quietly(message)
-            elif isinstance(action, Incoming):
-                self._incoming(action.message)
+            match action:
+                case Send() | SendBatch():
+                    self._require_tg().start_soon(self._send, action, self._connection_scope(action.link.stream))
+                case Resume():
+                    self._require_tg().start_soon(self._resume, action, self._connection_scope(action.link.stream))
+                case Reauthorize():
+                    self._require_tg().start_soon(self._reauthorize, action)
+                case CloseStream():
+                    scope = self._scopes.pop(action.stream, None)
+                    if scope is not None:
+                        scope.cancel()
+                case Resolve():
+                    waiter = self._waiters.get(action.call)
+                    if waiter is not None:
+                        waiter.outcome = action.outcome
+                        waiter.done.set()
+                case Progress():
+                    self._progress(action)
+                case CancelOnServer():
+                    if not self._closing and self._ready.is_set():
+                        params = {"requestId": action.wire_id, "reason": action.reason}
+                        message = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+                        self._notify_quietly(message)
+                case Incoming():
+                    self._incoming(action.message)
+                case Report():
+                    pass  # a dropped frame or a decision: ``_log`` above has written it down, nothing to run
+                case _:
+                    assert_never(action)
 
     def _connection_scope(self, stream: StreamKey) -> anyio.CancelScope:
         """The scope of a new connection of ``stream``; the previous one (if any) is cancelled."""

@@ -17,6 +17,28 @@ Rules it enforces (invariant 3):
   and resumes from the same cursor. ``EXECUTION_LOST`` is terminal unless the call may be re-issued.
 * A call may be re-issued (with a new id) only when its tool is idempotent or the caller opted in;
   otherwise it fails with "may have run, result not received".
+
+The types it takes and returns live in :mod:`mcp_lossless.core.actions`. Each stream (one POST and its
+resumptions) is in one of three states; every state change goes through ``_enter`` and every new
+connection through ``_new_link``, and each of the two bumps the stream's ``epoch``, so that whatever a
+superseded :class:`Link` still reports is ignored::
+
+                 begin, begin_batch, a re-issue or a split (epoch 0)
+                               │
+                               ▼
+      a resume  ┌──────────────────────┐  refused delivery, HTTP 401/403   ┌────────────────────┐
+   (_new_link)  │         LIVE         │ ────────────────────────────────▶ │       REAUTH       │
+        ┌─────▶ │ a connection is open │        (_enter: REAUTH)           │ waiting for grant  │
+        └────── │  or being opened     │ ◀──────────────────────────────── │                    │
+                └──────────────────────┘   reauthorized: resume or send    └────────────────────┘
+                               │            again (_new_link)                         │
+                               │ its last call resolved,          its last call resolved or given
+                               │ re-issued or split away          up (reauthorization_failed: each
+                               ▼ (_enter: CLOSED)                 re-issued, split or failed) │
+                ┌──────────────────────┐                                              │
+                │        CLOSED        │ ◀────────────────────────────────────────────┘
+                │  forgotten at once   │
+                └──────────────────────┘
 """
 
 from __future__ import annotations
@@ -28,186 +50,30 @@ from typing import Any
 
 import orjson
 
+from .actions import (
+    Action,
+    Answered,
+    CallKey,
+    CallSpec,
+    CancelOnServer,
+    CloseStream,
+    Failure,
+    FailureKind,
+    Incoming,
+    Link,
+    Outcome,
+    Progress,
+    Reauthorize,
+    RecoveryPolicy,
+    Report,
+    Resolve,
+    Resume,
+    Send,
+    SendBatch,
+    StreamKey,
+)
 from .errors import DELIVERY_REFUSED, EXECUTION_LOST
 from .sse import SseEvent
-
-CallKey = int
-"""The caller's handle for a call; stable across re-issues (the wire id is not)."""
-StreamKey = int
-
-
-class FailureKind(Enum):
-    """Why a call ended without a response from the server."""
-
-    MAY_HAVE_RUN = "may_have_run"
-    """The request may have been executed, but its result was not (and will not be) received."""
-    NOT_SENT = "not_sent"
-    """The request never reached the server."""
-    REJECTED = "rejected"
-    """The server refused the request itself (an HTTP 4xx that is not about authorization)."""
-    AUTHORIZATION = "authorization"
-    """No token could be obtained that the server accepts for this call."""
-    SESSION_LOST = "session_lost"
-    """The server ended the session while the call was pending; it may have run."""
-    PROTOCOL = "protocol"
-    """The server broke the protocol (unparsable frames, unknown events, foreign ids) and never answered."""
-    DEADLINE = "deadline"
-    CANCELLED = "cancelled"
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    kind: FailureKind
-    reason: str
-    error: Mapping[str, Any] | None = None
-    """The JSON-RPC error object that led here, when there was one (e.g. EXECUTION_LOST)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Answered:
-    """The server's response, exactly as received (its ``id`` is the call's current wire id)."""
-
-    message: Mapping[str, Any]
-
-
-Outcome = Answered | Failure
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryPolicy:
-    """How far the ledger goes to recover a call before failing it."""
-
-    reissue_idempotent: bool = True
-    """Re-issue calls to tools annotated ``idempotentHint`` without asking."""
-    max_reissues: int = 2
-    max_reauthorizations: int = 3
-    max_fruitless_reconnects: int = 5
-    """Consecutive connections of one stream that end without a single new event."""
-
-
-@dataclass(frozen=True, slots=True)
-class CallSpec:
-    """What to send, and what the ledger needs to know to recover it."""
-
-    method: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-    resources: frozenset[str] = frozenset()
-    """Resource indicators a token must cover for this call (its tool's, or the server's)."""
-    idempotent: bool = False
-    reissue: bool | None = None
-    """The caller's choice for this call; ``None`` leaves it to :class:`RecoveryPolicy` and ``idempotent``."""
-    progress: bool = False
-    """Ask for progress notifications (the wire id is used as the progress token)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """One connection of one stream. Inputs naming an older link of the stream are stale and ignored."""
-
-    stream: StreamKey
-    epoch: int
-
-
-# ---- actions ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """POST ``message``; its response (JSON or SSE) is ``link``. ``reissue_of`` names the abandoned id."""
-
-    link: Link
-    call: CallKey
-    message: Mapping[str, Any]
-    resources: frozenset[str]
-    reason: str
-    reissue_of: str | int | None = None
-    attempt: int = 0
-    """How many times this call was re-issued before: the adapter backs off before sending again."""
-
-
-@dataclass(frozen=True, slots=True)
-class SendBatch:
-    """POST ``messages`` as one JSON-RPC batch (2025-03-26 only); every response arrives on ``link``."""
-
-    link: Link
-    calls: tuple[CallKey, ...]
-    messages: tuple[Mapping[str, Any], ...]
-    resources: frozenset[str]
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Resume:
-    """GET with ``Last-Event-ID: cursor`` after the delay the attempt number and ``retry_ms`` call for."""
-
-    link: Link
-    cursor: str
-    attempt: int
-    retry_ms: int | None
-    resources: frozenset[str]
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Reauthorize:
-    """Obtain a fresh grant for ``resources``, then report :meth:`Ledger.reauthorized` or ``..._failed``."""
-
-    stream: StreamKey
-    resources: frozenset[str]
-    cursor: str | None
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Resolve:
-    call: CallKey
-    wire_id: str | int
-    outcome: Outcome
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    call: CallKey
-    progress: float
-    total: float | None
-    message: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class CancelOnServer:
-    """Tell the server to stop ``wire_id`` (``notifications/cancelled``)."""
-
-    wire_id: str | int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class CloseStream:
-    """Stop reading the stream's current connection: it is finished, or superseded by what follows."""
-
-    stream: StreamKey
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Incoming:
-    """A server request or notification that is not the ledger's business (logging, ping, sampling)."""
-
-    stream: StreamKey
-    message: Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """Something dropped or decided, for the log: ``what`` is a stable keyword, ``detail`` for humans."""
-
-    stream: StreamKey | None
-    what: str
-    detail: str
-
-
-Action = Send | SendBatch | Resume | Reauthorize | Resolve | Progress | CancelOnServer | CloseStream | Incoming | Report
-
 
 # ---- state -----------------------------------------------------------------------------------------
 
@@ -218,6 +84,7 @@ class _State(Enum):
     REAUTH = "reauth"
     """Waiting for a fresh grant before resuming."""
     CLOSED = "closed"
+    """No call rides on it any more; the ledger has forgotten it."""
 
 
 @dataclass(slots=True)
@@ -286,7 +153,7 @@ class Ledger:
         call = _Call(key, spec, wire, stream.key)
         self._calls[key] = call
         self._by_wire[wire] = key
-        return key, [Send(Link(stream.key, stream.epoch), key, self._message(call), spec.resources, "new call")]
+        return key, [Send(self._link(stream), key, self._message(call), spec.resources, "new call")]
 
     def begin_batch(self, specs: Sequence[CallSpec]) -> tuple[list[CallKey], list[Action]]:
         """Register several calls on one stream and return the :class:`SendBatch` that sends them together.
@@ -303,7 +170,7 @@ class Ledger:
             wire = self._new_wire_id()
             self._calls[key] = _Call(key, spec, wire, stream.key)
             self._by_wire[wire] = key
-        return keys, [self._send_all(stream, "new batch")]
+        return keys, [self._send_all(stream, self._link(stream), "new batch")]
 
     # ---- what arrived -------------------------------------------------------------------------------
 
@@ -454,14 +321,12 @@ class Ledger:
         stream = self._streams.get(stream_key)
         if stream is None or stream.state is not _State.REAUTH:
             return []
-        stream.state = _State.LIVE
         stream.required.clear()
         for call in self._calls_on(stream):
             call.refused = False
         if stream.cursor is not None:
             return [self._resume(stream, "re-authorized; resuming from the same cursor")]
-        stream.epoch += 1
-        return [self._send_all(stream, "re-authorized; sending again")]
+        return [self._send_all(stream, self._new_link(stream), "re-authorized; sending again")]
 
     def reauthorization_failed(self, stream_key: StreamKey, detail: str) -> list[Action]:
         """No grant covers the stream: abandon it; re-issue each call with its own token, or fail it."""
@@ -541,7 +406,7 @@ class Ledger:
             if code == EXECUTION_LOST:
                 reason = f"the server lost the execution of {wire!r}: {error.get('message', '')}"
                 return self._recover_calls(stream, [call], FailureKind.MAY_HAVE_RUN, reason, error)
-        return self._resolve(call, Answered(msg), "answered")
+        return self._resolve(call, Answered(msg))
 
     def _refused(self, stream: _Stream, call: _Call, data: Mapping[str, Any]) -> list[Action]:
         if stream.cursor is None:
@@ -617,18 +482,15 @@ class Ledger:
             # of authorizations over (MCP: clients limit scope step-up retries).
             return [a for call in self._calls_on(stream) for a in self._fail(call, FailureKind.AUTHORIZATION, why)]
         stream.reauths += 1
-        stream.state = _State.REAUTH
-        stream.epoch += 1
+        self._enter(stream, _State.REAUTH)
         resources = frozenset(stream.required).union(*(c.spec.resources for c in self._calls_on(stream)))
         return [CloseStream(stream.key, why), Reauthorize(stream.key, resources, stream.cursor, why)]
 
     def _resume(self, stream: _Stream, why: str) -> Resume:
-        stream.epoch += 1
-        stream.link_id = None
-        stream.fresh = False
         assert stream.cursor is not None
+        link = self._new_link(stream)
         resources = frozenset[str]().union(*(c.spec.resources for c in self._calls_on(stream)))
-        return Resume(Link(stream.key, stream.epoch), stream.cursor, stream.fruitless, stream.retry_ms, resources, why)
+        return Resume(link, stream.cursor, stream.fruitless, stream.retry_ms, resources, why)
 
     def _recover(
         self, stream: _Stream, kind: FailureKind, reason: str, error: Mapping[str, Any] | None = None
@@ -677,8 +539,7 @@ class Ledger:
         if old.state is _State.CLOSED:
             out.append(CloseStream(old.key, why))
         message = self._message(call)
-        link = Link(stream.key, stream.epoch)
-        out.append(Send(link, call.key, message, call.spec.resources, why, old_wire, call.reissues))
+        out.append(Send(self._link(stream), call.key, message, call.spec.resources, why, old_wire, call.reissues))
         return out
 
     def _split(self, old: _Stream, why: str) -> list[Action]:
@@ -688,13 +549,12 @@ class Ledger:
             self._detach(call, old)
             stream = self._new_stream(call.key)
             call.stream = stream.key
-            out.append(Send(Link(stream.key, stream.epoch), call.key, self._message(call), call.spec.resources, why))
+            out.append(Send(self._link(stream), call.key, self._message(call), call.spec.resources, why))
         return [CloseStream(old.key, why), *out]
 
-    def _send_all(self, stream: _Stream, why: str) -> Send | SendBatch:
-        """Put every call of a stream that has not reached the server (yet) on the wire: one POST."""
+    def _send_all(self, stream: _Stream, link: Link, why: str) -> Send | SendBatch:
+        """Put every call of a stream that has not reached the server (yet) on the wire: one POST on ``link``."""
         calls = self._calls_on(stream)
-        link = Link(stream.key, stream.epoch)
         if len(calls) == 1:
             (call,) = calls
             return Send(link, call.key, self._message(call), call.spec.resources, why)
@@ -704,9 +564,9 @@ class Ledger:
     def _fail(
         self, call: _Call, kind: FailureKind, reason: str, error: Mapping[str, Any] | None = None
     ) -> list[Action]:
-        return self._resolve(call, Failure(kind, reason, error), reason)
+        return self._resolve(call, Failure(kind, reason, error))
 
-    def _resolve(self, call: _Call, outcome: Outcome, why: str) -> list[Action]:
+    def _resolve(self, call: _Call, outcome: Outcome) -> list[Action]:
         stream = self._streams[call.stream]
         self._detach(call, stream)
         del self._calls[call.key]
@@ -719,9 +579,33 @@ class Ledger:
     def _detach(self, call: _Call, stream: _Stream) -> None:
         stream.calls.discard(call.key)
         if not stream.calls:
-            stream.state = _State.CLOSED
-            stream.epoch += 1
+            self._enter(stream, _State.CLOSED)
             del self._streams[stream.key]
+
+    # ---- internals: the only places a stream's state or epoch changes -------------------------------
+
+    @staticmethod
+    def _enter(stream: _Stream, state: _State) -> None:
+        """Leave LIVE (for REAUTH or CLOSED): the current connection, if any, is superseded."""
+        stream.state = state
+        stream.epoch += 1
+
+    @staticmethod
+    def _new_link(stream: _Stream) -> Link:
+        """A new connection of ``stream`` (a resume, or a re-send after re-authorization): LIVE again.
+
+        Every older link becomes stale, and the per-connection bookkeeping starts over.
+        """
+        stream.state = _State.LIVE
+        stream.epoch += 1
+        stream.link_id = None
+        stream.fresh = False
+        return Link(stream.key, stream.epoch)
+
+    @staticmethod
+    def _link(stream: _Stream) -> Link:
+        """The stream's current connection, for the first POST on a new stream."""
+        return Link(stream.key, stream.epoch)
 
     def _live(self, link: Link) -> _Stream | None:
         stream = self._streams.get(link.stream)
