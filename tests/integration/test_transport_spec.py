@@ -8,7 +8,7 @@ import httpx
 import orjson
 import pytest
 
-from mcp_lossless.server.tools import RESOURCE_META_KEY
+from mcp_lossless.core.protocol import RESOURCE_META_KEY
 from tests.support.mcp_http import ACCEPT_BOTH, Peer, call, dev_token
 
 pytestmark = pytest.mark.anyio

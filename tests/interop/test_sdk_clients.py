@@ -27,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, TextContent
 
 from mcp_lossless.core.errors import DELIVERY_REFUSED
-from mcp_lossless.server.tools import RESOURCE_META_KEY
+from mcp_lossless.core.protocol import RESOURCE_META_KEY
 from tests.interop.scripted_server import RETRY_MS, AfterClose, ScriptedServer, scripted_server
 from tests.support.mcp_http import dev_token
 from tests.support.node import node_binary, ts_sdk_dir

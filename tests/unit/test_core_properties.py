@@ -12,7 +12,7 @@ from mcp_lossless.core.eventids import Cursor, CursorProblem, EventIdCodec, Unve
 from mcp_lossless.core.events import StoredEvent
 from mcp_lossless.core.principal import Grant, Principal
 from mcp_lossless.core.replay import DeliveryGate, RefusalReason, plan_replay
-from mcp_lossless.core.resources import AudiencePolicy, InvalidResource, canonical_resource
+from mcp_lossless.core.resources import AudiencePolicy, InvalidResource, canonical_resource, tool_resource
 
 # --- resources ----------------------------------------------------------------------------------
 
@@ -50,6 +50,15 @@ def test_canonical_resource_is_idempotent_on_indicators(parts: tuple[str, str, s
     scheme, authority, path, query = parts
     once = canonical_resource(f"{scheme}://{authority}{path}{query}")
     assert canonical_resource(once) == once
+
+
+def test_a_tool_resource_defaults_to_the_tools_path_under_the_canonical_uri() -> None:
+    assert tool_resource("https://mcp.example.com/mcp", "fetch") == "https://mcp.example.com/mcp/tools/fetch"
+    assert (
+        tool_resource("https://mcp.example.com/mcp", "fetch", "HTTPS://Other.example/x/") == "https://other.example/x"
+    )
+    with pytest.raises(InvalidResource):
+        tool_resource("https://mcp.example.com/mcp", "fetch", "relative/path")
 
 
 @given(resource_parts(), st.lists(st.booleans()), st.lists(st.booleans()), st.integers(0, 3))

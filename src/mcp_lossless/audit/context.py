@@ -6,11 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import protocol
 from .tokens import Tokens, TokenUnavailable, audience
 from .wire import Credential, Exchange, HandshakeFailed, Session, Wire, answered, call_message
 
-DEFAULT_VERSION = "2025-11-25"
-BATCH_VERSION = "2025-03-26"
+DEFAULT_VERSION = protocol.LATEST
+BATCH_VERSION = protocol.BATCHING
 CALL_FAILED = "the call failed with the wide token (does it cover the call? see --resource)"
 
 

@@ -7,15 +7,13 @@ from typing import Any
 
 import httpx
 
+from ..core.protocol import RESOURCE_META_KEY
 from .context import Audit, AuditSettings, NotRun
 from .probes import PROBES
 from .redact import Redactor
 from .report import AuditReport, CheckResult
 from .tokens import Tokens, TokenSource, TokenUnavailable
 from .wire import Exchange, HandshakeFailed, Wire, answered
-
-RESOURCE_META_KEY = "io.github.mcp-lossless/resource"
-"""Where mcp-lossless (and any server adopting the convention) publishes a tool's resource indicator."""
 
 
 class AuditError(Exception):

@@ -23,13 +23,12 @@ import httpx
 
 from ..core import protocol
 from ..core.actions import CallSpec, RecoveryPolicy
+from ..core.protocol import RESOURCE_META_KEY
 from .errors import McpClientError, ToolError
 from .oauth import Auth
 from .session import ProgressCallback, ServerInfo, Session
 from .transport import Backoff, HttpTransport
 
-RESOURCE_META_KEY = "io.github.mcp-lossless/resource"
-"""Where an mcp-lossless server publishes each tool's RFC 8707 resource indicator in ``tools/list``."""
 DEFAULT_TIMEOUT = 60.0
 
 

@@ -19,6 +19,7 @@ import httpx
 import orjson
 from anyio.abc import TaskGroup
 
+from .. import __version__
 from ..core import errors as codes
 from ..core import protocol
 from ..core.actions import (
@@ -120,7 +121,7 @@ class Session:
         self._prefix = f"{self._rng.getrandbits(64):016x}"
         """Wire ids start with this unguessable prefix, so they never collide with another client's."""
         self.ledger = Ledger(self._prefix, policy)
-        self.client_info = dict(client_info or {"name": "mcp-lossless", "version": "0.1.0"})
+        self.client_info = dict(client_info or {"name": "mcp-lossless", "version": __version__})
         self.server: ServerInfo | None = None
         self._tg: TaskGroup | None = None
         self._waiters: dict[CallKey, _Waiter] = {}

@@ -6,6 +6,11 @@ LATEST = "2025-11-25"
 SUPPORTED = ("2025-11-25", "2025-06-18", "2025-03-26")
 STATELESS = "2026-07-28"
 """Removed sessions and resumption; our server refuses it with a 400 (docs/decisions/0004)."""
+BATCHING = "2025-03-26"
+"""The one revision with JSON-RPC batches."""
+RESOURCE_META_KEY = "io.github.mcp-lossless/resource"
+"""Where an mcp-lossless server publishes each tool's RFC 8707 resource indicator in ``tools/list`` (a tool's
+``_meta``); the client and the audit read it there. Any server may adopt the convention."""
 
 
 def negotiate(requested: object) -> str:
@@ -14,7 +19,7 @@ def negotiate(requested: object) -> str:
 
 
 def allows_batches(version: str) -> bool:
-    return version == "2025-03-26"
+    return version == BATCHING
 
 
 def primes_streams(version: str) -> bool:

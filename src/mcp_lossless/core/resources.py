@@ -34,6 +34,11 @@ def canonical_resource(uri: str) -> str:
     return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), path, parts.query, ""))
 
 
+def tool_resource(canonical: str, name: str, explicit: str | None = None) -> str:
+    """The canonical resource indicator of tool ``name``: ``explicit`` if given, else ``<canonical>/tools/<name>``."""
+    return canonical_resource(explicit or f"{canonical}/tools/{name}")
+
+
 def audience_of(aud: str | Iterable[str] | None) -> Audience:
     """The canonical audience of a JWT ``aud`` claim; entries that are not indicators are dropped."""
     if aud is None:

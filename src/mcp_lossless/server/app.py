@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ..asgi import Receive, Scope, Send, headers, respond, respond_json
-from ..core.resources import canonical_resource
+from ..core.resources import canonical_resource, tool_resource
 from ..devauth.server import DevAuthServer
 from ..stores import EventStore, open_store
 from . import metadata
@@ -198,7 +198,7 @@ def create_app(
         canonical = canonical_resource(config.canonical_uri)
         dev_as = DevAuthServer(
             config.dev_issuer,
-            resources=[canonical_resource(t.resource or f"{canonical}/tools/{n}") for n, t in registry.tools.items()],
+            resources=[tool_resource(canonical, n, t.resource) for n, t in registry.tools.items()],
             aggregate=canonical,
             clients=config.dev_clients,
             least_privilege=config.least_privilege,

@@ -10,7 +10,8 @@ from typing import Any
 from ..core.eventids import EventIdCodec, new_key
 from ..core.events import StreamRecord
 from ..core.principal import ANONYMOUS, Grant
-from ..core.resources import AudiencePolicy, canonical_resource
+from ..core.protocol import RESOURCE_META_KEY
+from ..core.resources import AudiencePolicy, canonical_resource, tool_resource
 from ..stores.base import EventStore
 from . import metadata
 from .auth import TokenVerifier
@@ -18,7 +19,7 @@ from .config import ServerConfig
 from .observability import Metrics
 from .sessions import SessionRegistry
 from .streams import LiveStream
-from .tools import RESOURCE_META_KEY, MethodHandler, ToolRegistry
+from .tools import MethodHandler, ToolRegistry
 
 
 class ServerState:
@@ -39,9 +40,7 @@ class ServerState:
         canonical = canonical_resource(config.canonical_uri)
         self.canonical = canonical
         self.tools = tools.tools
-        self.tool_resource = {
-            name: canonical_resource(tool.resource or f"{canonical}/tools/{name}") for name, tool in self.tools.items()
-        }
+        self.tool_resource = {name: tool_resource(canonical, name, tool.resource) for name, tool in self.tools.items()}
         self.tool_tags = {name: frozenset({uri}) for name, uri in self.tool_resource.items()}
         """One interned tag set per tool: replay checks memoize on it."""
         self.policy = AudiencePolicy(canonical, self.tool_resource.values())

@@ -1,7 +1,8 @@
 """Declaring tools: a typed function becomes an MCP tool with an input schema and a resource indicator.
 
 Each tool names the RFC 8707 resource a token must cover to call it (by default
-``<canonical server URI>/tools/<name>``); ``tools/list`` publishes it under :data:`RESOURCE_META_KEY`.
+``<canonical server URI>/tools/<name>``, :func:`~mcp_lossless.core.resources.tool_resource`); ``tools/list``
+publishes it under :data:`~mcp_lossless.core.protocol.RESOURCE_META_KEY`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from typing import Any, Protocol, get_type_hints
 import pydantic
 
 from ..core.principal import Grant, Principal
-
-RESOURCE_META_KEY = "io.github.mcp-lossless/resource"
 
 ToolResult = str | dict[str, Any]
 
