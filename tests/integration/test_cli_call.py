@@ -28,7 +28,7 @@ from mcp_lossless.client.errors import (
     ProtocolViolation,
     RemoteError,
     SessionLost,
-    ToolError,
+    ToolFailed,
 )
 from tests.support.processes import CLI, ServerProcess, cli_server, free_port
 
@@ -154,7 +154,7 @@ def test_argument_values() -> None:
 
 
 def test_exit_status_per_outcome() -> None:
-    assert exit_status(ToolError("failed", None)) == EXIT_TOOL_ERROR
+    assert exit_status(ToolFailed("failed", None)) == EXIT_TOOL_ERROR
     assert exit_status(CallMayHaveRun("lost")) == EXIT_MAY_HAVE_RUN
     assert exit_status(SessionLost("gone")) == EXIT_MAY_HAVE_RUN
     assert exit_status(AuthorizationFailed("no")) == EXIT_AUTHORIZATION

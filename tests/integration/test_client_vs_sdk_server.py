@@ -23,7 +23,7 @@ from mcp.server.mcpserver.exceptions import ToolError as ServerToolError
 from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
 from mcp_types import JSONRPCMessage, ToolAnnotations
 
-from mcp_lossless.client import Client, DeadlineExceeded, ProgressUpdate, SessionLost, ToolError
+from mcp_lossless.client import Client, DeadlineExceeded, ProgressUpdate, SessionLost, ToolFailed
 from mcp_lossless.client.sync import SyncClient
 from mcp_lossless.client.transport import Backoff
 from tests.support.uvicorn_server import serve_app
@@ -236,7 +236,7 @@ async def test_concurrent_calls_each_get_their_own_result(sdk_server: SdkServer)
 @pytest.mark.anyio
 async def test_tool_error_is_typed(sdk_server: SdkServer) -> None:
     async with fast_client(sdk_server.url) as client:
-        with pytest.raises(ToolError) as caught:
+        with pytest.raises(ToolFailed) as caught:
             await client.call_tool("broken")
     assert "failed on purpose" in caught.value.reason
 
@@ -295,7 +295,7 @@ def test_sync_wrapper_for_scripts(sdk_server: SdkServer) -> None:
         assert client.server.protocol_version == "2025-11-25"
         assert "count" in {t.name for t in client.list_tools()}
         result = client.call_tool("count", {"n": 3, "close_after": 1}, on_progress=lambda u: updates.append(u.progress))
-        with pytest.raises(ToolError):
+        with pytest.raises(ToolFailed):
             client.call_tool("broken")
     assert result.text == "counted to 3"
     assert updates == [1, 2, 3]

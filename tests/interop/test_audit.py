@@ -18,7 +18,7 @@ import pytest
 
 from mcp_lossless.audit.redact import Redactor
 from mcp_lossless.audit.report import CHECKS, AuditReport, CheckResult, report_document, to_markdown
-from mcp_lossless.audit.tokens import ClientCredentials
+from mcp_lossless.audit.tokens import ClientCredentialsGrant
 from mcp_lossless.audit.wire import Credential, Exchange, Wire, WireEvent, answered, call_message
 from mcp_lossless.cli import main
 from mcp_lossless.server.app import create_app
@@ -181,7 +181,7 @@ def test_sdk_server_hazards_are_reported_with_evidence(tmp_path: Path, sdk_peer:
 async def _fetch_with(peer: SdkPeer, *resources: str) -> dict[str, Any]:
     """Call the peer's fetch directly with a token for ``resources``; its answer."""
     async with httpx.AsyncClient(timeout=10) as http:
-        token = await ClientCredentials(http, peer.token_endpoint, "dev-client", "dev-secret").token(resources)
+        token = await ClientCredentialsGrant(http, peer.token_endpoint, "dev-client", "dev-secret").token(resources)
         wire = Wire(http, peer.url, read_seconds=5)
         session = await wire.open_session(Credential("direct", token), "2025-11-25", "initialize")
         message = call_message(1, "fetch", {"url": "u", "steps": 1, "delay_ms": 0}, "p")

@@ -22,7 +22,7 @@ import anyio
 import httpx
 import pytest
 
-from mcp_lossless.client import Client, DeadlineExceeded, ProgressUpdate, SessionLost, ToolError
+from mcp_lossless.client import Client, DeadlineExceeded, ProgressUpdate, SessionLost, ToolFailed
 from mcp_lossless.client.transport import Backoff
 from tests.support.node import node_binary, ts_sdk_dir
 
@@ -209,7 +209,7 @@ async def test_concurrent_calls_each_get_their_own_result(ts_server: TsServer) -
 async def test_invalid_arguments_are_a_typed_tool_error(ts_server: TsServer) -> None:
     with anyio.fail_after(CALL_TIMEOUT):
         async with client_for(ts_server) as client:
-            with pytest.raises(ToolError) as caught:
+            with pytest.raises(ToolFailed) as caught:
                 await client.call_tool("search", {"query": "x", "steps": 0})
     assert "steps" in caught.value.reason
 

@@ -4,8 +4,26 @@ It drops streams, resumes them with narrowed, foreign and other principals' toke
 hazard it observes as a named finding with the requests and answers that show it.
 """
 
-from .context import AuditSettings, ToolCall
+from .context import AuditCall, AuditSettings
+from .redact import Redactor
 from .report import CHECKS, AuditReport, CheckResult
 from .run import AuditError, run_audit
+from .tokens import ClientCredentialsGrant, TokenCommand, TokenSource, TokenUnavailable
+from .wire import Exchange, WireEvent
 
-__all__ = ["CHECKS", "AuditError", "AuditReport", "AuditSettings", "CheckResult", "ToolCall", "run_audit"]
+__all__ = [
+    "CHECKS",
+    "AuditCall",
+    "AuditError",
+    "AuditReport",
+    "AuditSettings",
+    "CheckResult",
+    "ClientCredentialsGrant",
+    "Exchange",
+    "Redactor",
+    "TokenCommand",
+    "TokenSource",
+    "TokenUnavailable",
+    "WireEvent",
+    "run_audit",
+]

@@ -16,11 +16,11 @@ import httpx
 import orjson
 from rich.console import Console
 
-from .context import DEFAULT_VERSION, AuditSettings, ToolCall
+from .context import DEFAULT_VERSION, AuditCall, AuditSettings
 from .redact import Redactor
 from .report import render_table, report_document, to_markdown
 from .run import AuditError, run_audit
-from .tokens import ClientCredentials, TokenCommand, TokenSource
+from .tokens import ClientCredentialsGrant, TokenCommand, TokenSource
 
 SECRET_ENV = "MCP_LOSSLESS_AUDIT_SECRET"
 SECOND_SECRET_ENV = "MCP_LOSSLESS_AUDIT_SECOND_SECRET"
@@ -33,7 +33,7 @@ steps=5 delay_ms=200): the audit drops its stream after the first one and resume
 Exit status: 0 no findings, 1 findings, 2 usage or connection error."""
 
 
-class UsageError(Exception):
+class AuditUsageError(Exception):
     pass
 
 
@@ -91,15 +91,15 @@ def _argument_value(text: str) -> Any:
         return text
 
 
-def parse_call(words: list[str]) -> ToolCall:
+def parse_call(words: list[str]) -> AuditCall:
     tool, *pairs = words
     arguments: dict[str, Any] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise UsageError(f"--call argument {pair!r} is not NAME=VALUE")
+            raise AuditUsageError(f"--call argument {pair!r} is not NAME=VALUE")
         arguments[name] = _argument_value(value)
-    return ToolCall(tool, arguments)
+    return AuditCall(tool, arguments)
 
 
 def _tool_resources(values: list[str]) -> dict[str, str]:
@@ -107,7 +107,7 @@ def _tool_resources(values: list[str]) -> dict[str, str]:
     for value in values:
         tool, sep, uri = value.partition("=")
         if not sep or not tool or not uri:
-            raise UsageError(f"--resource {value!r} is not TOOL=URI")
+            raise AuditUsageError(f"--resource {value!r} is not TOOL=URI")
         out[tool] = uri
     return out
 
@@ -116,15 +116,15 @@ def _client(value: str, env: str) -> tuple[str, str]:
     client_id, sep, secret = value.partition(":")
     secret = secret if sep else os.environ.get(env, "")
     if not client_id or not secret:
-        raise UsageError(f"client {client_id!r}: give ID:SECRET or set ${env}")
+        raise AuditUsageError(f"client {client_id!r}: give ID:SECRET or set ${env}")
     return client_id, secret
 
 
 def settings_from(args: argparse.Namespace) -> AuditSettings:
     if not args.url.startswith(("http://", "https://")):
-        raise UsageError(f"{args.url!r} is not an http(s) URL")
+        raise AuditUsageError(f"{args.url!r} is not an http(s) URL")
     if args.read_seconds <= 0 or args.open_seconds <= 0:
-        raise UsageError("--read-seconds and --open-seconds must be positive")
+        raise AuditUsageError("--read-seconds and --open-seconds must be positive")
     return AuditSettings(
         url=args.url,
         call=parse_call(args.call),
@@ -141,16 +141,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(args)
         if args.token_endpoint and args.token_command:
-            raise UsageError("give --token-endpoint (with --client) or --token-command, not both")
+            raise AuditUsageError("give --token-endpoint (with --client) or --token-command, not both")
         if (args.client or args.second_client) and not args.token_endpoint:
-            raise UsageError("--client and --second-client need --token-endpoint")
+            raise AuditUsageError("--client and --second-client need --token-endpoint")
         if args.token_endpoint and not args.client:
-            raise UsageError("--token-endpoint needs --client")
+            raise AuditUsageError("--token-endpoint needs --client")
         if args.second_client and args.second_token_command:
-            raise UsageError("give --second-client or --second-token-command, not both")
+            raise AuditUsageError("give --second-client or --second-token-command, not both")
         first = _client(args.client, SECRET_ENV) if args.client else None
         second = _client(args.second_client, SECOND_SECRET_ENV) if args.second_client else None
-    except UsageError as exc:
+    except AuditUsageError as exc:
         print(f"mcp-lossless audit: {exc}", file=sys.stderr)
         return 2
     outcome = anyio.run(_audit, args, settings, first, second)
@@ -183,12 +183,12 @@ async def _audit(
         other: TokenSource | None = None
         if first is not None:
             redactor.register(first[1], "client secret")
-            principal = ClientCredentials(http, args.token_endpoint, *first)
+            principal = ClientCredentialsGrant(http, args.token_endpoint, *first)
         elif args.token_command:
             principal = TokenCommand(args.token_command)
         if second is not None:
             redactor.register(second[1], "second client secret")
-            other = ClientCredentials(http, args.token_endpoint, *second)
+            other = ClientCredentialsGrant(http, args.token_endpoint, *second)
         elif args.second_token_command:
             other = TokenCommand(args.second_token_command)
         try:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..core import protocol
 from .tokens import Tokens, TokenUnavailable, audience
-from .wire import Credential, Exchange, HandshakeFailed, Session, Wire, answered, call_message
+from .wire import Credential, Exchange, HandshakeFailed, Wire, WireSession, answered, call_message
 
 DEFAULT_VERSION = protocol.LATEST
 BATCH_VERSION = protocol.BATCHING
@@ -25,7 +25,7 @@ class NotRun(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCall:
+class AuditCall:
     """The operator's "wide" call: one that sends several progress notifications over some time."""
 
     tool: str
@@ -35,7 +35,7 @@ class ToolCall:
 @dataclass(frozen=True, slots=True)
 class AuditSettings:
     url: str
-    call: ToolCall
+    call: AuditCall
     narrow_resources: tuple[str, ...] = ()
     """A resource set that does NOT cover the call (e.g. another tool's indicator)."""
     foreign_resource: str = "https://not-this-server.example/mcp"
@@ -114,7 +114,7 @@ class Audit:
             raise NotRun("the token source ignored the narrowed resources: the narrowed token still covers the call")
         return narrowed
 
-    async def session(self, label: str, credential: Credential | None = None) -> Session:
+    async def session(self, label: str, credential: Credential | None = None) -> WireSession:
         """A fresh session, opened with ``credential`` or else the wide token."""
         try:
             return await self.wire.open_session(
@@ -128,7 +128,7 @@ class Audit:
         call = self.settings.call
         return Sent(request_id, token, call_message(request_id, call.tool, call.arguments, token))
 
-    async def complete_call(self, session: Session, label: str) -> tuple[Sent, Exchange]:
+    async def complete_call(self, session: WireSession, label: str) -> tuple[Sent, Exchange]:
         """Run the call to its answer, reading everything; it must be resumable (its events carry ids)."""
         sent = self.new_call()
         exchange = await self.wire.post(session, sent.message, label=label, stop=answered(sent.request_id))

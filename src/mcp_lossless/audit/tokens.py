@@ -40,7 +40,7 @@ class TokenSource(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class ClientCredentials:
+class ClientCredentialsGrant:
     """``grant_type=client_credentials`` at ``endpoint``, authenticated with HTTP Basic (RFC 6749 §2.3.1)."""
 
     http: httpx.AsyncClient

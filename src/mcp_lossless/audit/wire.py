@@ -115,7 +115,9 @@ Stop = Callable[[Exchange], bool]
 
 
 @dataclass(slots=True)
-class Session:
+class WireSession:
+    """A session the audit opened on the target: its id, the negotiated revision, and the exchange that made it."""
+
     id: str | None
     version: str
     credential: Credential | None
@@ -156,7 +158,7 @@ class Wire:
     def progress_token() -> str:
         return f"audit-{secrets.token_hex(6)}"
 
-    def _headers(self, credential: Credential | None, session: Session | None, version: str) -> dict[str, str]:
+    def _headers(self, credential: Credential | None, session: WireSession | None, version: str) -> dict[str, str]:
         headers = {"accept": ACCEPT_BOTH, "content-type": "application/json", "mcp-protocol-version": version}
         if credential is not None:
             headers["authorization"] = f"Bearer {credential.token}"
@@ -164,7 +166,7 @@ class Wire:
             headers["mcp-session-id"] = session.id
         return headers
 
-    async def open_session(self, credential: Credential | None, version: str, label: str) -> Session:
+    async def open_session(self, credential: Credential | None, version: str, label: str) -> WireSession:
         """``initialize`` + ``notifications/initialized``; raises :class:`HandshakeFailed` without a session."""
         message = {
             "jsonrpc": "2.0",
@@ -182,14 +184,14 @@ class Wire:
         if not exchange.ok or answer is None or "result" not in answer:
             raise HandshakeFailed(exchange)
         negotiated = answer["result"].get("protocolVersion", version)
-        session = Session(exchange.response_headers.get("mcp-session-id"), str(negotiated), credential, exchange)
+        session = WireSession(exchange.response_headers.get("mcp-session-id"), str(negotiated), credential, exchange)
         note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
         await self.send("POST", self._headers(credential, session, session.version), note, label=f"{label} (ack)")
         return session
 
     async def post(
         self,
-        session: Session,
+        session: WireSession,
         payload: Any,
         *,
         label: str,
@@ -203,7 +205,7 @@ class Wire:
 
     async def resume(
         self,
-        session: Session,
+        session: WireSession,
         last_event_id: str,
         *,
         label: str,

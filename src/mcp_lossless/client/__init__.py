@@ -20,20 +20,25 @@ from .errors import (
     RemoteError,
     RequestRejected,
     SessionLost,
-    ToolError,
+    ToolFailed,
 )
-from .oauth import Auth, AuthorizationCodeGrant, BearerToken, LoopbackRedirect, OAuth
+from .oauth import Auth, AuthorizationCodeGrant, BearerToken, Challenge, LoopbackRedirect, OAuth
+from .registration import ClientRegistration
 from .session import ProgressUpdate, ServerInfo
 from .sync import SyncClient
+from .transport import Backoff, ResponseTooLarge
 
 __all__ = [
     "Auth",
     "AuthorizationCodeGrant",
     "AuthorizationFailed",
+    "Backoff",
     "BearerToken",
     "CallMayHaveRun",
+    "Challenge",
     "Client",
     "ClientClosed",
+    "ClientRegistration",
     "ConnectionFailed",
     "DeadlineExceeded",
     "LoopbackRedirect",
@@ -44,11 +49,12 @@ __all__ = [
     "RecoveryPolicy",
     "RemoteError",
     "RequestRejected",
+    "ResponseTooLarge",
     "ServerInfo",
     "SessionLost",
     "SyncClient",
     "Tool",
     "ToolCall",
-    "ToolError",
+    "ToolFailed",
     "ToolResult",
 ]

@@ -24,7 +24,7 @@ import httpx
 from ..core import protocol
 from ..core.actions import CallSpec, RecoveryPolicy
 from ..core.protocol import RESOURCE_META_KEY
-from .errors import McpClientError, ToolError
+from .errors import McpClientError, ToolFailed
 from .oauth import Auth
 from .session import ProgressCallback, ServerInfo, Session
 from .transport import Backoff, HttpTransport
@@ -203,7 +203,7 @@ class Client:
         timeout: float | None = None,  # noqa: ASYNC109 - a per-call deadline the session enforces
         reissue: bool | None = None,
     ) -> ToolResult:
-        """Call ``name`` and return its result; raise :class:`ToolError` if the tool reported failure.
+        """Call ``name`` and return its result; raise :class:`ToolFailed` if the tool reported failure.
 
         ``reissue=True`` lets the client run the tool again under a new id if its result is lost;
         ``False`` forbids it; ``None`` allows it only for idempotent tools. ``on_progress`` is called
@@ -239,7 +239,7 @@ class Client:
                 continue
             try:
                 outcomes.append(_tool_result(call.name, answer))
-            except ToolError as exc:
+            except ToolFailed as exc:
                 outcomes.append(exc)
         return outcomes
 
@@ -265,8 +265,8 @@ class Client:
 
 
 def _tool_result(name: str, raw: Mapping[str, Any]) -> ToolResult:
-    """The typed result, or :class:`ToolError` when the tool reported failure (``isError``)."""
+    """The typed result, or :class:`ToolFailed` when the tool reported failure (``isError``)."""
     result = ToolResult.from_wire(raw)
     if result.raw.get("isError") is True:
-        raise ToolError(result.text or f"tool {name} reported an error", result)
+        raise ToolFailed(result.text or f"tool {name} reported an error", result)
     return result

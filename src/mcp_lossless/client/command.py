@@ -25,7 +25,7 @@ from .errors import (
     ConnectionFailed,
     DeadlineExceeded,
     McpClientError,
-    ToolError,
+    ToolFailed,
 )
 from .oauth import Auth, AuthorizationCodeGrant, LoopbackRedirect, OAuth
 from .session import ProgressUpdate
@@ -91,7 +91,7 @@ def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 def exit_status(error: BaseException) -> int:
-    if isinstance(error, ToolError):
+    if isinstance(error, ToolFailed):
         return EXIT_TOOL_ERROR
     if isinstance(error, CallMayHaveRun):
         return EXIT_MAY_HAVE_RUN
@@ -180,11 +180,11 @@ def _failed(args: argparse.Namespace, error: BaseException, err: Console) -> int
     reason = error.reason if isinstance(error, McpClientError) else f"no answer within {args.timeout:g} s"
     if args.json:
         document: dict[str, Any] = {"outcome": "error", "kind": kind, "reason": reason, "exit": status}
-        if isinstance(error, ToolError) and isinstance(error.result, ToolResult):
+        if isinstance(error, ToolFailed) and isinstance(error.result, ToolResult):
             document["result"] = error.result.raw
         print(orjson.dumps(document).decode())
     else:
-        if isinstance(error, ToolError):
+        if isinstance(error, ToolFailed):
             print(error.reason)
         err.print(f"mcp-lossless call: {_headline(status)} ({kind}): {reason}", markup=False)
     return status

@@ -20,8 +20,12 @@ class McpClientError(Exception):
         self.reason = reason
 
 
-class ToolError(McpClientError):
-    """The tool ran and reported failure (``isError: true``); ``result`` is what it returned."""
+class ToolFailed(McpClientError):
+    """The tool ran and reported failure (``isError: true``); ``result`` is what it returned.
+
+    The caller's side of a failed tool: the server's :class:`mcp_lossless.server.ToolError` is what a tool
+    raises to report failure, and this is what arrives. Named like its siblings, after what happened.
+    """
 
     kind = "tool_error"
 

@@ -59,7 +59,7 @@ from .errors import (
     SessionLost,
 )
 from .oauth import Auth, parse_challenge
-from .transport import Backoff, BodyTooLarge, HttpTransport, media_type
+from .transport import Backoff, HttpTransport, ResponseTooLarge, media_type
 
 log = logging.getLogger("mcp_lossless.client")
 
@@ -210,7 +210,7 @@ class Session:
                     return await self._single_response(response, message["id"]), session_id
             except NOT_SENT_ERRORS as exc:
                 raise ConnectionFailed(f"cannot reach {self.transport.url}: {exc!r}") from exc
-            except (httpx.HTTPError, BodyTooLarge, SseTooLarge) as exc:
+            except (httpx.HTTPError, ResponseTooLarge, SseTooLarge) as exc:
                 raise ProtocolViolation(f"{message['method']} failed on the wire: {exc!r}") from exc
         raise AuthorizationFailed(f"{message['method']}: the server kept refusing new tokens")
 
@@ -419,7 +419,7 @@ class Session:
                 self._apply(self.ledger.unauthorized(link, action.resources, exc.reason))
             except NOT_SENT_ERRORS as exc:
                 self._apply(self.ledger.not_sent(link, repr(exc)))
-            except (httpx.HTTPError, BodyTooLarge) as exc:
+            except (httpx.HTTPError, ResponseTooLarge) as exc:
                 self._apply(self.ledger.lost(link, repr(exc)))
         self._release(link.stream, scope)
 
@@ -435,7 +435,7 @@ class Session:
                     await self._consume(link, response, sent_on, resuming=True)
             except AuthorizationFailed as exc:
                 self._apply(self.ledger.unauthorized(link, action.resources, exc.reason))
-            except (httpx.HTTPError, BodyTooLarge) as exc:
+            except (httpx.HTTPError, ResponseTooLarge) as exc:
                 self._apply(self.ledger.lost(link, repr(exc)))
         self._release(link.stream, scope)
 

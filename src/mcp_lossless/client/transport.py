@@ -23,8 +23,8 @@ VERSION_HEADER = "MCP-Protocol-Version"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
-class BodyTooLarge(Exception):
-    """A JSON body exceeded the bound; the server is misbehaving or hostile."""
+class ResponseTooLarge(Exception):
+    """A response body exceeded the bound: the server is misbehaving or hostile (a request's is ``BodyTooLarge``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +119,7 @@ class HttpTransport:
         async for chunk in response.aiter_bytes():
             size += len(chunk)
             if size > self.max_body_bytes:
-                raise BodyTooLarge(f"response body exceeds {self.max_body_bytes} bytes")
+                raise ResponseTooLarge(f"response body exceeds {self.max_body_bytes} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
 

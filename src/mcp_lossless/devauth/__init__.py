@@ -1,5 +1,6 @@
 """The embedded development OAuth authorization server (RFC 8414, 8707, 9068, PKCE)."""
 
+from .keys import SigningKeys
 from .server import DevAuthServer
 
-__all__ = ["DevAuthServer"]
+__all__ = ["DevAuthServer", "SigningKeys"]

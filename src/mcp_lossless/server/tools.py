@@ -16,7 +16,8 @@ import pydantic
 
 from ..core.principal import Grant, Principal
 
-ToolResult = str | dict[str, Any]
+ToolReturn = str | dict[str, Any]
+"""What a tool function may return: text, or structured content (the client's ``ToolResult`` is what arrives)."""
 
 
 class Channel(Protocol):
@@ -100,10 +101,15 @@ class ToolInputError(ValueError):
 
 
 @dataclass(slots=True)
-class Tool:
+class RegisteredTool:
+    """A tool as the registry holds it: the function and what the server publishes about it (``tools/list``).
+
+    Named apart from the client's :class:`mcp_lossless.client.Tool`, which is a tool as a server lists it.
+    """
+
     name: str
     description: str
-    fn: Callable[..., Awaitable[ToolResult]]
+    fn: Callable[..., Awaitable[ToolReturn]]
     arguments: type[pydantic.BaseModel]
     context_param: str | None
     annotations: dict[str, Any] = field(default_factory=dict)
@@ -153,7 +159,7 @@ class ToolRegistry:
     """The tools a server offers, in declaration order."""
 
     def __init__(self) -> None:
-        self.tools: dict[str, Tool] = {}
+        self.tools: dict[str, RegisteredTool] = {}
 
     def tool(
         self,
@@ -165,13 +171,13 @@ class ToolRegistry:
         read_only: bool | None = None,
         title: str | None = None,
         input_schema: dict[str, Any] | None = None,
-    ) -> Callable[[Callable[..., Awaitable[ToolResult]]], Callable[..., Awaitable[ToolResult]]]:
+    ) -> Callable[[Callable[..., Awaitable[ToolReturn]]], Callable[..., Awaitable[ToolReturn]]]:
         """Register an async function as a tool. Parameters typed :class:`ToolContext` receive the context.
 
         ``input_schema`` replaces the published ``inputSchema``; calls are still validated against the signature.
         """
 
-        def register(fn: Callable[..., Awaitable[ToolResult]]) -> Callable[..., Awaitable[ToolResult]]:
+        def register(fn: Callable[..., Awaitable[ToolReturn]]) -> Callable[..., Awaitable[ToolReturn]]:
             tool_name = name or fn.__name__
             if tool_name in self.tools:
                 raise ValueError(f"tool {tool_name!r} declared twice")
@@ -185,7 +191,7 @@ class ToolRegistry:
                 annotations["idempotentHint"] = idempotent
             if read_only is not None:
                 annotations["readOnlyHint"] = read_only
-            self.tools[tool_name] = Tool(
+            self.tools[tool_name] = RegisteredTool(
                 name=tool_name,
                 description=description or inspect.getdoc(fn) or "",
                 fn=fn,
@@ -200,7 +206,7 @@ class ToolRegistry:
         return register
 
 
-def content_of(value: ToolResult) -> dict[str, Any]:
+def content_of(value: ToolReturn) -> dict[str, Any]:
     """A ``CallToolResult`` from what a tool returned: text for a string, as-is for a result dict."""
     if isinstance(value, str):
         return {"content": [{"type": "text", "text": value}], "isError": False}

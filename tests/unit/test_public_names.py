@@ -1,0 +1,118 @@
+"""One name, one thing: every type a public signature names is exported.
+
+A store or verifier written from the public names alone must find every type its signatures need in some
+package's ``__all__``. Types defined in ``mcp_lossless.core`` count as exported by their module: the core has
+no package-level surface, each of its modules is public. The checker is tested on a planted module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import types
+import typing
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mcp_lossless
+
+SOURCE = Path(mcp_lossless.__file__).parent
+PACKAGES = sorted(
+    f"mcp_lossless.{path.parent.name}"
+    for path in SOURCE.glob("*/__init__.py")
+    if path.parent.name != "core" and hasattr(importlib.import_module(f"mcp_lossless.{path.parent.name}"), "__all__")
+)
+NOT_PUBLIC_SIGNATURES = {
+    "mcp_lossless.server.LosslessApp.__init__": "built by create_app; its ServerState is the server's internals",
+}
+
+
+# ---- types in public signatures -------------------------------------------------------------------
+
+
+def classes_named(annotation: object) -> Iterator[type]:
+    """Every class an annotation names, through unions and generic arguments."""
+    if isinstance(annotation, type) and not isinstance(annotation, types.GenericAlias):
+        yield annotation
+    for argument in typing.get_args(annotation):
+        yield from classes_named(argument)
+
+
+def public_callables(package: str, names: Iterable[str], owner: Any) -> Iterator[tuple[str, Callable[..., Any]]]:
+    """Exported functions, and the public methods, properties and ``__init__`` of exported classes."""
+    for name in names:
+        obj = getattr(owner, name)
+        if inspect.isfunction(obj):
+            yield f"{package}.{name}", obj
+        elif inspect.isclass(obj):
+            yield f"{package}.{name} (fields)", obj
+            for attribute, value in vars(obj).items():
+                if attribute.startswith("_") and attribute != "__init__":
+                    continue
+                member = value.fget if isinstance(value, property) else value
+                member = member.__func__ if isinstance(member, staticmethod | classmethod) else member
+                if inspect.isfunction(member):
+                    yield f"{package}.{name}.{attribute}", member
+
+
+def unexported(surface: Iterable[tuple[str, Callable[..., Any]]], exported: set[int]) -> dict[str, set[str]]:
+    """Classes of this project named in ``surface``'s hints that no package exports, and where they appear."""
+    missing: dict[str, set[str]] = defaultdict(set)
+    for where, target in surface:
+        if where in NOT_PUBLIC_SIGNATURES:
+            continue
+        hints = typing.get_type_hints(target)
+        for name, annotation in hints.items():
+            if name.startswith("_"):
+                continue
+            for cls in classes_named(annotation):
+                ours = cls.__module__.split(".")[0] == "mcp_lossless"
+                if ours and not cls.__module__.startswith("mcp_lossless.core.") and id(cls) not in exported:
+                    missing[f"{cls.__module__}.{cls.__qualname__}"].add(where)
+    return dict(missing)
+
+
+def exported_ids() -> set[int]:
+    return {id(getattr(importlib.import_module(p), n)) for p in PACKAGES for n in importlib.import_module(p).__all__}
+
+
+def package_surface() -> Iterator[tuple[str, Callable[..., Any]]]:
+    for package in PACKAGES:
+        module = importlib.import_module(package)
+        yield from public_callables(package, module.__all__, module)
+
+
+def test_the_public_packages_are_found() -> None:
+    assert {"mcp_lossless.client", "mcp_lossless.server", "mcp_lossless.stores", "mcp_lossless.audit"} <= set(PACKAGES)
+
+
+def test_every_type_in_a_public_signature_is_exported() -> None:
+    assert unexported(package_surface(), exported_ids()) == {}
+
+
+def test_the_signature_checker_finds_a_planted_unexported_type() -> None:
+    planted = types.ModuleType("mcp_lossless.planted")
+    source = (
+        "from __future__ import annotations\n"
+        "class Hidden:\n    pass\n"
+        "class Shown:\n"
+        "    def method(self, x: list[Hidden] | None) -> int:\n        return 0\n"
+        "def public(a: Shown, b: dict[str, Hidden]) -> None:\n    pass\n"
+    )
+    exec(compile(source, "planted.py", "exec"), planted.__dict__)
+    for obj in (planted.Hidden, planted.Shown):
+        obj.__module__ = "mcp_lossless.planted"
+    surface = list(public_callables("mcp_lossless.planted", ["Shown", "public"], planted))
+    found = unexported(surface, {id(planted.Shown), id(planted.public)})
+    assert found == {
+        "mcp_lossless.planted.Hidden": {"mcp_lossless.planted.Shown.method", "mcp_lossless.planted.public"}
+    }
+
+
+@pytest.mark.parametrize("where", sorted(NOT_PUBLIC_SIGNATURES))
+def test_every_exemption_names_a_real_signature(where: str) -> None:
+    assert where in dict(package_surface()), f"{where} is exempt but no longer part of the surface"
