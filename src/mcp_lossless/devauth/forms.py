@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs
 
-from mcp_lossless.asgi import Receive, Scope, header, read_body
-
+from ..asgi import Receive, Scope, header, read_body
 from .grants import OAuthError
 
 MAX_BODY = 64 * 1024

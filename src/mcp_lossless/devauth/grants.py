@@ -14,7 +14,7 @@ from base64 import urlsafe_b64encode
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from mcp_lossless.core.resources import InvalidResource, canonical_resource
+from ..core.resources import InvalidResource, canonical_resource
 
 CODE_TTL = 60.0
 PKCE_VERIFIER = re.compile(r"[A-Za-z0-9\-._~]{43,128}")

@@ -22,8 +22,7 @@ from urllib.parse import unquote_plus, urlencode, urlsplit, urlunsplit
 
 from joserfc.jwk import KeySet
 
-from mcp_lossless.asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, respond, respond_json
-
+from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, respond, respond_json
 from .consent import consent_page, error_page
 from .forms import Params, form_params, optional, query_params, required
 from .grants import GrantStore, Issue, OAuthError, ResourceRules

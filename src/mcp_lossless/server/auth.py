@@ -26,8 +26,8 @@ from joserfc import jws
 from joserfc.errors import JoseError
 from joserfc.jwk import Key, KeySet
 
-from mcp_lossless.core.principal import Grant, Principal
-from mcp_lossless.core.resources import audience_of
+from ..core.principal import Grant, Principal
+from ..core.resources import audience_of
 
 logger = logging.getLogger(__name__)
 

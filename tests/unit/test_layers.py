@@ -1,0 +1,251 @@
+"""The layers of ``mcp_lossless``: who may import whom, no import cycle, one import style.
+
+The rules (``docs/architecture.md``): the core imports no adapter; the client, the stores and the audit import
+only the core; the dev authorization server the core and the ASGI helpers; the server composes core, stores,
+dev AS and ASGI helpers; nothing imports the server but the entry points (``cli``, ``__main__``) and the
+gateway, which is a server in front of a client. The root package holds only ``__version__`` and may be
+imported by anyone. Lazy imports (inside functions) count for the layers: they are dependencies all the same;
+they do not count for cycles, which only module-level imports can make. Within the package, imports are
+relative. Each checker is tested on planted sources, as ``test_core_is_pure.py`` tests its own.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import mcp_lossless
+
+SOURCE = Path(mcp_lossless.__file__).parent
+ROOT = "mcp_lossless"
+ANYTHING = frozenset({"*"})
+
+MAY_IMPORT: Mapping[str, frozenset[str]] = {
+    "": frozenset(),
+    "core": frozenset({"core"}),
+    "asgi": frozenset(),
+    "client": frozenset({"core", ""}),
+    "stores": frozenset({"core", ""}),
+    "audit": frozenset({"core", ""}),
+    "devauth": frozenset({"core", "asgi", ""}),
+    "server": frozenset({"server", "core", "stores", "devauth", "asgi", ""}),
+    "cli": ANYTHING,
+    "__main__": ANYTHING,
+    "gateway": ANYTHING,
+}
+"""Layer (the first name under ``mcp_lossless``; ``""`` is the root package) -> the layers it may import."""
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    source: str
+    """The importing module's dotted name."""
+    target: str
+    """The imported module's dotted name (a submodule when the imported name is one, else the package)."""
+    lazy: bool
+    """Inside a function or class body: it runs when called, not when the module is imported."""
+    relative: bool
+
+
+def module_name(path: Path) -> tuple[str, bool]:
+    """The dotted name of ``path`` under the package root, and whether it is a package ``__init__``."""
+    parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def imports_of(module: str, is_package: bool, source: str, modules: frozenset[str]) -> list[Import]:
+    """Every import of ``mcp_lossless`` in ``source``, resolved to the module it loads."""
+    tree = ast.parse(source)
+    top_level = {id(node) for node in tree.body}
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found: list[Import] = []
+    for node in ast.walk(tree):
+        lazy = id(node) not in top_level
+        if isinstance(node, ast.Import):
+            found += [Import(module, alias.name, lazy, False) for alias in node.names if _ours(alias.name)]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package[: len(package) - node.level + 1]
+                base = ".".join([*base_parts, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            if not _ours(base):
+                continue
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                target = candidate if candidate in modules else base
+                found.append(Import(module, target, lazy, node.level > 0))
+    return found
+
+
+def _ours(name: str) -> bool:
+    return name == ROOT or name.startswith(ROOT + ".")
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_violations(imports: Iterable[Import], rules: Mapping[str, frozenset[str]]) -> list[str]:
+    bad = []
+    for edge in imports:
+        source, target = layer_of(edge.source), layer_of(edge.target)
+        allowed = rules.get(source)
+        if allowed is None:
+            bad.append(f"{edge.source}: layer {source!r} has no rule in MAY_IMPORT")
+        elif allowed is not ANYTHING and target != source and target not in allowed:
+            bad.append(f"{edge.source} imports {edge.target} ({source!r} may not import {target!r})")
+    return bad
+
+
+def cycles(imports: Iterable[Import]) -> list[list[str]]:
+    """Module-level import cycles (each reported once, as the path that closes it)."""
+    graph: dict[str, set[str]] = {}
+    for edge in imports:
+        if not edge.lazy and edge.target != edge.source:
+            graph.setdefault(edge.source, set()).add(edge.target)
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+STYLE_PENDING = frozenset({"mcp_lossless.stores.redis", "mcp_lossless.stores.sqlite"})
+"""Being rewritten on the stores branch this session (issue 11): made relative as soon as that lands."""
+
+
+def absolute_imports(imports: Iterable[Import], pending: frozenset[str] = frozenset()) -> list[str]:
+    return [
+        f"{edge.source} imports {edge.target} absolutely"
+        for edge in imports
+        if not edge.relative and edge.source not in pending
+    ]
+
+
+def package_imports() -> Iterator[Import]:
+    paths = sorted(SOURCE.rglob("*.py"))
+    names = {path: module_name(path) for path in paths}
+    modules = frozenset(name for name, _ in names.values())
+    for path, (name, is_package) in names.items():
+        yield from imports_of(name, is_package, path.read_text(encoding="utf-8"), modules)
+
+
+IMPORTS = list(package_imports())
+
+
+def test_the_package_imports_across_layers() -> None:
+    assert {layer_of(edge.source) for edge in IMPORTS} >= {"client", "server", "stores", "audit", "cli"}
+
+
+def test_every_import_follows_the_layer_rules() -> None:
+    assert layer_violations(IMPORTS, MAY_IMPORT) == []
+
+
+def test_no_module_level_import_cycle() -> None:
+    assert cycles(IMPORTS) == []
+
+
+def test_imports_within_the_package_are_relative() -> None:
+    assert absolute_imports(IMPORTS, STYLE_PENDING) == []
+
+
+# ---- the checkers on planted sources --------------------------------------------------------------
+
+PLANTED = frozenset(
+    {
+        "mcp_lossless",
+        "mcp_lossless.core",
+        "mcp_lossless.core.events",
+        "mcp_lossless.client",
+        "mcp_lossless.client.session",
+        "mcp_lossless.server",
+        "mcp_lossless.server.app",
+        "mcp_lossless.stores",
+        "mcp_lossless.stores.base",
+        "mcp_lossless.stores.memory",
+    }
+)
+
+
+def planted(module: str, source: str, is_package: bool = False) -> list[Import]:
+    return imports_of(module, is_package, source, PLANTED)
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "offender"),
+    [
+        ("mcp_lossless.client.session", "from ..server import app", "mcp_lossless.server.app"),
+        ("mcp_lossless.client.session", "def f():\n    from ..server.app import create_app", "mcp_lossless.server.app"),
+        ("mcp_lossless.stores.base", "from mcp_lossless.client import session", "mcp_lossless.client.session"),
+        ("mcp_lossless.core.events", "from ..stores.base import EventStore", "mcp_lossless.stores.base"),
+        ("mcp_lossless.core.events", "import mcp_lossless.server.app", "mcp_lossless.server.app"),
+        ("mcp_lossless.audit.run", "from ..client.session import Session", "mcp_lossless.client.session"),
+    ],
+)
+def test_the_layer_checker_catches_a_planted_violation(module: str, source: str, offender: str) -> None:
+    found = layer_violations(planted(module, source), MAY_IMPORT)
+    assert len(found) == 1 and f"imports {offender} " in found[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("mcp_lossless.client.session", "from ..core.events import StoredEvent"),
+        ("mcp_lossless.client.session", "from .. import __version__"),
+        ("mcp_lossless.server.app", "from ..stores.base import EventStore\nfrom ..core import events"),
+        ("mcp_lossless.cli", "def f():\n    from .server.app import create_app"),
+        ("mcp_lossless.stores.base", "import orjson\nfrom collections.abc import Iterable"),
+    ],
+)
+def test_the_layer_checker_allows_what_the_rules_allow(module: str, source: str) -> None:
+    assert layer_violations(planted(module, source), MAY_IMPORT) == []
+
+
+def test_the_layer_checker_requires_a_rule_for_a_new_layer() -> None:
+    assert layer_violations(planted("mcp_lossless.newpkg.x", "from ..core import events"), MAY_IMPORT) == [
+        "mcp_lossless.newpkg.x: layer 'newpkg' has no rule in MAY_IMPORT"
+    ]
+
+
+def test_the_cycle_checker_finds_a_planted_cycle_and_ignores_a_lazy_one() -> None:
+    base = planted("mcp_lossless.stores.base", "def open_store():\n    from .memory import MemoryStore")
+    memory = planted("mcp_lossless.stores.memory", "from .base import EventStore")
+    assert cycles([*base, *memory]) == []
+    eager = planted("mcp_lossless.stores.base", "from .memory import MemoryStore")
+    assert cycles([*eager, *memory]) == [
+        ["mcp_lossless.stores.base", "mcp_lossless.stores.memory", "mcp_lossless.stores.base"]
+    ]
+
+
+def test_a_package_init_importing_its_submodules_is_no_cycle() -> None:
+    init = planted("mcp_lossless.stores", "from .base import EventStore", is_package=True)
+    memory = planted("mcp_lossless.stores.memory", "from . import base")
+    assert [edge.target for edge in [*init, *memory]] == ["mcp_lossless.stores.base", "mcp_lossless.stores.base"]
+    assert cycles([*init, *memory]) == []
+
+
+def test_the_style_checker_finds_an_absolute_import() -> None:
+    mixed = planted("mcp_lossless.stores.memory", "from mcp_lossless.core.events import X\nfrom ..core import events")
+    assert absolute_imports(mixed) == ["mcp_lossless.stores.memory imports mcp_lossless.core.events absolutely"]
