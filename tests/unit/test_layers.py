@@ -6,7 +6,8 @@ dev AS and ASGI helpers; nothing imports the server but the entry points (``cli`
 gateway, which is a server in front of a client. The root package holds only ``__version__`` and may be
 imported by anyone. Lazy imports (inside functions) count for the layers: they are dependencies all the same;
 they do not count for cycles, which only module-level imports can make. Within the package, imports are
-relative. Each checker is tested on planted sources, as ``test_core_is_pure.py`` tests its own.
+relative. The client and the audit never use asyncio directly (ADR 0009). Each checker is tested on planted
+sources, as ``test_core_is_pure.py`` tests its own.
 """
 
 from __future__ import annotations
@@ -169,6 +170,42 @@ def test_no_module_level_import_cycle() -> None:
 
 def test_imports_within_the_package_are_relative() -> None:
     assert absolute_imports(IMPORTS, STYLE_PENDING) == []
+
+
+ANYIO_ONLY = frozenset({"client", "audit"})
+"""Libraries that run in their caller's loop, asyncio or trio: anyio only (docs/decisions/0009)."""
+
+
+def asyncio_users(sources: Iterable[tuple[str, str]]) -> list[str]:
+    found = []
+    for module, source in sources:
+        for node in ast.walk(ast.parse(source)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(name.split(".")[0] == "asyncio" for name in names):
+                found.append(module)
+    return found
+
+
+def test_the_client_and_the_audit_do_not_use_asyncio() -> None:
+    sources = [
+        (name, path.read_text(encoding="utf-8"))
+        for path in sorted(SOURCE.rglob("*.py"))
+        for name, _ in [module_name(path)]
+        if layer_of(name) in ANYIO_ONLY
+    ]
+    assert len(sources) > 5
+    assert asyncio_users(sources) == []
+
+
+def test_the_asyncio_checker_finds_a_planted_use() -> None:
+    planted_sources = [
+        ("mcp_lossless.client.a", "import asyncio"),
+        ("mcp_lossless.client.b", "def f():\n    from asyncio import sleep"),
+        ("mcp_lossless.client.c", "import anyio\nfrom .asyncio_like import x"),
+    ]
+    assert asyncio_users(planted_sources) == ["mcp_lossless.client.a", "mcp_lossless.client.b"]
 
 
 # ---- the checkers on planted sources --------------------------------------------------------------

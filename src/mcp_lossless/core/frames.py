@@ -14,7 +14,7 @@ import orjson
 
 from .errors import DELIVERY_REFUSED, EXECUTION_LOST
 from .events import RequestId
-from .replay import Refusal
+from .replay import Refusal, RefusalReason
 
 REFUSAL_LOGGER = "mcp-lossless"
 
@@ -61,7 +61,7 @@ def refusal_data(refusal: Refusal) -> dict[str, Any]:
 
 
 def refusal_message(refusal: Refusal) -> str:
-    what = "has expired" if refusal.reason.value == "token_expired" else "does not cover"
+    what = "has expired" if refusal.reason is RefusalReason.TOKEN_EXPIRED else "does not cover"
     resources = ", ".join(refusal.missing) or "this stream"
     return (
         f"event {refusal.event_id} not delivered: the token {what} {resources}; "
