@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from mcp_lossless.core.events import PendingRequest
+from ..core.events import PendingRequest
 
 CACHE_LIMIT = 65_536
 """Entries an :class:`Interner` keeps before it starts afresh (a bound, not a tuning knob)."""

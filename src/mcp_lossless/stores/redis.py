@@ -51,9 +51,8 @@ from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
 
-from mcp_lossless.core.events import StoredEvent, StreamKind, StreamRecord
-from mcp_lossless.core.principal import Principal
-
+from ..core.events import StoredEvent, StreamKind, StreamRecord
+from ..core.principal import Principal
 from ._codec import (
     CACHE_LIMIT,
     Interner,
