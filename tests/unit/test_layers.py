@@ -133,16 +133,8 @@ def cycles(imports: Iterable[Import]) -> list[list[str]]:
     return found
 
 
-STYLE_PENDING = frozenset({"mcp_lossless.stores.sqlite"})
-"""Its import block is being changed on the stores branch this session (issue 11): made relative once that lands."""
-
-
-def absolute_imports(imports: Iterable[Import], pending: frozenset[str] = frozenset()) -> list[str]:
-    return [
-        f"{edge.source} imports {edge.target} absolutely"
-        for edge in imports
-        if not edge.relative and edge.source not in pending
-    ]
+def absolute_imports(imports: Iterable[Import]) -> list[str]:
+    return [f"{edge.source} imports {edge.target} absolutely" for edge in imports if not edge.relative]
 
 
 def package_imports() -> Iterator[Import]:
@@ -169,7 +161,7 @@ def test_no_module_level_import_cycle() -> None:
 
 
 def test_imports_within_the_package_are_relative() -> None:
-    assert absolute_imports(IMPORTS, STYLE_PENDING) == []
+    assert absolute_imports(IMPORTS) == []
 
 
 ANYIO_ONLY = frozenset({"client", "audit"})

@@ -33,9 +33,8 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from mcp_lossless.core.events import RequestId, StoredEvent, StreamKind, StreamRecord
-from mcp_lossless.core.principal import Principal
-
+from ..core.events import RequestId, StoredEvent, StreamKind, StreamRecord
+from ..core.principal import Principal
 from ._codec import CACHE_LIMIT, Interner, decode_requests, encode_requests, encode_tags
 from .base import EventsEvicted, SessionRecord, StoreUnavailable
 
