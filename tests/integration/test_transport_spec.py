@@ -103,6 +103,42 @@ async def test_protocol_version_header(peer: Peer) -> None:
     assert (await raw(peer, body=PING, mcp_protocol_version="")).status_code == 200
 
 
+async def test_a_2026_07_28_request_without_a_session_gets_the_unsupported_version_answer(peer: Peer) -> None:
+    """-32022 with only the revisions served in ``data.supported``: what dual-era clients fall back to
+    ``initialize`` on. It comes before the session check: a 2026-07-28 client never has a session."""
+    served = ["2025-11-25", "2025-06-18", "2025-03-26"]
+    by_header = await raw(peer, body=PING, mcp_protocol_version="2026-07-28", mcp_session_id="")
+    modern = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "server/discover",
+        "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}},
+    }
+    by_meta = await raw(peer, body=orjson.dumps(modern), mcp_protocol_version="", mcp_session_id="")
+    listen = await raw(peer, "GET", accept="text/event-stream", mcp_protocol_version="2026-07-28", mcp_session_id="")
+    for response, request_id in ((by_header, 1), (by_meta, 7), (listen, None)):
+        assert response.status_code == 400
+        body = response.json()
+        assert body["id"] == request_id
+        assert body["error"]["code"] == -32022
+        assert body["error"]["data"] == {"supported": served, "requested": "2026-07-28"}
+        assert "2026-07-28" in body["error"]["message"]
+    unknown = await raw(peer, body=PING, mcp_protocol_version="1999-01-01", mcp_session_id="no-such-session")
+    assert unknown.status_code == 400 and unknown.json()["error"]["data"]["requested"] == "1999-01-01"
+
+
+@pytest.mark.parametrize("request_id", [[1, 2], {"a": 1}, 1.5, True])
+async def test_a_response_whose_id_is_not_an_id_is_a_400_not_a_500(peer: Peer, request_id: object) -> None:
+    response = {"jsonrpc": "2.0", "id": request_id, "result": {}}
+    for body in (response, [response]):
+        answer = await raw(peer, body=orjson.dumps(body))
+        assert answer.status_code == 400
+        error = answer.json()["error"]
+        assert error["code"] == -32600 and "response id" in error["message"]
+    after = await raw(peer, body=PING)  # the session still works
+    assert after.status_code == 200
+
+
 async def test_batches_only_on_2025_03_26_sessions(peer: Peer) -> None:
     response = await raw(peer, body=orjson.dumps([{"jsonrpc": "2.0", "id": 1, "method": "ping"}]))
     assert response.status_code == 400 and "2025-03-26" in response.json()["error"]["message"]

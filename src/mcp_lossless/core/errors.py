@@ -17,3 +17,7 @@ EXECUTION_LOST = -32042
 
 FORBIDDEN = -32043
 """A tools/call whose token does not cover the tool's resource indicator."""
+
+UNSUPPORTED_PROTOCOL_VERSION = -32022
+"""The spec's code (2026-07-28) for a request at a revision the server does not serve; ``data.supported`` lists
+the ones it does, so a client can fall back (to ``initialize`` when none of them is modern)."""

@@ -25,3 +25,12 @@ def allows_batches(version: str) -> bool:
 def primes_streams(version: str) -> bool:
     """Priming events (id + empty data) only for clients that can parse them (>= 2025-11-25)."""
     return version >= "2025-11-25"
+
+
+VERSION_META_KEY = "io.modelcontextprotocol/protocolVersion"
+"""Where a 2026-07-28 request carries its revision (``params._meta``): such a request never has a session."""
+
+
+def served(version: str) -> bool:
+    """Whether this server answers requests at ``version``."""
+    return version in SUPPORTED

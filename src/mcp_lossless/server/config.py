@@ -29,6 +29,9 @@ class ServerConfig:
     json_response: bool = False
     retry_ms: int = 1000
     max_body_bytes: int = 1024 * 1024
+    max_batch: int = 1000
+    """Most messages in one JSON-RPC batch (2025-03-26 sessions); a longer batch is refused at once with a 400
+    that names this limit. Batches are handled in time linear in their length."""
     session_idle_seconds: float = 1800.0
     client_request_seconds: float = 60.0
     """Longest wait for a client's answer to a server request (sampling, elicitation)."""

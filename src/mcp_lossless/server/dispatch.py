@@ -18,6 +18,7 @@ from ..core import errors, frames
 from ..core.events import PendingRequest
 from ..core.principal import Grant
 from ..stores.base import StoreUnavailable
+from .checks import is_request_id
 from .sessions import Session
 from .state import ServerState
 from .streams import LiveStream
@@ -25,11 +26,6 @@ from .tools import MethodError, ToolContext, ToolError, ToolInputError, content_
 
 log = logging.getLogger("mcp_lossless.dispatch")
 _outbound_ids = itertools.count(1)
-
-
-def is_request_id(value: object) -> bool:
-    # A tuple, not ``str | int``: the union is built anew on every call, and this runs twice per request.
-    return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
 class StreamChannel:
@@ -81,17 +77,17 @@ class Dispatcher:
         request: PendingRequest,
         *,
         inline: bool = False,
+        repeated: bool = False,
     ) -> Coroutine[Any, Any, None] | None:
         """Answer ``message`` now, or start its work: in a task of its own, or, with ``inline``, as a coroutine
         returned for the caller to await in its own task (a POST that carries one request: no task to create
-        and schedule for a call that answers at once)."""
+        and schedule for a call that answers at once). ``repeated``: another request of the batch has its id."""
         s = self.s
         rid = request.request_id
         method = request.method
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
-        requests = live.record.requests
-        if rid in session.tasks or (len(requests) > 1 and sum(r.request_id == rid for r in requests) > 1):
+        if repeated or rid in session.tasks:
             text = f"request id {rid!r} is already in use in this session"
             await live.append(frames.error(rid, errors.INVALID_REQUEST, text), request, terminal=True)
         elif method == "tools/call":

@@ -91,9 +91,3 @@ class ServerState:
     def resources(self) -> list[str]:
         """Every resource indicator this server answers for: the aggregate first, then each tool's."""
         return [self.canonical, *self.tool_resource.values()]
-
-    def prm_url_for(self, resource: str) -> str:
-        return metadata.metadata_url(resource)
-
-    def challenge(self, error: str | None, description: str | None, prm: str, resources: Iterable[str] = ()) -> bytes:
-        return metadata.challenge(error, description, prm, resources)

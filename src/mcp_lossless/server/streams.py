@@ -45,6 +45,7 @@ class LiveStream:
     """
 
     __slots__ = (
+        "_answered",
         "_appends",
         "_lock",
         "_lost",
@@ -54,6 +55,7 @@ class LiveStream:
         "_repair",
         "_store",
         "_waiters",
+        "_waiting",
         "broken",
         "close_generation",
         "done",
@@ -89,6 +91,17 @@ class LiveStream:
         self._lost: BaseException | None = None
         """Why a queued event could not be stored even after retrying: every later append fails with it."""
         self._appends = 0
+        self._answered = set(record.answered)
+        """What ``record.answered`` will be: it is brought up to date when the stream completes (see :meth:`snapshot`),
+        since building a frozenset per answer made a batch's answers cost quadratic time."""
+        self._waiting = {r.request_id for r in record.requests} - self._answered
+        """Requests of the stream not answered yet: the stream completes with the last of them."""
+
+    def snapshot(self) -> StreamRecord:
+        """The record as of now, answers included (``record`` itself has them once the stream completes)."""
+        record = self.record.copy()
+        record.answered = frozenset(self._answered)
+        return record
 
     def event_id(self, seq: int) -> str:
         """The id of position ``seq`` of this stream (the priming event names position 0 this way)."""
@@ -174,13 +187,9 @@ class LiveStream:
                     committed.add_done_callback(self._committed)
                     published = False
             else:
-                answered = record.answered | {request_id} if request_id is not None else record.answered
-                requests = record.requests  # a batch may repeat an id: then the counts differ
-                completes = (
-                    request_id is not None
-                    and bool(requests)
-                    and (len(answered) == len(requests) or all(r.request_id in answered for r in requests))
-                )
+                waiting = self._waiting
+                answers = request_id in waiting  # a batch may repeat an id: only its first answer counts
+                completes = answers and len(waiting) == 1
                 started = perf_counter()
                 try:
                     await store.append(event, completes)
@@ -189,9 +198,13 @@ class LiveStream:
                 self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
                 record.last_seq = seq
                 self.events.append(event)
-                record.answered = answered
-                if completes:
-                    record.completed = self.done = True
+                if request_id is not None:
+                    self._answered.add(request_id)
+                if answers:
+                    waiting.discard(request_id)
+                    if completes:
+                        record.answered = frozenset(self._answered)
+                        record.completed = self.done = True
         finally:
             lock.release()
         if published:

@@ -45,10 +45,12 @@ class _Partition:
 
 
 class _Stream:
-    __slots__ = ("blobs", "first_seq", "gone", "partition", "record", "tags")
+    __slots__ = ("answered", "blobs", "first_seq", "gone", "partition", "record", "tags")
 
     def __init__(self, record: StreamRecord, partition: _Partition) -> None:
         self.record = record
+        self.answered = set(record.answered)
+        """The record's answers, kept here: a frozenset rebuilt per answer made a batch quadratic."""
         self.partition = partition
         self.blobs: deque[bytes] = deque()
         """The retained events, encoded, positions ``record.last_seq - len(blobs) + 1`` to ``record.last_seq``."""
@@ -152,7 +154,11 @@ class MemoryStore:
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         found = self._streams.get(stream)
-        return None if found is None else found.record.copy()
+        if found is None:
+            return None
+        record = found.record.copy()
+        record.answered = frozenset(found.answered)
+        return record
 
     def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
         """Appends at once (memory has nothing to wait for): the future is already resolved."""
@@ -196,7 +202,7 @@ class MemoryStore:
         stream.blobs.append(blob)
         record.last_seq = event.seq
         if event.terminal and event.request_id is not None:
-            record.answered = record.answered | {event.request_id}
+            stream.answered.add(event.request_id)
         if completes:
             record.completed = True
         size = sys.getsizeof(blob) + _SLOT_BYTES

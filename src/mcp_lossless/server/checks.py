@@ -1,0 +1,125 @@
+"""The checks of a request that need nothing but the request: each raises :class:`.errors.Refused` or passes.
+
+:class:`.transport.Transport` calls them in the protocol's order; the checks that need the server's state
+(the token, the session, the tools) are its own methods and refuse the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..asgi import Scope, header, headers
+from ..core import errors, protocol
+from ..core.events import RequestId
+from .errors import Refused
+
+
+def is_request_id(value: object) -> bool:
+    # A tuple, not ``str | int``: the union is built anew on every call, and this runs twice per request.
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
+def _invalid(message: str, status: int = 400, data: Any = None) -> Refused:
+    return Refused.rpc(status, errors.INVALID_REQUEST, message, data=data)
+
+
+def require_post_accept(scope: Scope) -> None:
+    accept = headers(scope).get(b"accept", b"")
+    if b"application/json" not in accept or b"text/event-stream" not in accept:
+        raise _invalid("Accept must list both application/json and text/event-stream", 406)
+
+
+def require_get_accept(scope: Scope) -> None:
+    if b"text/event-stream" not in headers(scope).get(b"accept", b""):
+        raise _invalid("Accept must list text/event-stream", 406)
+
+
+def require_json_content(scope: Scope) -> None:
+    if not headers(scope).get(b"content-type", b"").lower().startswith(b"application/json"):
+        raise _invalid("Content-Type must be application/json", 415)
+
+
+def parse_messages(body: bytes, max_batch: int) -> tuple[list[dict[str, Any]], bool]:
+    """The body's JSON-RPC messages, and whether they came as a batch; a batch above ``max_batch`` is refused
+    before any of its messages is looked at."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise Refused.rpc(400, errors.PARSE_ERROR, f"body is not JSON: {exc.msg}") from None
+    batch = isinstance(payload, list)
+    messages = payload if batch else [payload]
+    if len(messages) > max_batch:
+        limit = {"limit": "max_batch", "maximum": max_batch, "received": len(messages)}
+        raise _invalid(
+            f"a batch holds at most {max_batch} messages (max_batch); this one has {len(messages)}", data=limit
+        )
+    problem = _shape_problem(messages)
+    if problem is not None:
+        raise _invalid(problem)
+    return messages, batch
+
+
+def _shape_problem(messages: list[Any]) -> str | None:
+    """Why a body is not a JSON-RPC message or batch, or ``None``."""
+    if not messages:
+        return "empty batch"
+    for message in messages:
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            return 'each message must be a JSON object with "jsonrpc": "2.0"'
+        if "method" in message:
+            if not isinstance(message["method"], str):
+                return "method must be a string"
+            if "id" in message and not is_request_id(message["id"]):
+                return "request id must be a string or an integer"
+            if "params" in message and not isinstance(message["params"], (dict, list)):
+                return "params must be an object"
+        elif "id" not in message or ("result" not in message and "error" not in message):
+            return "message is neither a request, a notification nor a response"
+        elif message["id"] is not None and not is_request_id(message["id"]):
+            return "response id must be a string, an integer or null"
+    return None
+
+
+def require_alone(messages: list[dict[str, Any]]) -> None:
+    if len(messages) > 1:
+        raise _invalid("initialize cannot be batched")
+
+
+def protocol_version(scope: Scope, messages: list[dict[str, Any]]) -> str | None:
+    """The revision a request asks for, refused unless served; ``None``: the session's (negotiated, so served).
+
+    It is the ``MCP-Protocol-Version`` header, else the ``_meta`` revision a 2026-07-28 request carries in place
+    of a session. Checked before the session: a 2026-07-28 client has none, and must get the ``-32022`` answer it
+    falls back on, not "session required".
+    """
+    requested = header(scope, b"mcp-protocol-version")
+    if requested is None and messages:
+        params = messages[0].get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        value = meta.get(protocol.VERSION_META_KEY) if isinstance(meta, dict) else None
+        requested = value if isinstance(value, str) else None
+    if requested is None or protocol.served(requested):
+        return requested
+    request_id = messages[0].get("id") if len(messages) == 1 and "method" in messages[0] else None
+    raise unsupported_version(requested, request_id)
+
+
+def unsupported_version(requested: str, request_id: RequestId | None = None) -> Refused:
+    supported = ", ".join(protocol.SUPPORTED)
+    if requested == protocol.STATELESS:
+        message = (
+            f"protocol {requested} (stateless, no resumption) is not served here; initialize with one of {supported}"
+        )
+    else:
+        message = f"unsupported MCP-Protocol-Version {requested!r}; supported: {supported}"
+    data = {"supported": list(protocol.SUPPORTED), "requested": requested}
+    return Refused.rpc(400, errors.UNSUPPORTED_PROTOCOL_VERSION, message, data=data, request_id=request_id)
+
+
+def require_batches_allowed(batch: bool, session_version: str) -> None:
+    if batch and not protocol.allows_batches(session_version):
+        raise _invalid(
+            f"JSON-RPC batches are only accepted on sessions negotiated at 2025-03-26 (this one: {session_version})"
+        )
