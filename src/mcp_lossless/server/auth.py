@@ -29,6 +29,8 @@ from joserfc.jwk import Key, KeySet
 from ..core.principal import Grant, Principal
 from ..core.resources import audience_of
 
+from .errors import ServerError
+
 logger = logging.getLogger(__name__)
 
 ACCESS_TOKEN_TYPES = frozenset({"at+jwt", "application/at+jwt"})
@@ -42,7 +44,7 @@ MAX_HEADER_SEGMENT = 1024
 MAX_JWKS_BYTES = 1024 * 1024
 
 
-class InvalidToken(Exception):
+class InvalidToken(ServerError):
     """401 ``invalid_token``; ``description`` is short, safe to send to a client, never holds the token."""
 
     def __init__(self, description: str) -> None:
@@ -151,7 +153,7 @@ async def _get_json(http: httpx.AsyncClient, url: str) -> Any:
     return orjson.loads(body)
 
 
-class DiscoveryError(Exception):
+class DiscoveryError(ServerError):
     pass
 
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol, get_type_hints
 import pydantic
 
 from ..core.principal import Grant, Principal
+from .errors import ServerError
 
 ToolReturn = str | dict[str, Any]
 """What a tool function may return: text, or structured content (the client's ``ToolResult`` is what arrives)."""
@@ -78,11 +79,11 @@ class ToolContext:
         self._channel.close_stream()
 
 
-class ToolError(Exception):
+class ToolError(ServerError):
     """Raise from a tool to return an ``isError`` result whose text the caller may see."""
 
 
-class MethodError(Exception):
+class MethodError(ServerError):
     """Raise from a method handler to answer with a JSON-RPC error."""
 
     def __init__(self, code: int, message: str, data: Any = None) -> None:
@@ -96,7 +97,7 @@ MethodHandler = Callable[[ToolContext, dict[str, Any]], Awaitable[dict[str, Any]
 """An extra JSON-RPC method (``resources/read``, ``prompts/get`` …): params in, result out."""
 
 
-class ToolInputError(ValueError):
+class ToolInputError(ServerError, ValueError):
     pass
 
 
