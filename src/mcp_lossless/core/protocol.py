@@ -29,8 +29,3 @@ def primes_streams(version: str) -> bool:
 
 VERSION_META_KEY = "io.modelcontextprotocol/protocolVersion"
 """Where a 2026-07-28 request carries its revision (``params._meta``): such a request never has a session."""
-
-
-def served(version: str) -> bool:
-    """Whether this server answers requests at ``version``."""
-    return version in SUPPORTED

@@ -25,19 +25,18 @@ def _invalid(message: str, status: int = 400, data: Any = None) -> Refused:
     return Refused.rpc(status, errors.INVALID_REQUEST, message, data=data)
 
 
-def require_post_accept(scope: Scope) -> None:
-    accept = headers(scope).get(b"accept", b"")
-    if b"application/json" not in accept or b"text/event-stream" not in accept:
-        raise _invalid("Accept must list both application/json and text/event-stream", 406)
-
-
 def require_get_accept(scope: Scope) -> None:
     if b"text/event-stream" not in headers(scope).get(b"accept", b""):
         raise _invalid("Accept must list text/event-stream", 406)
 
 
-def require_json_content(scope: Scope) -> None:
-    if not headers(scope).get(b"content-type", b"").lower().startswith(b"application/json"):
+def require_post_media(scope: Scope) -> None:
+    """What a POST must say of its media types: it accepts both answers (406), and its body is JSON (415)."""
+    index = headers(scope)
+    accept = index.get(b"accept", b"")
+    if b"application/json" not in accept or b"text/event-stream" not in accept:
+        raise _invalid("Accept must list both application/json and text/event-stream", 406)
+    if not index.get(b"content-type", b"").lower().startswith(b"application/json"):
         raise _invalid("Content-Type must be application/json", 415)
 
 
@@ -55,31 +54,23 @@ def parse_messages(body: bytes, max_batch: int) -> tuple[list[dict[str, Any]], b
         raise _invalid(
             f"a batch holds at most {max_batch} messages (max_batch); this one has {len(messages)}", data=limit
         )
-    problem = _shape_problem(messages)
-    if problem is not None:
-        raise _invalid(problem)
-    return messages, batch
-
-
-def _shape_problem(messages: list[Any]) -> str | None:
-    """Why a body is not a JSON-RPC message or batch, or ``None``."""
     if not messages:
-        return "empty batch"
-    for message in messages:
+        raise _invalid("empty batch")
+    for message in messages:  # each message: a request, a notification or a response
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
-            return 'each message must be a JSON object with "jsonrpc": "2.0"'
+            raise _invalid('each message must be a JSON object with "jsonrpc": "2.0"')
         if "method" in message:
             if not isinstance(message["method"], str):
-                return "method must be a string"
+                raise _invalid("method must be a string")
             if "id" in message and not is_request_id(message["id"]):
-                return "request id must be a string or an integer"
+                raise _invalid("request id must be a string or an integer")
             if "params" in message and not isinstance(message["params"], (dict, list)):
-                return "params must be an object"
+                raise _invalid("params must be an object")
         elif "id" not in message or ("result" not in message and "error" not in message):
-            return "message is neither a request, a notification nor a response"
+            raise _invalid("message is neither a request, a notification nor a response")
         elif message["id"] is not None and not is_request_id(message["id"]):
-            return "response id must be a string, an integer or null"
-    return None
+            raise _invalid("response id must be a string, an integer or null")
+    return messages, batch
 
 
 def require_alone(messages: list[dict[str, Any]]) -> None:
@@ -100,7 +91,7 @@ def protocol_version(scope: Scope, messages: list[dict[str, Any]]) -> str | None
         meta = params.get("_meta") if isinstance(params, dict) else None
         value = meta.get(protocol.VERSION_META_KEY) if isinstance(meta, dict) else None
         requested = value if isinstance(value, str) else None
-    if requested is None or protocol.served(requested):
+    if requested is None or requested in protocol.SUPPORTED:
         return requested
     request_id = messages[0].get("id") if len(messages) == 1 and "method" in messages[0] else None
     raise unsupported_version(requested, request_id)
@@ -118,8 +109,8 @@ def unsupported_version(requested: str, request_id: RequestId | None = None) -> 
     return Refused.rpc(400, errors.UNSUPPORTED_PROTOCOL_VERSION, message, data=data, request_id=request_id)
 
 
-def require_batches_allowed(batch: bool, session_version: str) -> None:
-    if batch and not protocol.allows_batches(session_version):
+def require_batches_allowed(session_version: str) -> None:
+    if not protocol.allows_batches(session_version):
         raise _invalid(
             f"JSON-RPC batches are only accepted on sessions negotiated at 2025-03-26 (this one: {session_version})"
         )

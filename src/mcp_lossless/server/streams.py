@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from operator import itemgetter
 from time import perf_counter
 
 from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamRecord
 from ..stores.base import EventStore, StoreUnavailable, StreamTakenOver
 
+_request_id = itemgetter(0)
+"""A :class:`~..core.events.PendingRequest`'s id, without a Python frame per request."""
 STORE_RETRY_SECONDS = 30.0
 """How long an append waits out a store outage before the event's request is declared lost."""
 UNCOMMITTED_LIMIT = 256
@@ -94,7 +97,7 @@ class LiveStream:
         self._answered = set(record.answered)
         """What ``record.answered`` will be: it is brought up to date when the stream completes (see :meth:`snapshot`),
         since building a frozenset per answer made a batch's answers cost quadratic time."""
-        self._waiting = {r.request_id for r in record.requests} - self._answered
+        self._waiting = set(map(_request_id, record.requests)) - self._answered
         """Requests of the stream not answered yet: the stream completes with the last of them."""
 
     def snapshot(self) -> StreamRecord:

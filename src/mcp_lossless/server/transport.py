@@ -90,10 +90,14 @@ class Transport:
     async def post(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The protocol's order: token, Accept, Content-Type, body, JSON-RPC shape; then ``initialize`` (which
         makes the session) or the revision, the session and its batch rule; then each tool call's audience."""
+        config = self.state.config
         grant = await self._authenticate(scope)
-        checks.require_post_accept(scope)
-        checks.require_json_content(scope)
-        messages, batch = checks.parse_messages(await self._read_body(receive), self.state.config.max_batch)
+        checks.require_post_media(scope)
+        try:
+            body = await read_body(receive, config.max_body_bytes)
+        except BodyTooLarge:
+            raise Refused.rpc(413, errors.INVALID_REQUEST, f"body exceeds {config.max_body_bytes} bytes") from None
+        messages, batch = checks.parse_messages(body, config.max_batch)
         first = messages[0]
         if first.get("method") == "initialize" and "id" in first:
             checks.require_alone(messages)
@@ -101,34 +105,15 @@ class Transport:
             return
         version = checks.protocol_version(scope, messages)
         session = await self._session(scope, grant)
-        checks.require_batches_allowed(batch, session.version)
-        requests = self._take_requests(session, messages)
+        if batch:
+            checks.require_batches_allowed(session.version)
+        requests, pending = self._admit(session, messages, grant)
         if not requests:
             await respond(send, 202)
             return
-        pending = self._admit(requests, grant)
         await self._open_post_stream(
             receive, send, session, grant, version or session.version, requests, pending, batch
         )
-
-    async def _read_body(self, receive: Receive) -> bytes:
-        limit = self.state.config.max_body_bytes
-        try:
-            return await read_body(receive, limit)
-        except BodyTooLarge:
-            raise Refused.rpc(413, errors.INVALID_REQUEST, f"body exceeds {limit} bytes") from None
-
-    def _take_requests(self, session: Session, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The requests among ``messages``; responses and cancellations are handed over as they come."""
-        requests = []
-        for message in messages:
-            if "method" in message and "id" in message:
-                requests.append(message)
-            elif "method" not in message:
-                self.dispatcher.deliver(session, message)
-            elif message.get("method") == "notifications/cancelled":
-                self.dispatcher.cancel(session, message.get("params"))
-        return requests
 
     async def _initialize(self, send: Send, grant: Grant, message: dict[str, Any]) -> None:
         params = message.get("params")
@@ -150,12 +135,24 @@ class Transport:
             [(b"mcp-session-id", session.id.encode())],
         )
 
-    def _admit(self, requests: list[dict[str, Any]], grant: Grant) -> list[PendingRequest]:
-        """Each request with the resources its events need; 403 naming every resource the token lacks for a call."""
+    def _admit(
+        self, session: Session, messages: list[dict[str, Any]], grant: Grant
+    ) -> tuple[list[dict[str, Any]], list[PendingRequest]]:
+        """The requests among ``messages``, each with the resources its events need; 403 naming every resource
+        the token lacks for a call. Responses and cancellations are handed over as they come."""
         state = self.state
+        requests = []
         pending = []
         refused: set[str] = set()
-        for message in requests:
+        for message in messages:
+            if "method" not in message:
+                self.dispatcher.deliver(session, message)
+                continue
+            if "id" not in message:
+                if message["method"] == "notifications/cancelled":
+                    self.dispatcher.cancel(session, message.get("params"))
+                continue
+            requests.append(message)
             method = message["method"]
             tool = None
             if method == "tools/call":
@@ -172,7 +169,7 @@ class Transport:
             pending.append(PendingRequest(message["id"], method, tool.name, resources))
         if refused:
             raise self._forbidden(sorted(refused), requests)
-        return pending
+        return requests, pending
 
     def _forbidden(self, missing: list[str], requests: list[dict[str, Any]]) -> Refused:
         description = f"token audience does not cover {' '.join(missing)}"
