@@ -28,7 +28,6 @@ from joserfc.jwk import Key, KeySet
 
 from ..core.principal import Grant, Principal
 from ..core.resources import audience_of
-
 from .errors import ServerError
 
 logger = logging.getLogger(__name__)
