@@ -2,7 +2,7 @@
 
 A refusal is raised by the check that finds it and rendered once, by :meth:`.transport.Transport.__call__`
 (as Starlette renders an ``HTTPException``), so a request handler reads as the list of checks the protocol
-makes, in the protocol's order (docs/decisions/0009). Nothing is raised once a response has started: after
+makes, in the protocol's order (docs/decisions/0010). Nothing is raised once a response has started: after
 that, what cannot be delivered is said in band (docs/decisions/0003).
 """
 
