@@ -19,7 +19,7 @@ from ..core.events import PendingRequest
 from ..core.principal import Grant
 from ..stores.base import StoreUnavailable
 from .checks import is_request_id
-from .sessions import Session
+from .sessions import ServerSession
 from .state import ServerState
 from .streams import LiveStream
 from .tools import MethodError, ToolContext, ToolError, ToolInputError, content_of
@@ -28,16 +28,21 @@ log = logging.getLogger("mcp_lossless.dispatch")
 _outbound_ids = itertools.count(1)
 
 
+Work = Callable[[ToolContext], Awaitable[bytes]]
+"""What answers a request that needs more than a lookup: a tool, or an extra method's handler."""
+
+
 class StreamChannel:
     """A request's way back to its client: everything goes on the request's own stream, with its tags."""
 
-    __slots__ = ("_live", "_request", "_session", "_state")
+    __slots__ = ("_live", "_reply_seconds", "_request", "_session")
 
-    def __init__(self, state: ServerState, session: Session, live: LiveStream, request: PendingRequest) -> None:
-        self._state = state
+    def __init__(self, session: ServerSession, live: LiveStream, request: PendingRequest, reply_seconds: float) -> None:
         self._session = session
         self._live = live
         self._request = request
+        self._reply_seconds = reply_seconds
+        """Longest wait for the client's answer to a server request."""
 
     async def _emit(self, data: bytes) -> None:
         await self._live.append(data, self._request)
@@ -51,7 +56,7 @@ class StreamChannel:
         self._session.outbound[outbound_id] = future
         try:
             await self._emit(orjson.dumps({"jsonrpc": "2.0", "id": outbound_id, "method": method, "params": params}))
-            answer = await asyncio.wait_for(future, self._state.config.client_request_seconds)
+            answer = await asyncio.wait_for(future, self._reply_seconds)
         finally:
             self._session.outbound.pop(outbound_id, None)
         error = answer.get("error")
@@ -65,57 +70,96 @@ class StreamChannel:
 
 
 class Dispatcher:
-    def __init__(self, state: ServerState) -> None:
-        self.s = state
+    """Runs each request of a stream to exactly one terminal event on that stream.
 
-    async def dispatch(
+    What needs only a lookup (``ping``, ``tools/list``, an unknown method or tool, a repeated id) is answered at
+    once; a tool or an extra method runs as work, in a task of its own (:meth:`start`) or, for a POST carrying
+    one request, in the POST's own task (:meth:`prepare_inline`, ADR 0008). Whatever happens to the work (its
+    result, its error, a cancellation, the server going away) becomes its one answer (:meth:`_run`).
+    """
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def start(
         self,
-        session: Session,
+        session: ServerSession,
         live: LiveStream,
         grant: Grant,
         message: dict[str, Any],
         request: PendingRequest,
         *,
-        inline: bool = False,
         repeated: bool = False,
+    ) -> None:
+        """Answer ``message`` now, or start its work in a task of its own. ``repeated``: another request of the
+        batch has its id, so each is answered with an error."""
+        run = self._route(session, live, grant, message, request, repeated)
+        if isinstance(run, bytes):
+            await live.append(run, request, terminal=True)
+        else:
+            session.tasks[request.request_id] = asyncio.create_task(run)
+
+    async def prepare_inline(
+        self, session: ServerSession, live: LiveStream, grant: Grant, message: dict[str, Any], request: PendingRequest
     ) -> Coroutine[Any, Any, None] | None:
-        """Answer ``message`` now, or start its work: in a task of its own, or, with ``inline``, as a coroutine
-        returned for the caller to await in its own task (a POST that carries one request: no task to create
-        and schedule for a call that answers at once). ``repeated``: another request of the batch has its id."""
-        s = self.s
+        """Answer ``message`` now (``None``), or return its work as a coroutine for the caller's own task to await:
+        a POST carrying one request needs no task created and scheduled for a call that answers at once."""
+        run = self._route(session, live, grant, message, request, False)
+        if isinstance(run, bytes):
+            await live.append(run, request, terminal=True)
+            return None
+        task = asyncio.current_task(self.state.loop)
+        assert task is not None, "inline work runs in the request's task"
+        session.tasks[request.request_id] = task
+        return run
+
+    def _route(
+        self,
+        session: ServerSession,
+        live: LiveStream,
+        grant: Grant,
+        message: dict[str, Any],
+        request: PendingRequest,
+        repeated: bool,
+    ) -> bytes | Coroutine[Any, Any, None]:
+        """The answer of a request that needs only a lookup; or, for one that needs work, the coroutine that runs
+        the work to its one answer, with the request's context (its progress token, its channel) registered as
+        cancellable."""
+        state = self.state
         rid = request.request_id
         method = request.method
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
+        work: Work
         if repeated or rid in session.tasks:
-            text = f"request id {rid!r} is already in use in this session"
-            await live.append(frames.error(rid, errors.INVALID_REQUEST, text), request, terminal=True)
-        elif method == "tools/call":
+            return frames.error(rid, errors.INVALID_REQUEST, f"request id {rid!r} is already in use in this session")
+        if method == "tools/call":
             if request.tool is None:
-                text = f"unknown tool {params.get('name')!r}"
-                await live.append(frames.error(rid, errors.INVALID_PARAMS, text), request, terminal=True)
-            else:
-                return self._start(session, live, grant, request, params, self._tool_work(request, params), inline)
+                return frames.error(rid, errors.INVALID_PARAMS, f"unknown tool {params.get('name')!r}")
+            work = self._tool_work(request, params)
         elif method == "ping":
-            await live.append(frames.result(rid, {}), request, terminal=True)
+            return frames.result(rid, {})
         elif method == "tools/list":
-            await live.append(frames.result(rid, {"tools": s.tools_list}), request, terminal=True)
-        elif method in s.methods:
-            handler = s.methods[method]
+            return frames.result(rid, {"tools": state.tools_list})
+        elif method in state.methods:
+            handler = state.methods[method]
 
             async def work(ctx: ToolContext) -> bytes:
                 return frames.result(rid, await handler(ctx, params))
 
-            return self._start(session, live, grant, request, params, work, inline)
         elif method == "logging/setLevel":
-            await live.append(frames.result(rid, {}), request, terminal=True)
+            return frames.result(rid, {})
         else:
-            text = f"method {method!r} not found"
-            await live.append(frames.error(rid, errors.METHOD_NOT_FOUND, text), request, terminal=True)
-        return None
+            return frames.error(rid, errors.METHOD_NOT_FOUND, f"method {method!r} not found")
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        channel = StreamChannel(session, live, request, state.config.client_request_seconds)
+        ctx = ToolContext(grant, rid, token if is_request_id(token) else None, channel)
+        session.contexts[rid] = ctx
+        return self._run(session, live, request, ctx, work)
 
-    def _tool_work(self, request: PendingRequest, params: dict[str, Any]) -> Callable[[ToolContext], Awaitable[bytes]]:
-        tool = self.s.tools[request.tool or ""]
+    def _tool_work(self, request: PendingRequest, params: dict[str, Any]) -> Work:
+        tool = self.state.tools[request.tool or ""]
         rid = request.request_id
 
         async def work(ctx: ToolContext) -> bytes:
@@ -132,37 +176,13 @@ class Dispatcher:
 
         return work
 
-    def _start(
-        self,
-        session: Session,
-        live: LiveStream,
-        grant: Grant,
-        request: PendingRequest,
-        params: dict[str, Any],
-        work: Callable[[ToolContext], Awaitable[bytes]],
-        inline: bool,
-    ) -> Coroutine[Any, Any, None] | None:
-        meta = params.get("_meta")
-        token = meta.get("progressToken") if isinstance(meta, dict) else None
-        channel = StreamChannel(self.s, session, live, request)
-        ctx = ToolContext(grant, request.request_id, token if is_request_id(token) else None, channel)
-        run = self._run(session, live, request, ctx, work)
-        session.contexts[request.request_id] = ctx
-        if inline:
-            task = asyncio.current_task(self.s.loop)
-            assert task is not None, "inline work runs in the request's task"
-            session.tasks[request.request_id] = task
-            return run
-        session.tasks[request.request_id] = asyncio.create_task(run)
-        return None
-
     async def _run(
         self,
-        session: Session,
+        session: ServerSession,
         live: LiveStream,
         request: PendingRequest,
         ctx: ToolContext,
-        work: Callable[[ToolContext], Awaitable[bytes]],
+        work: Work,
     ) -> None:
         rid = request.request_id
         try:
@@ -170,7 +190,7 @@ class Dispatcher:
         except MethodError as exc:
             data = frames.error(rid, exc.code, exc.message, exc.data)
         except asyncio.CancelledError:
-            task = asyncio.current_task(self.s.loop)
+            task = asyncio.current_task(self.state.loop)
             if task is not None:
                 task.uncancel()  # handled here: the task (maybe the request's own) goes on to record the answer
             if ctx.cancelled or session.closing in ("deleted", "expired"):
@@ -197,10 +217,9 @@ class Dispatcher:
             live.fail()
         finally:
             session.tasks.pop(rid, None)
-            if live.done:
-                session.live.pop(live.record.stream, None)
+            session.forget_if_finished(live)
 
-    def cancel(self, session: Session, params: object) -> None:
+    def cancel(self, session: ServerSession, params: object) -> None:
         """``notifications/cancelled``: stop the request; it still gets its one (cancelled) answer."""
         if not isinstance(params, dict):
             return
@@ -210,7 +229,7 @@ class Dispatcher:
             ctx.cancelled = True
             session.tasks[rid].cancel("cancelled by client")  # type: ignore[index]
 
-    def deliver(self, session: Session, message: dict[str, Any]) -> None:
+    def deliver(self, session: ServerSession, message: dict[str, Any]) -> None:
         """A client's response to a server request (sampling, elicitation) wakes the request that asked."""
         future = session.outbound.get(message.get("id"))  # type: ignore[arg-type]
         if future is not None and not future.done():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from operator import itemgetter
 from typing import Any
 
 from ..core.eventids import new_key
@@ -16,8 +17,18 @@ from ..stores.base import EventStore, SessionRecord
 from .streams import LiveStream
 from .tools import ToolContext
 
+_request_id = itemgetter(0)
+"""A :class:`~..core.events.PendingRequest`'s id, without a Python frame per request."""
 
-class Session:
+
+class ServerSession:
+    """A client's session on this server: the requests it runs and the streams this process produces for it.
+
+    Bound to the principal that created it (:class:`SessionRegistry` answers another principal as if it did not
+    exist). What survives this process is in the store (its record, its streams' events); this object holds what
+    only a running process has: tasks, cancellable contexts, outstanding server-to-client requests, live streams.
+    """
+
     __slots__ = (
         "closing",
         "contexts",
@@ -57,8 +68,16 @@ class Session:
         if tasks:
             await asyncio.wait(tasks, timeout=5)
         for live in self.live.values():
-            live.done = True
-            live.notify()
+            live.end()
+
+    def forget_if_finished(self, live: LiveStream) -> None:
+        """Forget a finished stream once no request of it still runs; later resumes read it from the store.
+
+        The one rule for dropping a live stream: its last request's task and its POST (which may be the same
+        task, ADR 0008) both apply it, whichever finishes last forgets it.
+        """
+        if live.done and self.tasks.keys().isdisjoint(map(_request_id, live.record.requests)):
+            self.live.pop(live.record.stream, None)
 
 
 def new_session_id() -> str:
@@ -67,20 +86,26 @@ def new_session_id() -> str:
 
 
 class SessionRegistry:
+    """Every session of this process, found by id *and* principal, and kept in step with the store.
+
+    Sessions outlive a process and are shared by replicas (a shared store): one not held here is loaded from its
+    record; one deleted or expired elsewhere is closed here when next looked up.
+    """
+
     def __init__(self, store: EventStore) -> None:
         self._store = store
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, ServerSession] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    async def create(self, principal: Principal, version: str, now: float) -> Session:
-        session = Session(new_session_id(), principal, version)
+    async def create(self, principal: Principal, version: str, now: float) -> ServerSession:
+        session = ServerSession(new_session_id(), principal, version)
         await self._store.put_session(SessionRecord(session.id, principal, version, now, now))
         self._sessions[session.id] = session
         return session
 
-    async def find(self, session_id: str, principal: Principal) -> Session | None:
+    async def find(self, session_id: str, principal: Principal) -> ServerSession | None:
         """The session if it exists and belongs to ``principal``; ``None`` otherwise (same answer for both)."""
         session = self._sessions.get(session_id)
         if session is None or self._store.shared:
@@ -91,13 +116,13 @@ class SessionRegistry:
                     await session.close("deleted")
                 return None
             session = self._sessions.setdefault(
-                session_id, Session(record.session_id, record.principal, record.protocol_version)
+                session_id, ServerSession(record.session_id, record.principal, record.protocol_version)
             )
         if session.principal is not principal and session.principal != principal:
             return None
         return session
 
-    async def delete(self, session: Session) -> None:
+    async def delete(self, session: ServerSession) -> None:
         self._sessions.pop(session.id, None)
         await session.close("deleted")
         await self._store.delete_session(session.id)
@@ -110,11 +135,11 @@ class SessionRegistry:
                 await session.close("expired")
         return len(gone)
 
-    async def touch(self, session: Session, now: float) -> None:
+    async def touch(self, session: ServerSession, now: float) -> None:
         """Record activity at most once a minute: a store write per request would sit on the hot path."""
         if now - session.last_touch >= 60.0:
             session.last_touch = now
             await self._store.touch_session(session.id, now)
 
-    def all(self) -> list[Session]:
+    def all(self) -> list[ServerSession]:
         return list(self._sessions.values())

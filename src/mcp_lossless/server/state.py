@@ -23,6 +23,13 @@ from .tools import MethodHandler, ToolRegistry
 
 
 class ServerState:
+    """What every part of one server shares, built once: settings, tools and their resources, the audience
+    policy, the store, sessions, the token verifier, metrics, and this process's identity.
+
+    It exists so that the ASGI app, the transport and the dispatcher agree on one set of each; a part that needs
+    only a few of them (the writer, the stream producers) is given those, not this.
+    """
+
     def __init__(
         self,
         config: ServerConfig,
@@ -54,7 +61,6 @@ class ServerState:
         """This process; streams it opens are its own until it dies."""
         self.anonymous = Grant(ANONYMOUS, frozenset({canonical}))
         self.leeway = config.leeway_seconds
-        self.orphan_lock = asyncio.Lock()
         self.prm_url = metadata.metadata_url(canonical)
         self._codec: EventIdCodec | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

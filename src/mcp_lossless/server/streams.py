@@ -8,9 +8,11 @@ from collections.abc import Callable
 from operator import itemgetter
 from time import perf_counter
 
+from ..core import frames
 from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamRecord
 from ..stores.base import EventStore, StoreUnavailable, StreamTakenOver
+from .observability import log_decision
 
 _request_id = itemgetter(0)
 """A :class:`~..core.events.PendingRequest`'s id, without a Python frame per request."""
@@ -131,17 +133,44 @@ class LiveStream:
         self._waiters.append(future)
         return future
 
-    def attach(self) -> int:
+    # -- lifecycle: who writes the stream, and when it ends. Only these change ``done``, ``writer``, the
+    # generations and the close request; other modules call them rather than set fields.
+
+    def attach_writer(self) -> int:
+        """A writer takes the stream over (a resume replaces the connection): an older writer sees the new
+        generation and steps aside. Returns the new writer's generation."""
         self.generation += 1
+        self.writer = self.generation
         self.notify()
         return self.generation
 
-    def fail(self) -> None:
-        self.broken = True
-        self.notify()
+    def detach_writer(self, generation: int) -> None:
+        """Writer ``generation`` has stopped; the stream has no writer unless a newer one took over."""
+        if self.writer == generation:
+            self.writer = None
 
     def request_close(self) -> None:
+        """A tool asks to close the current connection (SEP-1699); the client resumes with ``Last-Event-ID``."""
         self.close_generation = self.generation
+        self.notify()
+
+    def close_requested(self, generation: int) -> bool:
+        return self.close_generation == generation
+
+    def take_close_request(self, generation: int) -> bool:
+        """Whether writer ``generation`` is asked to close; the request is honoured once."""
+        if self.close_generation != generation:
+            return False
+        self.close_generation = -1
+        return True
+
+    def end(self) -> None:
+        """No more events will come from this process (its session is closing): writers finish what they have."""
+        self.done = True
+        self.notify()
+
+    def fail(self) -> None:
+        self.broken = True
         self.notify()
 
     async def append(self, data: bytes, request: PendingRequest, terminal: bool = False) -> StoredEvent:
@@ -267,3 +296,54 @@ class LiveStream:
             self.fail()  # the next append of the stream raises the failure too
         finally:
             self._repair = None
+
+
+class Producers:
+    """Which process produces a stream, and settling a stream whose producer died.
+
+    A stream is produced by the process that opened it (its record's ``owner``) until that process dies; then
+    any process that finds it (a resume, or a replica following it) records ``EXECUTION_LOST`` for each
+    unanswered request, so that every request still gets exactly one answer.
+    """
+
+    __slots__ = ("_instance", "_lock", "_lost", "_open", "_store")
+
+    def __init__(
+        self,
+        store: EventStore,
+        instance: str,
+        open_live: Callable[[StreamRecord], LiveStream],
+        count_lost: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._instance = instance
+        self._open = open_live
+        self._lost = count_lost
+        self._lock = asyncio.Lock()
+
+    async def owner_alive(self, owner: str) -> bool:
+        """Whether another live process produces the stream (this one would hold it among its live streams)."""
+        return owner != self._instance and await self._store.owner_alive(owner)
+
+    async def settle(self, record: StreamRecord) -> StreamRecord:
+        """Record EXECUTION_LOST for each unanswered request of ``record`` so the stream ends; the record after."""
+        store = self._store
+        async with self._lock:
+            if record.owner != self._instance and not await store.claim_stream(
+                record.stream, record.owner, self._instance
+            ):
+                return await store.get_stream(record.stream) or record  # another replica settles it
+            fresh = await store.get_stream(record.stream)
+            if fresh is None or fresh.completed:
+                return fresh or record
+            live = self._open(fresh)
+            lost = [r.request_id for r in fresh.unanswered()]
+            if not lost:  # answered, yet open: recorded by a version that stored completion in a write of its own
+                fresh.completed = True
+                await store.complete_stream(fresh.stream)
+                return fresh
+            for request in fresh.unanswered():
+                await live.append(frames.execution_lost(request.request_id), request, terminal=True)
+                self._lost()
+            log_decision("execution_lost", stream=record.stream, requests=lost)
+            return live.snapshot()

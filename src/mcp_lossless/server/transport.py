@@ -40,10 +40,10 @@ from .dispatch import Dispatcher
 from .errors import Refused, rpc_error
 from .keys import stream_key
 from .observability import fingerprint, log_decision, now
-from .sessions import Session
+from .sessions import ServerSession
 from .state import ServerState
-from .streams import LiveStream
-from .writer import LiveSource, SseWriter, StoredSource
+from .streams import LiveStream, Producers
+from .writer import LiveSource, RemoteTail, SseWriter, StoredSource
 
 __all__ = ["Transport", "rpc_error"]
 
@@ -61,6 +61,7 @@ class Transport:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.dispatcher = Dispatcher(state)
+        self.producers = Producers(state.store, state.instance, state.live_stream, state.metrics.lost.inc)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Route by method; render whatever refusal the checks raise, before any byte of a response."""
@@ -136,7 +137,7 @@ class Transport:
         )
 
     def _admit(
-        self, session: Session, messages: list[dict[str, Any]], grant: Grant
+        self, session: ServerSession, messages: list[dict[str, Any]], grant: Grant
     ) -> tuple[list[dict[str, Any]], list[PendingRequest]]:
         """The requests among ``messages``, each with the resources its events need; 403 naming every resource
         the token lacks for a call. Responses and cancellations are handed over as they come."""
@@ -181,7 +182,7 @@ class Transport:
         self,
         receive: Receive,
         send: Send,
-        session: Session,
+        session: ServerSession,
         grant: Grant,
         version: str,
         requests: list[dict[str, Any]],
@@ -199,12 +200,12 @@ class Transport:
         head = b"" if json_response else self._priming(live, version)  # names position 0
         run = None
         if len(requests) == 1:
-            run = await self.dispatcher.dispatch(session, live, grant, requests[0], pending[0], inline=True)
+            run = await self.dispatcher.prepare_inline(session, live, grant, requests[0], pending[0])
         else:
             counts = Counter(request.request_id for request in pending)
             for message, request in zip(requests, pending, strict=True):
                 repeated = counts[request.request_id] > 1
-                await self.dispatcher.dispatch(session, live, grant, message, request, repeated=repeated)
+                await self.dispatcher.start(session, live, grant, message, request, repeated=repeated)
         if json_response:
             if run is not None:
                 await run
@@ -212,13 +213,13 @@ class Transport:
             return
         # Every call the token does not cover was refused above, so it covers every event this stream can carry.
         gate = DeliveryGate(grant, state.policy, None, state.leeway, covers_stream=True)
-        writer = SseWriter(state, session.id, record.stream, gate, record.requests)
+        writer = SseWriter(state.config.retry_ms, state.metrics, session.id, record.stream, gate, record.requests)
         writing = writer.run(receive, send, LiveSource(live, 0, has_cursor=bool(head)), head)
         if run is None:
             await writing
         else:
             await _run_then_write(state.loop, run, writing)
-        self._release(session, live)
+        session.forget_if_finished(live)
 
     def _priming(self, live: LiveStream, version: str) -> bytes:
         """The priming event (SEP-1699): an id for the stream's current position, empty data, ``retry``.
@@ -228,11 +229,6 @@ class Transport:
         if not protocol.primes_streams(version):
             return b""
         return frames.sse(live.event_id(live.record.last_seq), b"", self.state.config.retry_ms)
-
-    def _release(self, session: Session, live: LiveStream) -> None:
-        """Forget a finished stream once no request of it runs; later resumes read it from the store."""
-        if live.done and not session.tasks.keys() & {r.request_id for r in live.record.requests}:
-            session.live.pop(live.record.stream, None)
 
     async def _write_json(self, live: LiveStream, send: Send, batch: bool) -> None:
         while not (live.done or live.broken):
@@ -257,7 +253,7 @@ class Transport:
         else:
             await self._resume(receive, send, session, grant, last_event_id.strip())
 
-    async def _listen(self, receive: Receive, send: Send, session: Session, grant: Grant) -> None:
+    async def _listen(self, receive: Receive, send: Send, session: ServerSession, grant: Grant) -> None:
         """The standalone GET stream: server messages unrelated to any request, one listener at a time."""
         state = self.state
         live = session.live.get(session.get_stream) if session.get_stream else None
@@ -273,10 +269,12 @@ class Transport:
         head = self._priming(live, session.version)
         covers = state.policy.covers_all(grant.audience, stream_tags(live.record))
         gate = DeliveryGate(grant, state.policy, None, state.leeway, covers)
-        writer = SseWriter(state, session.id, live.record.stream, gate, ())
+        writer = SseWriter(state.config.retry_ms, state.metrics, session.id, live.record.stream, gate, ())
         await writer.run(receive, send, LiveSource(live, live.record.last_seq, has_cursor=bool(head)), head)
 
-    async def _resume(self, receive: Receive, send: Send, session: Session, grant: Grant, last_event_id: str) -> None:
+    async def _resume(
+        self, receive: Receive, send: Send, session: ServerSession, grant: Grant, last_event_id: str
+    ) -> None:
         """Answer what :func:`~..core.resume.decide_resume` asks, then render its outcome."""
         state = self.state
         facts = ResumeFacts(session.id, last_event_id, state.codec.decode(last_event_id, session.id))
@@ -290,9 +288,9 @@ class Transport:
                     live.snapshot() if live is not None else await state.store.get_stream(step.stream) or Lookup.ABSENT
                 )
             elif isinstance(step, NeedOwner):
-                facts.owner_alive = await self._owner_alive(step.owner)
+                facts.owner_alive = await self.producers.owner_alive(step.owner)
             elif isinstance(step, SettleOrphan):
-                facts.record, facts.settled = await self._end_orphan(step.record), True
+                facts.record, facts.settled = await self.producers.settle(step.record), True
             elif isinstance(step, NeedEvents):
                 facts.events = live.after(step.seq) if live is not None else await self._read_after(step)
             else:
@@ -304,7 +302,7 @@ class Transport:
         await self._replay(receive, send, session, grant, last_event_id, step, live)
 
     @staticmethod
-    def _live(session: Session, stream: str) -> LiveStream | None:
+    def _live(session: ServerSession, stream: str) -> LiveStream | None:
         """The session's live stream ``stream``; one whose producer could not store an answer is settled instead."""
         live = session.live.get(stream)
         if live is not None and live.broken:
@@ -325,7 +323,7 @@ class Transport:
         self,
         receive: Receive,
         send: Send,
-        session: Session,
+        session: ServerSession,
         grant: Grant,
         last_event_id: str,
         plan: ReplayPlan,
@@ -345,16 +343,18 @@ class Transport:
             tail=plan.tail.value,
         )
         gate = DeliveryGate(grant, state.policy, last_event_id, state.leeway, plan.covers_stream)
-        writer = SseWriter(state, session.id, stream, gate, plan.record.requests, plan.settled)
+        writer = SseWriter(
+            state.config.retry_ms, state.metrics, session.id, stream, gate, plan.record.requests, plan.settled
+        )
         source: LiveSource | StoredSource
         if live is not None:
             source = LiveSource(live, plan.cursor.seq, has_cursor=True)
         else:
-            tail = (state.store, stream, self._owner_alive, self._end_orphan) if plan.tail is Tail.REPLICA else None
+            tail = RemoteTail(state.store, stream, self.producers) if plan.tail is Tail.REPLICA else None
             source = StoredSource(plan.events, plan.cursor.seq, tail)
         await writer.run(receive, send, source, b"retry: %d\n\n" % state.config.retry_ms)
 
-    def _cursor_rejected(self, session: Session, rejected: CursorRejected) -> Refused:
+    def _cursor_rejected(self, session: ServerSession, rejected: CursorRejected) -> Refused:
         self.state.metrics.resumes.labels(rejected.problem.value).inc()
         log_decision(
             "resume",
@@ -365,7 +365,7 @@ class Transport:
         )
         return Refused(rejected.status, rejected.body)
 
-    def _replay_refused(self, session: Session, refusal: Refusal) -> Refused:
+    def _replay_refused(self, session: ServerSession, refusal: Refusal) -> Refused:
         state = self.state
         state.metrics.resumes.labels("refused").inc()
         state.metrics.refusals.labels(refusal.reason.value, "replay").inc()
@@ -381,33 +381,6 @@ class Transport:
         description = frames.refusal_message(refusal)
         body = {"error": "replay_refused", "error_description": description, **frames.refusal_data(refusal)}
         return Refused(403, body, [_insufficient_scope(description, refusal.missing)])
-
-    async def _owner_alive(self, owner: str) -> bool:
-        """Whether another live process produces the stream (this one would hold it in ``session.live``)."""
-        return owner != self.state.instance and await self.state.store.owner_alive(owner)
-
-    async def _end_orphan(self, record: StreamRecord) -> StreamRecord:
-        """A call whose process died: record EXECUTION_LOST for each unanswered request so the stream ends."""
-        state = self.state
-        async with state.orphan_lock:
-            if record.owner != state.instance and not await state.store.claim_stream(
-                record.stream, record.owner, state.instance
-            ):
-                return await state.store.get_stream(record.stream) or record  # another replica settles it
-            fresh = await state.store.get_stream(record.stream)
-            if fresh is None or fresh.completed:
-                return fresh or record
-            live = state.live_stream(fresh)
-            lost = [r.request_id for r in fresh.unanswered()]
-            if not lost:  # answered, yet open: recorded by a version that stored completion in a write of its own
-                fresh.completed = True
-                await state.store.complete_stream(fresh.stream)
-                return fresh
-            for request in fresh.unanswered():
-                await live.append(frames.execution_lost(request.request_id), request, terminal=True)
-                state.metrics.lost.inc()
-            log_decision("execution_lost", stream=record.stream, requests=lost)
-            return live.record
 
     # -- DELETE --------------------------------------------------------------------------------------
 
@@ -444,11 +417,11 @@ class Transport:
         challenge = metadata.challenge("invalid_token", description, self.state.prm_url)
         return Refused.rpc(401, errors.INVALID_REQUEST, description, headers=[(b"www-authenticate", challenge)])
 
-    async def _session(self, scope: Scope, grant: Grant) -> Session:
+    async def _session(self, scope: Scope, grant: Grant) -> ServerSession:
         """The request's session: 400 without the header, 404 when unknown or another principal's (one answer)."""
         session_id = header(scope, b"mcp-session-id")
         if session_id is None:
-            raise Refused.rpc(400, errors.INVALID_REQUEST, "Mcp-Session-Id header required")
+            raise Refused.rpc(400, errors.INVALID_REQUEST, "Mcp-ServerSession-Id header required")
         sessions = self.state.sessions
         session = await sessions.find(session_id, grant.principal)
         if session is None:

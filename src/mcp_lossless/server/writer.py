@@ -9,17 +9,16 @@ cursor stays put.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 from ..asgi import Receive, Send
 from ..core import frames
-from ..core.events import PendingRequest, RequestId, StoredEvent, StreamRecord
+from ..core.events import PendingRequest, RequestId, StoredEvent
 from ..core.replay import DeliveryGate, Refusal
 from ..stores.base import EventStore, StoreUnavailable
-from .observability import fingerprint, log_decision, now
-from .state import ServerState
-from .streams import LiveStream
+from .observability import Metrics, fingerprint, log_decision, now
+from .streams import LiveStream, Producers
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -48,8 +47,21 @@ class LiveSource:
         self.sent_seq = sent_seq
         self.has_cursor = has_cursor
         """Whether the client holds an event id of this stream (priming, a resume cursor, or a sent event)."""
-        self.generation = live.attach()
-        live.writer = self.generation
+        self.generation = live.attach_writer()
+
+    def _has_news(self) -> bool:
+        """Whether :meth:`ready` has anything to act on: events, the stream's end or failure, a newer writer, or
+        a close request this writer may honour (only once the client holds an id to resume from, SEP-1699: a
+        close before any id, as below 2025-11-25 where there is no priming, waits for the next event)."""
+        live = self.live
+        events = live.events
+        return (
+            live.broken
+            or live.done
+            or (bool(events) and events[-1].seq > self.sent_seq)
+            or live.generation != self.generation
+            or (self.has_cursor and live.close_requested(self.generation))
+        )
 
     def ready(self) -> list[StoredEvent] | None:
         live = self.live
@@ -62,67 +74,73 @@ class LiveSource:
             return events
         if (live.done and self.sent_seq >= live.record.last_seq) or live.generation != self.generation:
             return None
-        if live.close_generation == self.generation and self.has_cursor:
-            # Close only once the client holds an event id of this stream to resume from (SEP-1699): a close
-            # before any id (no priming below 2025-11-25) waits for the next event.
-            live.close_generation = -1
+        if self._has_news():  # what news is left is a close this writer may honour
+            live.take_close_request(self.generation)
             return None
         return []
 
     async def wait(self) -> None:
         """Until ``ready`` may have something new. Events published while the writer was sending (it was
         not waiting then) are noticed here, not lost with the wake-up that announced them."""
-        live = self.live
-        if (
-            live.broken
-            or live.done
-            or live.after(self.sent_seq)
-            or live.generation != self.generation
-            or live.close_generation == self.generation
-        ):
-            return
-        await live.waiter()
+        if not self._has_news():
+            await self.live.waiter()
 
     def close(self) -> None:
-        if self.live.writer == self.generation:
-            self.live.writer = None
+        self.live.detach_writer(self.generation)
+
+
+class RemoteTail:
+    """How a replay follows a stream that another live process produces: through the store, minding its owner.
+
+    Between blocking reads it notices the stream's end, or its owner's death, when the stream is settled here
+    (:meth:`.streams.Producers.settle`) so that the reader gets an explicit end instead of waiting for ever.
+    """
+
+    __slots__ = ("producers", "store", "stream")
+
+    def __init__(self, store: EventStore, stream: str, producers: Producers) -> None:
+        self.store = store
+        self.stream = stream
+        self.producers = producers
+
+    async def read_after(self, seq: int) -> list[StoredEvent] | None:
+        """Events after ``seq`` (``[]``: none yet, ask again), or ``None`` once the stream has ended."""
+        events = await self.store.wait_events(self.stream, seq, TAIL_WAIT_SECONDS)
+        if events:
+            return events
+        record = await self.store.get_stream(self.stream)
+        if record is None or (record.completed and seq >= record.last_seq):
+            return None
+        if not record.completed and not await self.producers.owner_alive(record.owner):
+            await self.producers.settle(record)
+        return []
 
 
 class StoredSource:
-    """Replayed events, then, for a stream another replica still produces, its tail read through the store."""
+    """Replayed events, then, for a stream another replica still produces, its tail (:class:`RemoteTail`)."""
 
-    def __init__(
-        self,
-        events: list[StoredEvent],
-        sent_seq: int,
-        tail: tuple[EventStore, str, Callable[[str], Awaitable[bool]], Callable[[StreamRecord], Awaitable[object]]]
-        | None = None,
-    ) -> None:
+    __slots__ = ("buffer", "finished", "sent_seq", "tail")
+
+    def __init__(self, events: list[StoredEvent], sent_seq: int, tail: RemoteTail | None = None) -> None:
         self.buffer = events
         self.sent_seq = events[-1].seq if events else sent_seq
         self.tail = tail
-        self.finished = tail is None
 
     def ready(self) -> list[StoredEvent] | None:
         if self.buffer:
             events, self.buffer = self.buffer, []
             return events
-        return None if self.finished else []
+        return None if self.tail is None else []
 
     async def wait(self) -> None:
-        """One blocking read of the tail; between reads, notice the end of the stream or its owner's death."""
+        """One blocking read of the tail."""
         assert self.tail is not None
-        store, stream, owner_alive, end_orphan = self.tail
-        events = await store.wait_events(stream, self.sent_seq, TAIL_WAIT_SECONDS)
-        if events:
+        events = await self.tail.read_after(self.sent_seq)
+        if events is None:
+            self.tail = None
+        elif events:
             self.buffer = events
             self.sent_seq = events[-1].seq
-            return
-        record = await store.get_stream(stream)
-        if record is None or (record.completed and self.sent_seq >= record.last_seq):
-            self.finished = True
-        elif not record.completed and not await owner_alive(record.owner):
-            await end_orphan(record)
 
     def close(self) -> None:
         return None
@@ -138,18 +156,21 @@ async def _wait_disconnect(receive: Receive) -> None:
 class SseWriter:
     """One SSE response: a head, then batches from a source until it ends, the client leaves, or a refusal."""
 
-    __slots__ = ("gate", "requests", "s", "session_id", "settled", "stream")
+    __slots__ = ("gate", "metrics", "requests", "retry_ms", "session_id", "settled", "stream")
 
     def __init__(
         self,
-        state: ServerState,
+        retry_ms: int,
+        metrics: Metrics,
         session_id: str,
         stream: str,
         gate: DeliveryGate,
         requests: tuple[PendingRequest, ...],
         settled: Iterable[RequestId] = (),
     ) -> None:
-        self.s = state
+        self.retry_ms = retry_ms
+        """The SSE ``retry`` sent with events that have no data (priming)."""
+        self.metrics = metrics
         self.session_id = session_id
         self.stream = stream
         self.gate = gate
@@ -215,7 +236,7 @@ class SseWriter:
     def _frames(self, events: list[StoredEvent], out: list[bytes]) -> bool:
         """Append the frames of ``events`` the token may receive; ``True`` when a refusal ended the stream."""
         admitted, refusal = self.gate.admit(events, now())
-        retry = self.s.config.retry_ms
+        retry = self.retry_ms
         sse = frames.sse
         settled = self.settled
         for event in events[:admitted] if refusal is not None else events:
@@ -232,7 +253,7 @@ class SseWriter:
 
     def _refusal(self, refusal: Refusal) -> bytes:
         unsettled = self._unsettled()
-        self.s.metrics.refusals.labels(refusal.reason.value, "live").inc()
+        self.metrics.refusals.labels(refusal.reason.value, "live").inc()
         log_decision(
             "delivery_refused",
             session=fingerprint(self.session_id),
@@ -247,6 +268,6 @@ class SseWriter:
 
     def _store_failure(self) -> bytes:
         unsettled = self._unsettled()
-        self.s.metrics.refusals.labels("store_unavailable", "live").inc()
+        self.metrics.refusals.labels("store_unavailable", "live").inc()
         log_decision("store_unavailable", session=fingerprint(self.session_id), stream=self.stream, requests=unsettled)
         return frames.store_unavailable_frames(self.gate.last_delivered, unsettled)

@@ -39,6 +39,10 @@ class SessionRecord:
 class EventStore(Protocol):
     """Sessions, streams and events, durable as far as the backend's durability goes (docs/stores.md).
 
+    The server keeps nothing it could not find here again: an event is sent only after it is stored, and a
+    resume, a restarted process or another replica reads the stream from the store. So the server depends on
+    this contract alone, and the contract tests hold every backend to it.
+
     Errors every backend raises the same way:
 
     - :class:`StoreUnavailable`: the backend cannot serve now (unreachable, locked, disk full); nothing of the
