@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import tomllib
-from dataclasses import fields
 from typing import Any
 
-from .server.config import ServerConfig
+from .server.config import ConfigError, ServerConfig, config_from
+
+STARTUP_FAILURE = 3
+"""Exit status when the server could not start listening (uvicorn's)."""
 
 
 def _dev_client(value: str) -> tuple[str, str]:
@@ -18,55 +20,128 @@ def _dev_client(value: str) -> tuple[str, str]:
     return client_id, secret
 
 
+LIMIT_FLAGS: dict[str, tuple[type, str]] = {
+    "max_header_bytes": (int, "request line + headers of one request, bytes (431 beyond)"),
+    "max_headers": (int, "header fields of one request (431 beyond)"),
+    "header_timeout": (float, "seconds to send a request's head, from connecting or the previous answer (408)"),
+    "body_timeout": (float, "seconds to send a request's body once its head arrived (408)"),
+    "max_connections": (
+        int,
+        "open connections, also capped by the open-file limit; at the cap the oldest one "
+        "without a complete request is closed, else 503",
+    ),
+}
+"""Every :class:`~mcp_lossless.core.limits.Limits` field as a flag ``--max-header-bytes`` (docs/limits.md)."""
+
+
 def _serve_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="run the lossless MCP server (demo tools search and fetch)")
-    p.add_argument("--config", help="TOML file with server settings (flags override it)")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--path", help="MCP endpoint path (default /mcp)")
-    p.add_argument("--public-url", help="canonical server URI as clients see it, when behind a proxy")
-    p.add_argument(
-        "--store",
-        help="memory | sqlite:PATH | redis://HOST:PORT[/DB][?prefix=P] (default sqlite:mcp-lossless.db)",
+    d = ServerConfig()
+
+    def default(value: object) -> str:
+        return f"(default: {value})"
+
+    p = sub.add_parser(
+        "serve",
+        help="run the lossless MCP server: your tools (TARGET) or the demo tools search and fetch",
+        description="Serve the tools of TARGET (or the demo tools) over Streamable HTTP. Every setting can also "
+        "come from --config FILE.toml (see examples/server.toml); flags override the file.",
     )
-    p.add_argument("--issuer", help="'dev' for the embedded authorization server (default) or an issuer URL")
-    p.add_argument("--auth", choices=["jwt", "none"], help="'none' disables auth: loopback conformance runs only")
+    p.add_argument(
+        "target",
+        nargs="?",
+        metavar="TARGET",
+        help="the ToolRegistry to serve: path/to/file.py:NAME or package.module:NAME (default: the demo tools)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        help="TOML file with server settings, as examples/server.toml; flags override it (default: none)",
+    )
+    p.add_argument("--host", help=f"interface to listen on {default(d.host)}")
+    p.add_argument("--port", type=int, help=f"TCP port {default(d.port)}")
+    p.add_argument("--path", help=f"MCP endpoint path {default(d.path)}")
+    p.add_argument(
+        "--public-url",
+        help="canonical server URI as clients see it, when behind a proxy (default: http://HOST:PORT/PATH)",
+    )
+    p.add_argument("--store", help=f"memory | sqlite:PATH | redis://HOST:PORT[/DB][?prefix=P] {default(d.store)}")
+    p.add_argument(
+        "--issuer", help=f"'dev' for the embedded authorization server, or an issuer URL {default(d.issuer)}"
+    )
+    p.add_argument(
+        "--auth", choices=["jwt", "none"], help="'none' disables auth: loopback conformance runs only (default: jwt)"
+    )
     p.add_argument(
         "--dev-client",
         action="append",
         type=_dev_client,
         metavar="ID:SECRET",
-        help="static confidential client of the embedded AS (repeatable)",
+        help="static confidential client of the embedded AS, repeatable (default: dev-client:dev-secret)",
     )
     p.add_argument(
         "--least-privilege",
         action="store_true",
         default=None,
-        help="embedded AS: every refresh narrows to the resources it asks for",
+        help="embedded AS: every refresh narrows to the resources it asks for (default: off)",
     )
     p.add_argument(
         "--single-audience",
         action="store_true",
         default=None,
-        help="embedded AS: refuse several resources per token (invalid_target), like oidc-provider",
+        help="embedded AS: refuse several resources per token (invalid_target), like oidc-provider (default: off)",
     )
-    p.add_argument("--token-ttl", type=int, help="embedded AS access token lifetime, seconds")
+    p.add_argument(
+        "--token-ttl", type=int, metavar="SECONDS", help=f"embedded AS access token lifetime {default(d.token_ttl)}"
+    )
     p.add_argument(
         "--dev-keys",
         metavar="PATH",
-        help="embedded AS: private JWKS file (created if missing); give replicas the same one",
+        help="embedded AS: private JWKS file (created if missing); give replicas the same one "
+        "(default: a new key per process)",
     )
-    p.add_argument("--json-response", action="store_true", default=None, help="answer POSTs with JSON, not SSE")
-    p.add_argument("--retry-ms", type=int, help="SSE retry: the client's reconnect delay")
-    p.add_argument("--max-body-bytes", type=int)
-    p.add_argument("--session-idle-seconds", type=float)
-    p.add_argument("--allowed-origin", action="append", dest="allowed_origins", metavar="ORIGIN")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--json-response",
+        action="store_true",
+        default=None,
+        help="answer POSTs with JSON, not SSE (default: off)",
+    )
+    p.add_argument(
+        "--retry-ms", type=int, metavar="MS", help=f"SSE retry: the client's reconnect delay {default(d.retry_ms)}"
+    )
+    p.add_argument(
+        "--max-body-bytes", type=int, help=f"largest request body accepted, bytes (413) {default(d.max_body_bytes)}"
+    )
+    p.add_argument(
+        "--session-idle-seconds",
+        type=float,
+        metavar="SECONDS",
+        help=f"a session unused this long expires {default(d.session_idle_seconds)}",
+    )
+    p.add_argument(
+        "--allowed-origin",
+        action="append",
+        dest="allowed_origins",
+        metavar="ORIGIN",
+        help="an Origin accepted besides the server's own (and loopback ones on loopback), repeatable (default: none)",
+    )
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help=default(d.log_level))
+    p.add_argument(
+        "--metrics-token",
+        metavar="SECRET",
+        help="/metrics requires 'Authorization: Bearer SECRET' (default: none; the Host/Origin check always applies)",
+    )
+    for name, (kind, text) in LIMIT_FLAGS.items():
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            dest=f"limit_{name}",
+            help=f"{text} {default(getattr(d.limits, name))}",
+        )
     p.add_argument(
         "--conformance",
         action="store_true",
         help="serve the official conformance suite's fixtures instead of the demo tools (auth off, memory store, "
-        "loopback only)",
+        "loopback only; default: off)",
     )
 
 
@@ -84,28 +159,47 @@ def _call_parser(sub: Any) -> None:
     add_arguments(p)
 
 
+class UsageError(Exception):
+    """Bad input on the command line or in the config file: reported in one line, exit status 2."""
+
+
+def _read_config(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}") from None
+
+
 def build_config(args: argparse.Namespace) -> ServerConfig:
-    settings: dict[str, Any] = {}
-    if args.config:
-        with open(args.config, "rb") as handle:
-            settings.update(tomllib.load(handle))
-    names = {f.name for f in fields(ServerConfig)}
-    unknown = set(settings) - names
-    if unknown:
-        raise SystemExit(f"unknown settings in {args.config}: {', '.join(sorted(unknown))}")
-    for name in names:
+    settings: dict[str, Any] = _read_config(args.config) if args.config else {}
+    if settings:
+        try:
+            config_from(settings)  # the file alone first, so that a bad value is blamed on it
+        except ConfigError as exc:
+            raise UsageError(f"{args.config}: {exc}") from None
+    for name in ServerConfig.__dataclass_fields__:
         value = getattr(args, name, None)
         if value is not None:
             settings[name] = value
+    limits = {
+        name: getattr(args, f"limit_{name}") for name in LIMIT_FLAGS if getattr(args, f"limit_{name}") is not None
+    }
+    if limits:
+        table = settings.get("limits")
+        settings["limits"] = {**(table if isinstance(table, dict) else {}), **limits}
     if args.dev_client:
         settings["dev_clients"] = dict(args.dev_client)
-    if "allowed_origins" in settings:
-        settings["allowed_origins"] = tuple(settings["allowed_origins"])
     if args.auth == "none" or args.conformance:
         settings["issuer"] = None  # the suite cannot send tokens
     if args.conformance:
         settings.setdefault("store", "memory")
-    config = ServerConfig(**settings)
+    try:
+        config = config_from(settings)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     if config.issuer is None and not config.loopback:
         what = "--conformance" if args.conformance else "--auth none"
         raise SystemExit(f"{what} is refused on a non-loopback host: it would serve tools to anyone")
@@ -113,16 +207,22 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from .server.app import create_app
     from .server.conformance import conformance_app
     from .server.observability import configure_logging
+    from .server.serving import lossless_server
+    from .server.targets import TargetError, load_registry
 
     config = build_config(args)
+    if args.target is not None and args.conformance:
+        raise UsageError("--conformance serves its own fixtures: give no TARGET")
     configure_logging(config.log_level)
     try:
-        app = conformance_app(config) if args.conformance else create_app(config)
+        tools = None if args.target is None else load_registry(args.target)
+    except TargetError as exc:
+        raise UsageError(f"TARGET {exc}") from None
+    try:
+        app = conformance_app(config) if args.conformance else create_app(config, tools)
     except ValueError as exc:
         raise SystemExit(f"mcp-lossless: {exc}") from None
     print(f"mcp-lossless: MCP endpoint  {config.canonical_uri}", file=sys.stderr)
@@ -131,20 +231,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"mcp-lossless: dev issuer    {config.dev_issuer}", file=sys.stderr)
         print(f"mcp-lossless: token URL     {config.dev_issuer}/token", file=sys.stderr)
         print(f"mcp-lossless: dev clients   {', '.join(config.dev_clients)}", file=sys.stderr)
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        proxy_headers=False,
-        server_header=False,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=5,
-    )
-    return 0
+    server = lossless_server(app)
+    server.run()
+    return 0 if server.started else STARTUP_FAILURE
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -155,7 +244,11 @@ def main(argv: list[str] | None = None) -> None:
     _call_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        sys.exit(serve(args))
+        try:
+            sys.exit(serve(args))
+        except UsageError as exc:
+            print(f"mcp-lossless serve: {exc}", file=sys.stderr)
+            sys.exit(2)
     if args.command == "audit":
         from .audit.command import run as audit
 

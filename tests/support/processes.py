@@ -70,3 +70,48 @@ def cli_server(args: list[str], log: Path, port: int | None = None) -> Iterator[
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def started_cli_server(
+    args: list[str], *, nofile: int | None = None, env: dict[str, str] | None = None, timeout: float = 30
+) -> Iterator[tuple[subprocess.Popen[str], dict[str, object]]]:
+    """``mcp-lossless serve ARGS`` as a child process, yielded with its ``started`` log entry once it has logged it
+    (``started`` comes after the socket is bound: the line is the readiness signal, nothing to poll). ``nofile``
+    sets its open-file limit, soft and hard, as ``ulimit -n`` would."""
+    import json
+
+    command = [*CLI, "serve", *args]
+    if nofile is not None:  # set in the child itself: preexec_fn is unsafe in a process with threads
+        command = [
+            sys.executable,
+            "-c",
+            "import resource, runpy, sys; "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({nofile}, {nofile})); "
+            "sys.argv = ['mcp-lossless', *sys.argv[1:]]; runpy.run_module('mcp_lossless', run_name='__main__')",
+            "serve",
+            *args,
+        ]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    try:
+        deadline = time.monotonic() + timeout
+        lines = []
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                raise RuntimeError(f"server exited with {proc.wait(10)}:\n{''.join(lines)}")
+            lines.append(line)
+            if line.startswith("{") and json.loads(line).get("event") == "started":
+                yield proc, json.loads(line)
+                return
+        raise RuntimeError(f"server not started in {timeout}s:\n{''.join(lines)}")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        proc.stderr.close()

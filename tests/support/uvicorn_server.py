@@ -61,9 +61,16 @@ def serve_app(
 ) -> Iterator[str]:
     """Serve ``app`` until the block ends; yields its base URL, e.g. ``http://127.0.0.1:40123``."""
     sock = sock if sock is not None else loopback_socket()
-    url = base_url(sock)
     config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=graceful_shutdown)
     server = _SignallingServer(config)
+    with run_server(server, server.ready, sock) as url:
+        yield url
+
+
+@contextmanager
+def run_server(server: uvicorn.Server, ready: threading.Event, sock: socket.socket) -> Iterator[str]:
+    """Run ``server`` on ``sock`` in a thread until the block ends; ``ready`` is set by its startup."""
+    url = base_url(sock)
     failure: list[BaseException] = []
 
     def run() -> None:
@@ -72,11 +79,11 @@ def serve_app(
         except BaseException as exc:  # uvicorn reports a failed startup with SystemExit
             failure.append(exc)
         finally:
-            server.ready.set()
+            ready.set()
 
     thread = threading.Thread(target=run, name=f"uvicorn {url}", daemon=True)
     thread.start()
-    if not server.ready.wait(STARTUP_TIMEOUT) or not server.started:
+    if not ready.wait(STARTUP_TIMEOUT) or not server.started:
         server.should_exit = True
         thread.join(SHUTDOWN_TIMEOUT)
         sock.close()
@@ -98,3 +105,15 @@ def lossless_server(make_app: Callable[[int], Any]) -> AbstractContextManager[st
     """Our server built for the port it will listen on (its canonical URI includes the port), then served."""
     sock = loopback_socket()
     return serve_app(make_app(sock.getsockname()[1]), sock=sock, lifespan="on")
+
+
+@contextmanager
+def guarded_server(make_app: Callable[[int], Any], fd_limit: int | None = None) -> Iterator[tuple[str, Any]]:
+    """Our app as ``serve`` runs it (the guarded protocol and its limits), with the uvicorn server, for tests of
+    the HTTP-level limits."""
+    from mcp_lossless.server.serving import lossless_server as serving
+
+    sock = loopback_socket()
+    server = serving(make_app(sock.getsockname()[1]), fd_limit)
+    with run_server(server, server.listening, sock) as url:
+        yield url, server

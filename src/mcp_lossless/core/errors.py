@@ -1,4 +1,4 @@
-"""JSON-RPC error codes: the standard ones and the two this project defines (documented in docs/errors.md)."""
+"""JSON-RPC error codes: the standard ones and the ones this project defines (documented in docs/errors.md)."""
 
 from __future__ import annotations
 
@@ -21,3 +21,7 @@ FORBIDDEN = -32043
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 """The spec's code (2026-07-28) for a request at a revision the server does not serve; ``data.supported`` lists
 the ones it does, so a client can fall back (to ``initialize`` when none of them is modern)."""
+
+LIMIT_EXCEEDED = -32044
+"""A request past one of the server's limits; ``data.limit`` names it (docs/limits.md), ``data.retryAfter`` when
+waiting helps."""

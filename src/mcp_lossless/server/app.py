@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -85,11 +86,31 @@ class LosslessApp:
                 metadata.metadata_document(self.state.canonical, self.state.authorization_servers, "mcp-lossless"),
             )
         elif path == "/metrics":
-            await respond(send, 200, self.state.metrics.render(), b"text/plain; version=0.0.4")
+            await self._metrics(scope, send)
         elif self.dev_as is not None and self.dev_as.handles(path):
             await self.dev_as(scope, receive, send)
         else:
             await respond_json(send, 404, {"error": "not_found", "error_description": f"no resource at {path}"})
+
+    async def _metrics(self, scope: Scope, send: Send) -> None:
+        """Counters and gauges for the operator: under the endpoint's Host/Origin check, and behind a bearer secret
+        when one is configured (they tell sessions, resumes and refusals apart)."""
+        problem = self._rebinding_problem(scope)
+        if problem is not None:
+            await respond_json(send, 403, {"error": "forbidden", "error_description": problem})
+            return
+        secret = self.config.metrics_token
+        if secret is not None:
+            given = (headers(scope).get(b"authorization") or b"").removeprefix(b"Bearer ").removeprefix(b"bearer ")
+            if not hmac.compare_digest(given, secret.encode()):
+                await respond_json(
+                    send,
+                    401,
+                    {"error": "invalid_token", "error_description": "/metrics requires its bearer token"},
+                    [(b"www-authenticate", b'Bearer realm="metrics"')],
+                )
+                return
+        await respond(send, 200, self.state.metrics.render(), b"text/plain; version=0.0.4")
 
     def _rebinding_problem(self, scope: Scope) -> str | None:
         """DNS-rebinding protection: Origin (and, on loopback, Host) must be ours (MCP transport MUST).
@@ -149,13 +170,6 @@ class LosslessApp:
                 issuer, RemoteJwks(jwks_uri, http=self._http), leeway=self.config.leeway_seconds
             )
         self._sweeper = asyncio.create_task(self._sweep())
-        log_decision(
-            "started",
-            canonical=state.canonical,
-            store=self.config.store.split(":", 1)[0],
-            auth=issuer or "none",
-            instance=state.instance,
-        )
 
     async def shutdown(self) -> None:
         if self._sweeper is not None:

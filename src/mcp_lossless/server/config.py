@@ -1,11 +1,26 @@
-"""Server settings: one dataclass, filled from flags or a TOML file by the CLI."""
+"""Server settings: one dataclass, filled from flags or a TOML file by the CLI, each value checked against its type.
+
+A bad value is named with its key (``port = "x": expected an integer``), never found later as a failure of
+whatever first used it.
+"""
 
 from __future__ import annotations
 
+import json
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
+from ..core.limits import Limits
+
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A setting of the wrong type or out of range; the message names the key and the value."""
 
 
 @dataclass(slots=True)
@@ -37,6 +52,25 @@ class ServerConfig:
     """Longest wait for a client's answer to a server request (sampling, elicitation)."""
     allowed_origins: tuple[str, ...] = ()
     log_level: str = "info"
+    metrics_token: str | None = None
+    """Bearer secret ``/metrics`` requires besides the Host/Origin check of the MCP endpoint (none by default)."""
+    limits: Limits = field(default_factory=Limits)
+    """Every per-connection, per-principal and per-session limit (docs/limits.md); the ``[limits]`` table of a
+    config file."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(f"port = {self.port}: must be between 1 and 65535")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level = {_shown(self.log_level)}: must be one of {', '.join(LOG_LEVELS)}")
+        for name in ("token_ttl", "max_body_bytes", "session_idle_seconds", "client_request_seconds"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} = {getattr(self, name)}: must be positive")
+        for name in ("retry_ms", "leeway_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} = {getattr(self, name)}: must not be negative")
+        if not self.path.startswith("/"):
+            raise ConfigError(f"path = {_shown(self.path)}: must start with /")
 
     @property
     def canonical_uri(self) -> str:
@@ -57,3 +91,72 @@ class ServerConfig:
     @property
     def loopback(self) -> bool:
         return self.host in LOOPBACK_HOSTS
+
+
+def config_from(settings: Mapping[str, Any]) -> ServerConfig:
+    """A :class:`ServerConfig` from loosely typed settings (a parsed TOML file merged with flags): every key must be
+    a setting, every value of its setting's type (an integer where a number is asked is fine); ``limits`` is a
+    table of :class:`~mcp_lossless.core.limits.Limits` fields."""
+    values = {name: _typed(name, value, _HINTS[name]) for name, value in _known(settings, _HINTS, "").items()}
+    if isinstance(values.get("limits"), dict):
+        table = _known(values["limits"], _LIMIT_HINTS, "limits.")
+        values["limits"] = _limits({k: _typed(f"limits.{k}", v, _LIMIT_HINTS[k]) for k, v in table.items()})
+    return ServerConfig(**values)
+
+
+def _known(settings: Mapping[str, Any], hints: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
+    unknown = sorted(set(settings) - set(hints))
+    if unknown:
+        raise ConfigError(f"unknown setting{'s' if len(unknown) > 1 else ''}: {', '.join(prefix + k for k in unknown)}")
+    return settings
+
+
+def _limits(values: dict[str, Any]) -> Limits:
+    try:
+        return Limits(**values)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+_EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _typed(name: str, value: Any, hint: Any) -> Any:
+    """``value`` as setting ``name`` of type ``hint``, or :class:`ConfigError` naming both."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        origin, args = get_origin(hint), get_args(hint)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in _EXPECTED:
+        if isinstance(value, hint) and (hint is bool or not isinstance(value, bool)):
+            return value
+        raise ConfigError(f"{name} = {_shown(value)}: expected {_EXPECTED[hint]}")
+    if origin is tuple:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ConfigError(f"{name} = {_shown(value)}: expected a list of strings")
+    if origin is dict:
+        if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            return dict(value)
+        raise ConfigError(f"{name} = {_shown(value)}: expected a table of strings")
+    if hint is Limits:
+        if isinstance(value, (Limits, dict)):
+            return value  # a table's own keys are checked by the caller
+        raise ConfigError(f"{name} = {_shown(value)}: expected a table")
+    raise TypeError(f"setting {name} has a type this loader does not know: {hint}")
+
+
+def _shown(value: Any) -> str:
+    """A value as a TOML file would spell it."""
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return repr(value)
+
+
+_HINTS = get_type_hints(ServerConfig)
+_LIMIT_HINTS = get_type_hints(Limits)

@@ -131,6 +131,12 @@ class Metrics:
             registry=r,
         )
         self.replayed = Counter("mcp_lossless_replayed_events_total", "Events delivered by replay", registry=r)
+        self.limit_refusals = Counter(
+            "mcp_lossless_limit_refusals_total",
+            "Requests and connections refused or closed at one of the limits (docs/limits.md), by limit",
+            ["limit"],
+            registry=r,
+        )
         self.lost = Counter(
             "mcp_lossless_execution_lost_total",
             "Requests ended with EXECUTION_LOST after their process died",

@@ -1,0 +1,102 @@
+"""Every resource a client can make the server hold has a limit: the values, and the verdicts against them.
+
+The values live in one typed dataclass, :class:`Limits` (filled from ``serve`` flags or the ``[limits]`` table
+of the config file; defaults in docs/limits.md). Each verdict is a pure function answering ``None`` (within the
+limit) or a :class:`LimitExceeded`, which the adapters render unchanged: its HTTP status, ``Retry-After`` when
+waiting helps, and a JSON-RPC error whose ``data`` names the limit and its value. The name of a limit is its
+field name here, in the config file, in the flag (``--max-header-bytes``) and in every refusal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import LIMIT_EXCEEDED
+from .frames import error_message
+
+FD_RESERVE_MIN = 64
+"""File descriptors kept free for everything but client connections (store files, Redis, JWKS fetches, logs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Defaults that no honest client or fleet of clients reaches, and that bound what a hostile one can hold."""
+
+    max_header_bytes: int = 32 * 1024
+    """Request line and header fields of one request, in bytes (431 beyond; an unfinished head is cut there)."""
+    max_headers: int = 100
+    """Header fields in one request (431 beyond)."""
+    header_timeout: float = 10.0
+    """Seconds a connection has to send a request's complete head, from its opening or its previous answer."""
+    body_timeout: float = 30.0
+    """Seconds a request has to send its complete body once its head has arrived."""
+    max_connections: int = 4096
+    """Open client connections; also capped by the process's file descriptor limit less a reserve. At the cap,
+    a new connection displaces the oldest one that has not sent a complete request head; with none, it gets 503."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"limits.{f.name} = {value!r}: must be a positive number")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitExceeded:
+    """A refusal because of one limit: what the adapters send, whatever the layer that found it."""
+
+    limit: str
+    """The :class:`Limits` field: the name the client sees."""
+    value: float
+    status: int
+    message: str
+    retry_after: int | None = None
+    """Seconds after which the same request may succeed; ``None`` when waiting does not help."""
+
+    def body(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"limit": self.limit, "value": self.value}
+        if self.retry_after is not None:
+            data["retryAfter"] = self.retry_after
+        return error_message(None, LIMIT_EXCEEDED, self.message, data)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [] if self.retry_after is None else [(b"retry-after", b"%d" % self.retry_after)]
+
+
+def request_head(limits: Limits, size: int, count: int) -> LimitExceeded | None:
+    """A request head of ``size`` bytes (so far) and ``count`` header fields."""
+    if size > limits.max_header_bytes:
+        return LimitExceeded(
+            "max_header_bytes", limits.max_header_bytes, 431, f"request head exceeds {limits.max_header_bytes} bytes"
+        )
+    if count > limits.max_headers:
+        return LimitExceeded(
+            "max_headers", limits.max_headers, 431, f"request has more than {limits.max_headers} headers"
+        )
+    return None
+
+
+def head_overdue(limits: Limits) -> LimitExceeded:
+    return LimitExceeded(
+        "header_timeout", limits.header_timeout, 408, f"request head not received within {limits.header_timeout:g} s"
+    )
+
+
+def body_overdue(limits: Limits) -> LimitExceeded:
+    return LimitExceeded(
+        "body_timeout", limits.body_timeout, 408, f"request body not received within {limits.body_timeout:g} s"
+    )
+
+
+def connection_cap(limits: Limits, fd_limit: int) -> int:
+    """Connections this process can hold: the configured maximum, within its file descriptor limit less a reserve
+    (an eighth of it, at least :data:`FD_RESERVE_MIN`), so accepting never fails for want of a descriptor."""
+    reserve = max(FD_RESERVE_MIN, fd_limit // 8)
+    return max(1, min(limits.max_connections, fd_limit - reserve))
+
+
+def connections_full(limits: Limits, cap: int) -> LimitExceeded:
+    return LimitExceeded(
+        "max_connections", cap, 503, f"server holds its maximum of {cap} connections, all busy", retry_after=1
+    )

@@ -1,0 +1,189 @@
+"""HTTP-level protection, before a request reaches the ASGI app: the size and count of its head, a deadline for
+its head and one for its body, and a bounded number of connections that displaces the oldest waiting one.
+
+uvicorn with httptools offers none of these (``h11_max_incomplete_event_size`` applies to h11 only, and
+``limit_concurrency`` answers 503 to the newcomer, who under slowloris is the honest client), so ``serve`` runs
+a subclass of its httptools protocol that counts and times each connection; the verdicts are
+:mod:`mcp_lossless.core.limits`'. A connection waiting for a request head (fresh, or idle after an answer) or for
+a body sits in an insertion-ordered table; one sweep per server walks the tables from their oldest entry, so a
+request costs a few dict operations, not a timer of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from http import HTTPStatus
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from ..core import limits as verdicts
+from ..core.limits import LimitExceeded, Limits
+
+SWEEP_SECONDS = (0.05, 1.0)
+"""Bounds of the sweep interval: a quarter of the shortest deadline, within these."""
+
+
+def refusal_bytes(exceeded: LimitExceeded) -> bytes:
+    """A complete HTTP/1.1 response for ``exceeded`` that closes the connection."""
+    body = orjson.dumps(exceeded.body())
+    head = [
+        b"HTTP/1.1 %d %s\r\n" % (exceeded.status, HTTPStatus(exceeded.status).phrase.encode()),
+        b"content-type: application/json\r\n",
+        b"content-length: %d\r\n" % len(body),
+        b"connection: close\r\n",
+        *(name + b": " + value + b"\r\n" for name, value in exceeded.headers()),
+        b"\r\n",
+    ]
+    return b"".join(head) + body
+
+
+class ConnectionGuard:
+    """The connections of one server: who waits for a head or a body since when, and the sweep that times them."""
+
+    def __init__(self, limits: Limits, cap: int, on_refusal: Callable[[str], None] = lambda limit: None) -> None:
+        self.limits = limits
+        self.cap = cap
+        """Connections held at most (:func:`mcp_lossless.core.limits.connection_cap`)."""
+        self.on_refusal = on_refusal
+        self.heads: dict[GuardedHttpToolsProtocol, float] = {}
+        """Connections with no request at work, by the moment they began waiting for a head: oldest first."""
+        self.bodies: dict[GuardedHttpToolsProtocol, float] = {}
+        """Requests whose head arrived and whose body has not, by the moment the head arrived."""
+        self._sweep: asyncio.TimerHandle | None = None
+        shortest = min(limits.header_timeout, limits.body_timeout) / 4
+        self._interval = min(max(shortest, SWEEP_SECONDS[0]), SWEEP_SECONDS[1])
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._sweep is None:
+            self._sweep = loop.call_later(self._interval, self.sweep, loop)
+
+    def sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._sweep = None
+        now = loop.time()
+        for table, timeout, overdue in (
+            (self.heads, self.limits.header_timeout, verdicts.head_overdue),
+            (self.bodies, self.limits.body_timeout, verdicts.body_overdue),
+        ):
+            while table:
+                protocol, since = next(iter(table.items()))
+                if now - since < timeout:
+                    break
+                del table[protocol]
+                protocol.refuse(overdue(self.limits))
+        if self.heads or self.bodies:
+            self.watch(loop)
+
+    def make_room(self, newcomer: GuardedHttpToolsProtocol, held: int) -> bool:
+        """Whether ``newcomer``, making ``held`` connections, may stay: at the cap, the oldest connection that
+        waits for a head is closed in its favour (an honest client sends its head at once; slowloris never)."""
+        if held <= self.cap:
+            return True
+        for victim in self.heads:
+            if victim is not newcomer:
+                del self.heads[victim]
+                victim.shed()
+                return True
+        return False
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with the limits of :class:`ConnectionGuard` (set by :func:`guarded_protocol`)."""
+
+    guard: ConnectionGuard
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_bytes = 0
+        self._in_head = True
+        self._refusal: LimitExceeded | None = None
+        guard = self.guard
+        if not guard.make_room(self, len(self.connections)):
+            self.refuse(verdicts.connections_full(guard.limits, guard.cap))
+            return
+        guard.heads[self] = self.loop.time()
+        guard.watch(self.loop)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.heads.pop(self, None)
+        self.guard.bodies.pop(self, None)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refusal is not None:
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._refusal is None and self._in_head and self._head_bytes > self.guard.limits.max_header_bytes:
+            self._refusal = verdicts.request_head(self.guard.limits, self._head_bytes, 0)
+        if self._refusal is not None:
+            self.refuse(self._refusal)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        guard = self.guard
+        guard.heads.pop(self, None)
+        head = self.headers
+        size = len(self.url) + sum(len(name) + len(value) for name, value in head)
+        self._refusal = verdicts.request_head(guard.limits, size, len(head))
+        if self._refusal is not None:
+            return  # no request cycle: nothing of it reaches the app
+        super().on_headers_complete()
+        guard.bodies[self] = self.loop.time()
+        guard.watch(self.loop)
+
+    def on_body(self, body: bytes) -> None:
+        if self._refusal is None:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refusal is not None:
+            return
+        self.guard.bodies.pop(self, None)
+        self._in_head = True
+        self._head_bytes = 0
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if (
+            not self.transport.is_closing()
+            and not self.pipeline
+            and (self.cycle is None or self.cycle.response_complete)
+        ):
+            self.guard.heads[self] = self.loop.time()
+            self.guard.watch(self.loop)
+
+    def shed(self) -> None:
+        """Closed to make room for a newer connection (this one had no request at work)."""
+        self.guard.on_refusal("max_connections")
+        self.transport.close()
+
+    def refuse(self, exceeded: LimitExceeded) -> None:
+        """Answer ``exceeded`` and close; close without an answer when one is under way or nothing was asked."""
+        self._refusal = exceeded
+        self.guard.heads.pop(self, None)
+        self.guard.bodies.pop(self, None)
+        transport = self.transport
+        if transport.is_closing():
+            return
+        self.guard.on_refusal(exceeded.limit)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if exceeded.limit != "body_timeout" or cycle.response_started:
+                transport.close()  # a response is under way (or another request's): it cannot be answered over
+                return
+            cycle.disconnected = True  # the app's receive() now reports a disconnect, its sends go nowhere
+            cycle.message_event.set()
+        elif exceeded.limit == "body_timeout" or (exceeded.limit == "header_timeout" and self._head_bytes == 0):
+            transport.close()  # the request was answered already, or nothing was asked: nothing to answer
+            return
+        transport.write(refusal_bytes(exceeded))
+        transport.close()
+
+
+def guarded_protocol(guard: ConnectionGuard) -> type[GuardedHttpToolsProtocol]:
+    """A protocol class for ``uvicorn.Config(http=...)`` whose connections share ``guard``."""
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"guard": guard})

@@ -1,0 +1,86 @@
+"""The app under uvicorn as ``serve`` runs it: the guarded protocol, the file descriptor limit raised to what the
+process may hold, and ``started`` logged only once the socket listens (a readiness signal a script can await)."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import threading
+
+import uvicorn
+
+from ..core.limits import connection_cap
+from .app import LosslessApp
+from .connections import ConnectionGuard, guarded_protocol
+from .observability import log_decision
+
+FD_LIMIT_WITHOUT_HARD_CAP = 1 << 16
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft open-file limit to its hard limit (1,024 is a common soft default, far below
+    what a server holding thousands of connections needs); the soft limit in force afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = FD_LIMIT_WITHOUT_HARD_CAP if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft
+        return target
+    return FD_LIMIT_WITHOUT_HARD_CAP if soft == resource.RLIM_INFINITY else soft
+
+
+class LosslessServer(uvicorn.Server):
+    """uvicorn's server, logging ``started`` with the address it listens on once it does."""
+
+    def __init__(self, config: uvicorn.Config, app: LosslessApp, guard: ConnectionGuard) -> None:
+        super().__init__(config)
+        self.app = app
+        self.guard = guard
+        self.listening = threading.Event()
+        """Set once the socket listens, or once startup has failed (then ``started`` is false): for embedders
+        running the server in a thread of their own."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets=sockets)
+        finally:
+            self.listening.set()
+        if not self.started:
+            return
+        state = self.app.state
+        listening = [s.getsockname() for server in self.servers for s in server.sockets]
+        log_decision(
+            "started",
+            canonical=state.canonical,
+            listen=[f"{address[0]}:{address[1]}" for address in listening],
+            store=state.config.store.split(":", 1)[0],
+            auth=state.config.issuer or "none",
+            instance=state.instance,
+            max_connections=self.guard.cap,
+        )
+
+
+def lossless_server(app: LosslessApp, fd_limit: int | None = None) -> LosslessServer:
+    """The server ``serve`` runs for ``app`` (on its config's host and port, or on sockets given to ``run``)."""
+    config = app.state.config
+    limits = config.limits
+    metrics = app.state.metrics
+    cap = connection_cap(limits, raise_fd_limit() if fd_limit is None else fd_limit)
+    guard = ConnectionGuard(limits, cap, lambda limit: metrics.limit_refusals.labels(limit).inc())
+    settings = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        loop="uvloop",
+        http=guarded_protocol(guard),
+        ws="none",
+        lifespan="on",
+        proxy_headers=False,
+        server_header=False,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    return LosslessServer(settings, app, guard)

@@ -1,0 +1,268 @@
+"""HTTP-level limits on a real uvicorn with the guarded protocol, over real sockets: head size and count, head and
+body deadlines, the connection cap, /metrics behind the Host check and its token.
+
+Each test waits on the server's own answer (a socket read bounded by a timeout), never on a sleep.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from mcp_lossless.core.limits import Limits
+from mcp_lossless.server.app import create_app
+from mcp_lossless.server.config import ServerConfig
+from tests.support.mcp_http import Peer, call
+from tests.support.processes import free_port, started_cli_server
+from tests.support.uvicorn_server import guarded_server
+
+HEAD = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _serve(limits: Limits, fd_limit: int | None = None, **settings: Any) -> Any:
+    def make(port: int) -> object:
+        return create_app(ServerConfig(port=port, store="memory", issuer=None, limits=limits, **settings))
+
+    return guarded_server(make, fd_limit)
+
+
+@pytest.fixture(scope="module")
+def quick() -> Iterator[tuple[str, Any]]:
+    """Short deadlines, so that the tests that wait for one are quick."""
+    with _serve(Limits(header_timeout=0.4, body_timeout=0.4)) as served:
+        yield served
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _connect(url: str) -> socket.socket:
+    sock = socket.create_connection(_address(url), timeout=10)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (the socket timeout bounds the wait)."""
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+def _refusal(raw: bytes) -> tuple[int, dict[str, Any]]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert b"connection: close" in head.lower()
+    return status, orjson.loads(body)["error"]
+
+
+def test_a_head_over_the_size_limit_gets_431_naming_it(quick: tuple[str, Any]) -> None:
+    url, _ = quick
+    with _connect(url) as sock:
+        sock.sendall(HEAD + b"x-big: " + b"a" * (Limits().max_header_bytes + 1) + b"\r\n\r\n")
+        status, error = _refusal(_read_all(sock))
+    assert status == 431
+    assert error["data"] == {"limit": "max_header_bytes", "value": Limits().max_header_bytes}
+
+
+def test_too_many_header_fields_get_431_naming_the_count_limit(quick: tuple[str, Any]) -> None:
+    url, _ = quick
+    fields = b"".join(b"x-%d: 1\r\n" % i for i in range(Limits().max_headers + 1))
+    with _connect(url) as sock:
+        sock.sendall(HEAD + fields + b"\r\n")
+        status, error = _refusal(_read_all(sock))
+    assert status == 431
+    assert error["data"]["limit"] == "max_headers"
+
+
+def test_a_head_at_the_limits_is_served(quick: tuple[str, Any]) -> None:
+    url, _ = quick
+    limits = Limits()
+    fields = b"".join(b"x-%d: 1\r\n" % i for i in range(limits.max_headers - 2))  # + host + connection
+    with _connect(url) as sock:
+        sock.sendall(HEAD + fields + b"connection: close\r\n\r\n")
+        assert _read_all(sock).startswith(b"HTTP/1.1 200 ")
+    big = {"x-big": "a" * (limits.max_header_bytes - 200)}
+    assert httpx.get(f"{url}/metrics", headers=big, timeout=10).status_code == 200
+
+
+def test_sixteen_unfinished_32_mb_heads_are_cut_off_and_memory_stays_flat(quick: tuple[str, Any]) -> None:
+    url, _ = quick
+    before = _rss_mib()
+    outcomes: list[str] = []
+
+    def flood() -> None:
+        with _connect(url) as sock:
+            sock.sendall(b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nx-big: ")
+            chunk, sent = b"a" * 65536, 0
+            try:
+                while sent < 32 << 20:
+                    sock.sendall(chunk)
+                    sent += len(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            answer = _read_all(sock)
+            outcomes.append("431" if answer.startswith(b"HTTP/1.1 431") else "closed" if not answer else "other")
+            assert sent < 32 << 20, "the server read a whole 32 MB head"
+
+    threads = [threading.Thread(target=flood) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(set(outcomes)) <= ["431", "closed"] and len(outcomes) == 16, outcomes
+    assert _rss_mib() - before < 20
+
+
+def test_an_unfinished_head_is_answered_408_at_its_deadline(quick: tuple[str, Any]) -> None:
+    url, _ = quick
+    with _connect(url) as sock:
+        started = time.monotonic()
+        sock.sendall(HEAD + b"x-slow: 1")
+        status, error = _refusal(_read_all(sock))
+        waited = time.monotonic() - started
+    assert status == 408
+    assert error["data"] == {"limit": "header_timeout", "value": 0.4}
+    assert 0.4 <= waited < 5
+
+
+def test_a_connection_that_sends_nothing_is_closed_without_an_answer(quick: tuple[str, Any]) -> None:
+    url, _ = quick
+    with _connect(url) as sock:
+        started = time.monotonic()
+        assert _read_all(sock) == b""
+        assert 0.4 <= time.monotonic() - started < 5
+
+
+def test_an_unfinished_body_is_answered_408_at_its_deadline(quick: tuple[str, Any]) -> None:
+    url, _ = quick
+    with _connect(url) as sock:
+        sock.sendall(
+            b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"accept: application/json, text/event-stream\r\ncontent-length: 100\r\n\r\n{"
+        )
+        status, error = _refusal(_read_all(sock))
+    assert status == 408
+    assert error["data"]["limit"] == "body_timeout"
+
+
+@pytest.mark.anyio
+async def test_deadlines_do_not_cut_keep_alive_requests_or_a_stream_outliving_them(quick: tuple[str, Any]) -> None:
+    url, _ = quick
+    async with httpx.AsyncClient(timeout=10) as http:
+        peer = Peer(http, url)
+        await peer.initialize()
+        for request_id in range(5):  # one keep-alive connection, requests spread over more than a deadline
+            read = await peer.post(call(request_id, "search", query="q", steps=1, delay_ms=150))
+            assert read.status == 200
+            assert read.messages[-1]["result"]["isError"] is False
+        read = await peer.post(call(9, "fetch", progress="p", url="u", steps=3, delay_ms=400))  # 1.2 s > 0.4 s
+    assert read.status == 200
+    assert [m.get("method") for m in read.messages] == ["notifications/progress"] * 3 + [None]
+    assert read.messages[-1]["result"]["isError"] is False
+
+
+def test_at_the_connection_cap_the_oldest_waiting_connection_makes_room() -> None:
+    with _serve(Limits(max_connections=4)) as (url, server):
+        assert server.guard.cap == 4
+        slow = [_connect(url) for _ in range(4)]
+        for sock in slow:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")  # heads that never finish
+        response = httpx.get(f"{url}/metrics", timeout=10)
+        assert response.status_code == 200
+        assert _read_all(slow[0]) == b"", "the oldest unfinished head was closed for the newcomer"
+        for sock in slow:
+            sock.close()
+
+
+def test_at_the_connection_cap_with_every_connection_busy_a_newcomer_gets_503() -> None:
+    with _serve(Limits(max_connections=3)) as (url, _):
+        busy = [_connect(url) for _ in range(3)]
+        for sock in busy:  # complete heads, bodies still to come: requests at work, not to be displaced
+            sock.sendall(
+                b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                b"accept: application/json, text/event-stream\r\nexpect: 100-continue\r\ncontent-length: 10\r\n\r\n"
+            )
+        for sock in busy:  # the app asked for the body: each request is at work
+            assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")
+        with _connect(url) as newcomer:
+            status, error = _refusal(_read_all(newcomer))
+        for sock in busy:
+            sock.close()
+    assert status == 503
+    assert error["data"] == {"limit": "max_connections", "value": 3, "retryAfter": 1}
+
+
+def test_the_connection_cap_stays_inside_the_open_file_limit() -> None:
+    with _serve(Limits(), fd_limit=1024) as (_, server):
+        assert server.guard.cap == 1024 - 128
+
+
+def test_metrics_are_under_the_host_check_and_behind_their_token() -> None:
+    with _serve(Limits(), metrics_token="s3cret") as (url, _):
+        assert httpx.get(f"{url}/metrics", headers={"host": "evil.example"}, timeout=10).status_code == 403
+        origin = {"origin": "http://evil.example", "authorization": "Bearer s3cret"}
+        assert httpx.get(f"{url}/metrics", headers=origin, timeout=10).status_code == 403
+        missing = httpx.get(f"{url}/metrics", timeout=10)
+        assert missing.status_code == 401
+        assert missing.headers["www-authenticate"].startswith("Bearer")
+        wrong = httpx.get(f"{url}/metrics", headers={"authorization": "Bearer nope"}, timeout=10)
+        assert wrong.status_code == 401
+        right = httpx.get(f"{url}/metrics", headers={"authorization": "Bearer s3cret"}, timeout=10)
+        assert right.status_code == 200
+        assert 'mcp_lossless_limit_refusals_total{limit="max_header_bytes"}' not in right.text
+        with _connect(url) as sock:
+            sock.sendall(HEAD + b"x-big: " + b"a" * 40000 + b"\r\n\r\n")
+            _read_all(sock)
+        counted = httpx.get(f"{url}/metrics", headers={"authorization": "Bearer s3cret"}, timeout=10).text
+    assert 'mcp_lossless_limit_refusals_total{limit="max_header_bytes"} 1.0' in counted
+
+
+def test_slowloris_past_the_open_file_limit_leaves_honest_requests_fast() -> None:
+    """1,100 unfinished heads against a server whose open-file limit is 1,024 (soft and hard, as ``ulimit -n``):
+    it holds no more connections than its descriptors allow and displaces the oldest unfinished head for each
+    newcomer, so honest requests arriving meanwhile are answered at once."""
+    port = free_port()
+    args = ["--store", "memory", "--auth", "none", "--port", str(port)]
+    with started_cli_server(args, nofile=1024) as (_, started):
+        assert started["max_connections"] == 1024 - 128
+        url = f"http://127.0.0.1:{port}"
+        slow = []
+        try:
+            for _ in range(1100):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock.sendall(b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nx-slow: ")
+                slow.append(sock)
+            latencies = []
+            with httpx.Client(timeout=10) as client:
+                for _ in range(30):
+                    began = time.monotonic()
+                    response = client.get(
+                        f"{url}/.well-known/oauth-protected-resource/mcp", headers={"connection": "close"}
+                    )
+                    latencies.append(time.monotonic() - began)
+                    assert response.status_code == 200
+        finally:
+            for sock in slow:
+                sock.close()
+    assert max(latencies) < 1.0, latencies

@@ -1,0 +1,194 @@
+"""``mcp-lossless serve``: your tools from TARGET, a typed config file, ``started`` only once listening, help texts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mcp_lossless.cli import LIMIT_FLAGS, UsageError, _serve_parser, build_config, main
+from mcp_lossless.core.limits import Limits
+from mcp_lossless.server.config import ServerConfig
+from mcp_lossless.server.targets import TargetError, load_registry
+from tests.support.mcp_http import Peer, call
+from tests.support.processes import CLI, free_port, started_cli_server
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO_ROOT / "examples" / "server.toml"
+
+TOOLS = '''
+from mcp_lossless.server.tools import ToolRegistry
+
+registry = ToolRegistry()
+
+
+@registry.tool()
+async def shout(text: str) -> str:
+    """Upper-case `text`."""
+    return text.upper()
+
+not_a_registry = 42
+'''
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    _serve_parser(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("form", ["file", "module"])
+async def test_serve_target_serves_the_named_registry_instead_of_the_demo_tools(tmp_path: Path, form: str) -> None:
+    package = tmp_path / "mytools"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tools.py").write_text(TOOLS)
+    target = f"{package / 'tools.py'}:registry" if form == "file" else "mytools.tools:registry"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    port = free_port()
+    with started_cli_server([target, "--store", "memory", "--auth", "none", "--port", str(port)], env=env):
+        async with httpx.AsyncClient(timeout=10) as http:
+            peer = Peer(http, f"http://127.0.0.1:{port}")
+            await peer.initialize()
+            listed = await peer.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+            shouted = await peer.post(call(2, "shout", text="lossless"))
+    assert [t["name"] for t in listed.messages[-1]["result"]["tools"]] == ["shout"]
+    assert shouted.messages[-1]["result"]["content"] == [{"type": "text", "text": "LOSSLESS"}]
+
+
+def test_without_a_target_the_demo_tools_are_served() -> None:
+    port = free_port()
+    args = ["--store", "memory", "--auth", "none", "--port", str(port)]
+    with started_cli_server(args), httpx.Client(timeout=10) as http:
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25"}}
+        headers = {"accept": "application/json, text/event-stream"}
+        session = http.post(f"http://127.0.0.1:{port}/mcp", json=init, headers=headers).headers["mcp-session-id"]
+        listed = http.post(
+            f"http://127.0.0.1:{port}/mcp",
+            json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+            headers={**headers, "mcp-session-id": session},
+        )
+    assert "search" in listed.text and "fetch" in listed.text
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("no-colon-here", "expected path/to/file.py:NAME or package.module:NAME"),
+        ("FILE:missing", "has no attribute 'missing'"),
+        ("FILE:not_a_registry", "is a int, not a ToolRegistry"),
+        ("nowhere/tools.py:registry", "no file 'nowhere/tools.py'"),
+        ("mcp_lossless_no_such_module:registry", "no module named 'mcp_lossless_no_such_module'"),
+        ("BROKEN:registry", "ZeroDivisionError: division by zero"),
+    ],
+)
+def test_bad_targets_are_named_without_a_traceback(tmp_path: Path, target: str, message: str) -> None:
+    (tmp_path / "good.py").write_text(TOOLS)
+    (tmp_path / "broken.py").write_text("x = 1 / 0\n")
+    target = target.replace("FILE", str(tmp_path / "good.py")).replace("BROKEN", str(tmp_path / "broken.py"))
+    with pytest.raises(TargetError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_registry(target)
+
+
+def test_a_bad_target_exits_2_with_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*CLI, "serve", "nowhere.py:registry", "--store", "memory"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "TARGET no file 'nowhere.py'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('port = "x"', 'port = "x": expected an integer'),
+        ("port = 70000", "port = 70000: must be between 1 and 65535"),
+        ("json_response = 1", "json_response = 1: expected true or false"),
+        ('allowed_origins = "http://a"', 'allowed_origins = "http://a": expected a list of strings'),
+        ("colour = 1", "unknown setting: colour"),
+        ("[limits]\nmax_headers = 1.5", "limits.max_headers = 1.5: expected an integer"),
+        ("[limits]\nheader_timeout = 0", "limits.header_timeout = 0.0: must be a positive number"),
+        ("[limits]\nsessions = 5", "unknown setting: limits.sessions"),
+        ("port = ", "is not valid TOML"),
+    ],
+)
+def test_config_values_are_checked_by_type_naming_the_key_and_value(tmp_path: Path, toml: str, message: str) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text(toml + "\n")
+    with pytest.raises(UsageError) as raised:
+        build_config(_parse("--config", str(path)))
+    assert str(path) in str(raised.value)
+    assert message in str(raised.value)
+
+
+def test_a_bad_config_value_exits_2_before_anything_starts(tmp_path: Path) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text('port = "x"\n')
+    done = subprocess.run(
+        [*CLI, "serve", "--config", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    assert f'{path}: port = "x": expected an integer' in done.stderr
+    assert "started" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_example_config_file_is_valid_and_spells_out_the_defaults() -> None:
+    config = build_config(_parse("--config", str(EXAMPLE)))
+    assert config == ServerConfig()
+    assert config.limits == Limits()
+
+
+def test_flags_override_the_file_and_reach_the_limits(tmp_path: Path) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text("port = 9001\n[limits]\nmax_headers = 50\nheader_timeout = 3\n")
+    config = build_config(_parse("--config", str(path), "--port", "9002", "--max-headers", "60", "--body-timeout", "7"))
+    assert config.port == 9002
+    assert config.limits == Limits(max_headers=60, header_timeout=3.0, body_timeout=7.0)
+
+
+def test_every_limit_has_a_flag() -> None:
+    assert list(LIMIT_FLAGS) == [f for f in Limits.__dataclass_fields__]
+
+
+def test_every_serve_flag_has_help_text_that_shows_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    _serve_parser(parser.add_subparsers())
+    serve = next(a for a in parser._subparsers._group_actions[0].choices.values())  # type: ignore[union-attr]
+    undocumented = [
+        action.option_strings or [action.dest]
+        for action in serve._actions
+        if action.dest != "help" and "default" not in (action.help or "")
+    ]
+    assert undocumented == []
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "--max-header-bytes" in capsys.readouterr().out
+
+
+def test_started_is_logged_once_the_socket_listens_and_never_when_binding_fails() -> None:
+    port = free_port()
+    with started_cli_server(["--store", "memory", "--auth", "none", "--port", str(port)]) as (_, started):
+        assert started["listen"] == [f"127.0.0.1:{port}"]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # accepted at once: the line came after the bind
+        taken = subprocess.run(
+            [*CLI, "serve", "--store", "memory", "--auth", "none", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert taken.returncode == 3
+    assert '"started"' not in taken.stderr
+    assert "address already in use" in taken.stderr.lower()

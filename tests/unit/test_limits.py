@@ -1,0 +1,62 @@
+"""Properties of the limit verdicts: within a limit nothing is refused, past it the refusal names the limit."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcp_lossless.core import limits as verdicts
+from mcp_lossless.core.errors import LIMIT_EXCEEDED
+from mcp_lossless.core.limits import FD_RESERVE_MIN, LimitExceeded, Limits
+
+SIZES = st.integers(0, 1 << 20)
+CAPS = st.integers(1, 100_000)
+
+
+def _names_its_limit(exceeded: LimitExceeded, limit: str, value: float) -> None:
+    body = exceeded.body()
+    assert body["error"]["code"] == LIMIT_EXCEEDED
+    assert body["error"]["data"]["limit"] == limit == exceeded.limit
+    assert body["error"]["data"]["value"] == value
+    assert str(value).removesuffix(".0") in body["error"]["message"]
+
+
+@given(size=SIZES, count=st.integers(0, 1000), max_bytes=CAPS, max_headers=CAPS)
+def test_a_request_head_is_refused_exactly_past_either_limit(
+    size: int, count: int, max_bytes: int, max_headers: int
+) -> None:
+    limits = Limits(max_header_bytes=max_bytes, max_headers=max_headers)
+    verdict = verdicts.request_head(limits, size, count)
+    if size <= max_bytes and count <= max_headers:
+        assert verdict is None
+    else:
+        assert verdict is not None and verdict.status == 431 and verdict.retry_after is None
+        limit = "max_header_bytes" if size > max_bytes else "max_headers"
+        _names_its_limit(verdict, limit, getattr(limits, limit))
+
+
+@given(configured=st.integers(1, 1 << 20), fd_limit=st.integers(1, 1 << 20))
+def test_the_connection_cap_leaves_descriptors_free_and_never_exceeds_the_setting(
+    configured: int, fd_limit: int
+) -> None:
+    cap = verdicts.connection_cap(Limits(max_connections=configured), fd_limit)
+    assert 1 <= cap <= configured
+    if fd_limit > 2 * FD_RESERVE_MIN:
+        assert cap <= fd_limit - FD_RESERVE_MIN
+        assert cap <= fd_limit - fd_limit // 8
+
+
+def test_deadline_and_connection_refusals_name_their_limit() -> None:
+    limits = Limits(header_timeout=2.5, body_timeout=7)
+    _names_its_limit(verdicts.head_overdue(limits), "header_timeout", 2.5)
+    _names_its_limit(verdicts.body_overdue(limits), "body_timeout", 7)
+    full = verdicts.connections_full(limits, 12)
+    assert full.status == 503 and full.retry_after == 1
+    _names_its_limit(full, "max_connections", 12)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.0, True, "10"])
+def test_a_limit_must_be_a_positive_number(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"limits\.max_headers"):
+        Limits(max_headers=bad)  # type: ignore[arg-type]
