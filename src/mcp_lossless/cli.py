@@ -112,6 +112,11 @@ def _serve_parser(sub: Any) -> None:
         "--max-body-bytes", type=int, help=f"largest request body accepted, bytes (413) {default(d.max_body_bytes)}"
     )
     p.add_argument(
+        "--max-batch",
+        type=int,
+        help=f"most messages in one JSON-RPC batch, 2025-03-26 sessions (400 beyond) {default(d.max_batch)}",
+    )
+    p.add_argument(
         "--session-idle-seconds",
         type=float,
         metavar="SECONDS",

@@ -82,7 +82,7 @@ def test_a_head_over_the_size_limit_gets_431_naming_it(quick: tuple[str, Any]) -
         sock.sendall(HEAD + b"x-big: " + b"a" * (Limits().max_header_bytes + 1) + b"\r\n\r\n")
         status, error = _refusal(_read_all(sock))
     assert status == 431
-    assert error["data"] == {"limit": "max_header_bytes", "value": Limits().max_header_bytes}
+    assert error["data"] == {"limit": "max_header_bytes", "maximum": Limits().max_header_bytes}
 
 
 def test_too_many_header_fields_get_431_naming_the_count_limit(quick: tuple[str, Any]) -> None:
@@ -142,7 +142,7 @@ def test_an_unfinished_head_is_answered_408_at_its_deadline(quick: tuple[str, An
         status, error = _refusal(_read_all(sock))
         waited = time.monotonic() - started
     assert status == 408
-    assert error["data"] == {"limit": "header_timeout", "value": 0.4}
+    assert error["data"] == {"limit": "header_timeout", "maximum": 0.4}
     assert 0.4 <= waited < 5
 
 
@@ -210,7 +210,7 @@ def test_at_the_connection_cap_with_every_connection_busy_a_newcomer_gets_503() 
         for sock in busy:
             sock.close()
     assert status == 503
-    assert error["data"] == {"limit": "max_connections", "value": 3, "retryAfter": 1}
+    assert error["data"] == {"limit": "max_connections", "maximum": 3, "retryAfter": 1}
 
 
 def test_the_connection_cap_stays_inside_the_open_file_limit() -> None:

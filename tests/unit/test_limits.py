@@ -18,7 +18,7 @@ def _names_its_limit(exceeded: LimitExceeded, limit: str, value: float) -> None:
     body = exceeded.body()
     assert body["error"]["code"] == LIMIT_EXCEEDED
     assert body["error"]["data"]["limit"] == limit == exceeded.limit
-    assert body["error"]["data"]["value"] == value
+    assert body["error"]["data"]["maximum"] == value
     assert str(value).removesuffix(".0") in body["error"]["message"]
 
 

@@ -48,14 +48,14 @@ class LimitExceeded:
 
     limit: str
     """The :class:`Limits` field: the name the client sees."""
-    value: float
+    maximum: float
     status: int
     message: str
     retry_after: int | None = None
     """Seconds after which the same request may succeed; ``None`` when waiting does not help."""
 
     def body(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"limit": self.limit, "value": self.value}
+        data: dict[str, Any] = {"limit": self.limit, "maximum": self.maximum}
         if self.retry_after is not None:
             data["retryAfter"] = self.retry_after
         return error_message(None, LIMIT_EXCEEDED, self.message, data)

@@ -63,7 +63,7 @@ class ServerConfig:
             raise ConfigError(f"port = {self.port}: must be between 1 and 65535")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level = {_shown(self.log_level)}: must be one of {', '.join(LOG_LEVELS)}")
-        for name in ("token_ttl", "max_body_bytes", "session_idle_seconds", "client_request_seconds"):
+        for name in ("token_ttl", "max_body_bytes", "max_batch", "session_idle_seconds", "client_request_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: must be positive")
         for name in ("retry_ms", "leeway_seconds"):
