@@ -30,6 +30,9 @@ LIMIT_FLAGS: dict[str, tuple[type, str]] = {
         "open connections, also capped by the open-file limit; at the cap the oldest one "
         "without a complete request is closed, else 503",
     ),
+    "sessions_per_principal": (int, "sessions one principal holds at once (429)"),
+    "calls_per_principal": (int, "requests of one principal running at once (429)"),
+    "streams_per_session": (int, "streams one session holds: POST streams still running and its GET stream (429)"),
 }
 """Every :class:`~mcp_lossless.core.limits.Limits` field as a flag ``--max-header-bytes`` (docs/limits.md)."""
 

@@ -36,6 +36,31 @@ def test_a_request_head_is_refused_exactly_past_either_limit(
         _names_its_limit(verdict, limit, getattr(limits, limit))
 
 
+@given(held=st.integers(0, 5000), cap=st.integers(1, 5000))
+def test_sessions_are_refused_from_the_cap_on_with_a_retry_after(held: int, cap: int) -> None:
+    verdict = verdicts.new_session(Limits(sessions_per_principal=cap), held)
+    assert (verdict is None) == (held < cap)
+    if verdict is not None:
+        assert verdict.status == 429 and verdict.retry_after is not None and verdict.retry_after > 0
+        assert verdict.headers() == [(b"retry-after", b"%d" % verdict.retry_after)]
+        _names_its_limit(verdict, "sessions_per_principal", cap)
+
+
+@given(running=st.integers(0, 5000), calls=st.integers(1, 500), cap=st.integers(1, 5000))
+def test_calls_are_refused_when_the_batch_would_pass_the_cap(running: int, calls: int, cap: int) -> None:
+    verdict = verdicts.new_calls(Limits(calls_per_principal=cap), running, calls)
+    assert (verdict is None) == (running + calls <= cap)
+    if verdict is not None:
+        assert verdict.status == 429 and verdict.retry_after
+        _names_its_limit(verdict, "calls_per_principal", cap)
+
+
+@given(open_streams=st.integers(0, 5000), cap=st.integers(1, 5000))
+def test_streams_are_refused_from_the_cap_on(open_streams: int, cap: int) -> None:
+    verdict = verdicts.new_stream(Limits(streams_per_session=cap), open_streams)
+    assert (verdict is None) == (open_streams < cap)
+
+
 @given(configured=st.integers(1, 1 << 20), fd_limit=st.integers(1, 1 << 20))
 def test_the_connection_cap_leaves_descriptors_free_and_never_exceeds_the_setting(
     configured: int, fd_limit: int

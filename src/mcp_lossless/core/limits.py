@@ -34,6 +34,12 @@ class Limits:
     max_connections: int = 4096
     """Open client connections; also capped by the process's file descriptor limit less a reserve. At the cap,
     a new connection displaces the oldest one that has not sent a complete request head; with none, it gets 503."""
+    sessions_per_principal: int = 10_000
+    """Sessions one principal (issuer, subject, client) holds at once (429 beyond)."""
+    calls_per_principal: int = 1000
+    """Requests of one principal running at once, across its sessions (429 beyond)."""
+    streams_per_session: int = 1000
+    """Streams of one session whose requests still run (429 beyond)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -99,4 +105,51 @@ def connection_cap(limits: Limits, fd_limit: int) -> int:
 def connections_full(limits: Limits, cap: int) -> LimitExceeded:
     return LimitExceeded(
         "max_connections", cap, 503, f"server holds its maximum of {cap} connections, all busy", retry_after=1
+    )
+
+
+SESSION_RETRY_SECONDS = 60
+"""A principal at its session cap frees a slot by ending a session (DELETE) or letting one expire."""
+CALL_RETRY_SECONDS = 1
+
+
+def new_session(limits: Limits, held: int) -> LimitExceeded | None:
+    """A principal holding ``held`` sessions opens another."""
+    cap = limits.sessions_per_principal
+    if held < cap:
+        return None
+    return LimitExceeded(
+        "sessions_per_principal",
+        cap,
+        429,
+        f"this principal holds {cap} sessions, the most allowed; end one (DELETE) or retry later",
+        retry_after=SESSION_RETRY_SECONDS,
+    )
+
+
+def new_calls(limits: Limits, running: int, calls: int) -> LimitExceeded | None:
+    """A principal with ``running`` requests at work starts ``calls`` more."""
+    cap = limits.calls_per_principal
+    if running + calls <= cap:
+        return None
+    return LimitExceeded(
+        "calls_per_principal",
+        cap,
+        429,
+        f"this principal would run more than {cap} requests at once",
+        retry_after=CALL_RETRY_SECONDS,
+    )
+
+
+def new_stream(limits: Limits, open_streams: int) -> LimitExceeded | None:
+    """A session with ``open_streams`` streams still at work opens another."""
+    cap = limits.streams_per_session
+    if open_streams < cap:
+        return None
+    return LimitExceeded(
+        "streams_per_session",
+        cap,
+        429,
+        f"this session has {cap} streams at work, the most allowed",
+        retry_after=CALL_RETRY_SECONDS,
     )

@@ -2,18 +2,27 @@
 
 A request of another principal on a session gets the same 404 as an unknown session, so a session id
 alone is worth nothing to anyone else. After a restart, a session is loaded back from the store.
+
+Each principal's sessions are also indexed by principal, for its caps (docs/limits.md): sessions held, requests
+running across them, streams per session. The counts are this process's: replicas sharing a store each apply
+the caps to the sessions they hold.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
+from ..core import limits as verdicts
 from ..core.eventids import new_key
+from ..core.events import PendingRequest
+from ..core.limits import LimitExceeded, Limits
 from ..core.principal import Principal
 from ..stores.base import EventStore, SessionRecord
+from .errors import Refused
 from .streams import LiveStream
 from .tools import ToolContext
 
@@ -92,17 +101,56 @@ class SessionRegistry:
     record; one deleted or expired elsewhere is closed here when next looked up.
     """
 
-    def __init__(self, store: EventStore) -> None:
+    def __init__(
+        self, store: EventStore, limits: Limits | None = None, on_refusal: Callable[[str], None] = lambda limit: None
+    ) -> None:
         self._store = store
+        self._limits = limits or Limits()
+        self._on_refusal = on_refusal
         self._sessions: dict[str, ServerSession] = {}
+        self._held: dict[Principal, dict[str, ServerSession]] = {}
+        """Each principal's sessions in this process, for its caps."""
 
     def __len__(self) -> int:
         return len(self._sessions)
 
     async def create(self, principal: Principal, version: str, now: float) -> ServerSession:
+        """A new session for ``principal``; 429 when it holds its maximum already."""
+        held = self._held.get(principal)
+        self._check(verdicts.new_session(self._limits, len(held) if held else 0))
         session = ServerSession(new_session_id(), principal, version)
         await self._store.put_session(SessionRecord(session.id, principal, version, now, now))
+        self._add(session)
+        return session
+
+    def admit(self, session: ServerSession, requests: list[PendingRequest]) -> None:
+        """A POST about to open a stream on ``session`` for ``requests``: 429 before anything is committed when the
+        session holds its maximum of streams, or its tool calls would take the principal past its cap of requests
+        running across all its sessions (another principal's requests never count)."""
+        limits = self._limits
+        self._check(verdicts.new_stream(limits, len(session.live)))
+        calls = sum(1 for request in requests if request.tool is not None)
+        if calls:
+            running = sum(len(s.tasks) for s in self._held.get(session.principal, {}).values())
+            self._check(verdicts.new_calls(limits, running, calls))
+
+    def _check(self, exceeded: LimitExceeded | None) -> None:
+        if exceeded is not None:
+            self._on_refusal(exceeded.limit)
+            raise Refused(exceeded.status, exceeded.body(), exceeded.headers())
+
+    def _add(self, session: ServerSession) -> None:
         self._sessions[session.id] = session
+        self._held.setdefault(session.principal, {})[session.id] = session
+
+    def _forget(self, session_id: str) -> ServerSession | None:
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            held = self._held.get(session.principal)
+            if held is not None:
+                held.pop(session_id, None)
+                if not held:
+                    del self._held[session.principal]
         return session
 
     async def find(self, session_id: str, principal: Principal) -> ServerSession | None:
@@ -112,25 +160,25 @@ class SessionRegistry:
             record = await self._store.get_session(session_id)
             if record is None:
                 if session is not None:  # deleted or expired by another replica
-                    self._sessions.pop(session_id, None)
+                    self._forget(session_id)
                     await session.close("deleted")
                 return None
-            session = self._sessions.setdefault(
-                session_id, ServerSession(record.session_id, record.principal, record.protocol_version)
-            )
+            if session is None:
+                session = ServerSession(record.session_id, record.principal, record.protocol_version)
+                self._add(session)
         if session.principal is not principal and session.principal != principal:
             return None
         return session
 
     async def delete(self, session: ServerSession) -> None:
-        self._sessions.pop(session.id, None)
+        self._forget(session.id)
         await session.close("deleted")
         await self._store.delete_session(session.id)
 
     async def expire(self, idle_before: float) -> int:
         gone = await self._store.expire_sessions(idle_before)
         for session_id in gone:
-            session = self._sessions.pop(session_id, None)
+            session = self._forget(session_id)
             if session is not None:
                 await session.close("expired")
         return len(gone)

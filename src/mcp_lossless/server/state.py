@@ -53,10 +53,11 @@ class ServerState:
         self.policy = AudiencePolicy(canonical, self.tool_resource.values())
         self.tools_list = [self._describe(name) for name in self.tools]
         self.store = store
-        self.sessions = SessionRegistry(store)
+        self.metrics = Metrics()
+        refusals = self.metrics.limit_refusals
+        self.sessions = SessionRegistry(store, config.limits, lambda limit: refusals.labels(limit).inc())
         self.verifier = verifier
         self.authorization_servers = list(authorization_servers)
-        self.metrics = Metrics()
         self.instance = new_key(os.urandom(12))
         """This process; streams it opens are its own until it dies."""
         self.anonymous = Grant(ANONYMOUS, frozenset({canonical}))

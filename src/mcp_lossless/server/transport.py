@@ -112,6 +112,7 @@ class Transport:
         if not requests:
             await respond(send, 202)
             return
+        self.state.sessions.admit(session, pending)
         await self._open_post_stream(
             receive, send, session, grant, version or session.version, requests, pending, batch
         )
