@@ -7,7 +7,7 @@ import sys
 import tomllib
 from typing import Any
 
-from .server.config import ConfigError, ServerConfig, config_from
+from .server.config import DEFAULT_DEV_CLIENTS, ConfigError, ServerConfig, config_from
 
 STARTUP_FAILURE = 3
 """Exit status when the server could not start listening (uvicorn's)."""
@@ -80,6 +80,18 @@ def _serve_parser(sub: Any) -> None:
         type=_dev_client,
         metavar="ID:SECRET",
         help="static confidential client of the embedded AS, repeatable (default: dev-client:dev-secret)",
+    )
+    p.add_argument(
+        "--auto-approve",
+        action="store_true",
+        default=None,
+        help="embedded AS: no consent page, codes issued at once (subject from login_hint); loopback hosts only",
+    )
+    p.add_argument(
+        "--force-dev-credentials",
+        action="store_true",
+        default=None,
+        help="embedded AS: allow the published default client dev-client:dev-secret on a non-loopback host",
     )
     p.add_argument(
         "--least-privilege",
@@ -211,6 +223,16 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
     if config.issuer is None and not config.loopback:
         what = "--conformance" if args.conformance else "--auth none"
         raise SystemExit(f"{what} is refused on a non-loopback host: it would serve tools to anyone")
+    if config.issuer == "dev" and not config.loopback:
+        if config.auto_approve:
+            raise SystemExit(
+                "--auto-approve is refused on a non-loopback host: anyone could mint tokens for any subject"
+            )
+        if config.dev_clients == DEFAULT_DEV_CLIENTS and not config.force_dev_credentials:
+            raise SystemExit(
+                "the default dev client dev-client:dev-secret is public: on a non-loopback host give "
+                "--dev-client ID:SECRET (or --force-dev-credentials)"
+            )
     return config
 
 
@@ -238,7 +260,20 @@ def serve(args: argparse.Namespace) -> int:
     if config.issuer == "dev":
         print(f"mcp-lossless: dev issuer    {config.dev_issuer}", file=sys.stderr)
         print(f"mcp-lossless: token URL     {config.dev_issuer}/token", file=sys.stderr)
-        print(f"mcp-lossless: dev clients   {', '.join(config.dev_clients)}", file=sys.stderr)
+        print(
+            f"mcp-lossless: dev clients   {', '.join(config.dev_clients)} (confidential), dev-public (public, PKCE)",
+            file=sys.stderr,
+        )
+        print(
+            f"mcp-lossless: registration  {config.dev_issuer}/register (RFC 7591) and client ID metadata documents",
+            file=sys.stderr,
+        )
+        consent = (
+            "auto-approved (--auto-approve)"
+            if config.auto_approve
+            else f"consent page at {config.dev_issuer}/authorize"
+        )
+        print(f"mcp-lossless: authorization {consent}", file=sys.stderr)
     server = lossless_server(app)
     server.run()
     return 0 if server.started else STARTUP_FAILURE

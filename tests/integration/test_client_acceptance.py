@@ -60,6 +60,7 @@ async def setup() -> AsyncIterator[Setup]:
             public_url=url,
             store="memory",
             least_privilege=True,
+            auto_approve=True,
             retry_ms=int(RESUME_AFTER * 1000),
             dev_clients={"dev-client": "dev-secret"},
         )

@@ -72,7 +72,9 @@ def serve_lossless(**config: Any) -> Any:
     """Our server, built for the loopback port it listens on (its canonical URI includes the port)."""
     sock = loopback_socket()
     port = sock.getsockname()[1]
-    app = Recorder(create_app(ServerConfig(port=port, store="memory", dev_clients=CLIENTS, **config)))
+    app = Recorder(
+        create_app(ServerConfig(port=port, store="memory", dev_clients=CLIENTS, auto_approve=True, **config))
+    )
     return app, serve_app(app, sock=sock), f"{base_url(sock)}/mcp"
 
 

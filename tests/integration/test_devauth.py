@@ -4,6 +4,7 @@ JwtVerifier with the JWKS fetched by RemoteJwks."""
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from base64 import urlsafe_b64encode
 from collections.abc import Callable, Iterator
@@ -33,13 +34,14 @@ REDIRECT = "http://127.0.0.1:9/callback"
 
 @contextmanager
 def running_devauth(**options: Any) -> Iterator[DevAuthServer]:
+    """Auto-approving unless told otherwise: most tests here are about tokens, not the consent step."""
     sock = loopback_socket()
     server = DevAuthServer(
         f"{base_url(sock)}/dev-as",
         resources=lambda: TOOLS,
         aggregate=AGGREGATE,
         clients=dict([CONFIDENTIAL]),
-        **options,
+        **{"auto_approve": True, **options},
     )
     with serve_app(server, sock=sock):
         yield server
@@ -145,8 +147,8 @@ async def exchange(
         "code_verifier": verifier,
         "resource": resources,
     }
-    if client_id == PUBLIC:
-        return await token_request(http, server, {**form, "client_id": PUBLIC})
+    if client_id != CONFIDENTIAL[0]:  # public: identified, not authenticated
+        return await token_request(http, server, {**form, "client_id": client_id})
     return await token_request(http, server, form, auth=CONFIDENTIAL)
 
 
@@ -425,6 +427,12 @@ async def test_authorization_with_untrusted_redirect_gets_an_error_page(
         assert "location" not in response.headers
 
 
+def consent_fields(page: httpx.Response) -> dict[str, str]:
+    """The hidden fields of a consent page: its consent id and CSRF token."""
+    assert page.status_code == 200, page.text
+    return dict(re.findall(r'<input type="hidden" name="(consent|csrf)" value="([^"]+)">', page.text))
+
+
 @pytest.mark.anyio
 async def test_consent_page_approve_and_deny(
     make_devauth: Callable[..., DevAuthServer], http: httpx.AsyncClient
@@ -434,21 +442,25 @@ async def test_consent_page_approve_and_deny(
     page = await authorize(http, server, [SEARCH, FETCH], code_challenge=challenge, login_hint="<bob>")
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY"
     assert "&lt;bob&gt;" in page.text and "<bob>" not in page.text
     assert page.text.count('name="resource"') == 2
-    form = {
-        "response_type": "code",
-        "client_id": PUBLIC,
-        "redirect_uri": REDIRECT,
-        "state": "st-1",
-        "code_challenge": challenge,
-        "code_challenge_method": "S256",
-        "resource": [SEARCH, FETCH],
-    }
-    approved = redirect_params(await http.post(f"{server.issuer}/authorize", data={**form, "decision": "approve"}))
-    assert aud(server, await exchange(http, server, approved["code"], verifier)) == [SEARCH, FETCH]
-    denied = redirect_params(await http.post(f"{server.issuer}/authorize", data={**form, "decision": "deny"}))
-    assert (denied["error"], denied["state"]) == ("access_denied", "st-1")
+    assert "location" not in page.headers
+    hidden = consent_fields(page)
+    decide = {**hidden, "decision": "approve", "subject": "bob", "resource": [SEARCH, FETCH]}
+    approved = redirect_params(await http.post(f"{server.issuer}/authorize", data=decide))
+    assert approved["state"] == "st-1"
+    response = await exchange(http, server, approved["code"], verifier)
+    assert aud(server, response) == [SEARCH, FETCH]
+    assert claims_of(server, response.json()["access_token"])["sub"] == "bob"
+    again = await http.post(f"{server.issuer}/authorize", data=decide)
+    assert again.status_code == 400 and "location" not in again.headers, "a consent is decided once"
+    page = await authorize(http, server, [SEARCH, FETCH], code_challenge=challenge)
+    denied = {**consent_fields(page), "decision": "deny", "subject": "bob"}
+    denied_params = redirect_params(await http.post(f"{server.issuer}/authorize", data=denied))
+    assert (denied_params["error"], denied_params["state"]) == ("access_denied", "st-1")
+    assert "code" not in denied_params
 
 
 # -- refresh_token ---------------------------------------------------------------------------------

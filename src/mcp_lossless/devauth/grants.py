@@ -19,6 +19,10 @@ from ..core.resources import InvalidResource, canonical_resource
 CODE_TTL = 60.0
 PKCE_VERIFIER = re.compile(r"[A-Za-z0-9\-._~]{43,128}")
 SWEEP_INTERVAL = 60.0
+MAX_CODES = 1000
+MAX_GRANTS = 5000
+MAX_GRANTS_PER_CLIENT = 50
+"""A client's oldest grant is revoked when it holds more; past ``MAX_GRANTS`` in all, new grants are refused."""
 
 
 class OAuthError(Exception):
@@ -94,6 +98,18 @@ class ResourceRules:
             return requested
         return (*requested, self.aggregate)
 
+    def consented(self, requested: tuple[str, ...], granted: tuple[str, ...], narrowed: bool) -> tuple[str, ...]:
+        """What a token request asks for once the resource owner's choice is applied.
+
+        When the owner approved only some of the aggregate's tools, a request for the aggregate gets those
+        tools (as RFC 6749 §3.3 lets an AS issue less scope than requested on the owner's instructions);
+        anything else outside the grant stays ``invalid_target``.
+        """
+        if not narrowed or self.aggregate not in requested:
+            return requested
+        rest = tuple(r for r in requested if r != self.aggregate)
+        return (*rest, *(r for r in granted if r not in rest))
+
     def check_single(self, audience: Sequence[str]) -> None:
         """Imitates ASes such as oidc-provider that put exactly one audience in a token."""
         if self.single_audience and len(audience) > 1:
@@ -125,6 +141,8 @@ class _Code:
     resources: tuple[str, ...]
     scope: str
     expires_at: float
+    narrowed: bool = False
+    """The resource owner approved less than the request asked for."""
     grant_id: str | None = None  # set once redeemed, so a replay can revoke what it produced
 
 
@@ -147,6 +165,9 @@ class _Grant:
     resources: tuple[str, ...]
     scope: str
     rotates: bool
+    narrowed: bool
+    expires_at: float
+    """A grant ends at a fixed time however often its refresh token rotates."""
     refresh_tokens: list[str] = field(default_factory=list)
 
 
@@ -178,11 +199,14 @@ class GrantStore:
         subject: str,
         resources: tuple[str, ...],
         scope: str,
+        narrowed: bool = False,
     ) -> str:
-        self._sweep()
+        self._sweep(force=len(self._codes) >= MAX_CODES)
+        if len(self._codes) >= MAX_CODES:
+            raise OAuthError("temporarily_unavailable", f"{MAX_CODES} authorization codes outstanding; retry later")
         code = secrets.token_urlsafe(32)
         expires_at = self._clock() + CODE_TTL
-        self._codes[code] = _Code(client_id, redirect_uri, challenge, subject, resources, scope, expires_at)
+        self._codes[code] = _Code(client_id, redirect_uri, challenge, subject, resources, scope, expires_at, narrowed)
         return code
 
     def exchange_code(
@@ -208,12 +232,22 @@ class GrantStore:
         if mismatch is not None:
             del self._codes[code]
             raise OAuthError("invalid_grant", mismatch)
+        requested = self._rules.consented(requested, record.resources, record.narrowed)
         self._rules.check_within(requested, record.resources)
         audience = requested or record.resources
         self._rules.check_single(audience)
         granted_scope = narrow_scope(scope, record.scope)
-        grant_id = secrets.token_urlsafe(16)
-        self._grants[grant_id] = _Grant(client_id, record.subject, record.resources, record.scope, public_client)
+        grant_id = self._new_grant(
+            _Grant(
+                client_id,
+                record.subject,
+                record.resources,
+                record.scope,
+                public_client,
+                record.narrowed,
+                self._clock() + self._refresh_ttl,
+            )
+        )
         record.grant_id = grant_id
         return Issue(record.subject, client_id, audience, granted_scope, self._new_refresh(grant_id))
 
@@ -222,13 +256,15 @@ class GrantStore:
         self._sweep()
         record = self._refresh.get(token)
         grant = self._grants.get(record.grant_id) if record is not None else None
-        if record is None or grant is None or record.expires_at <= self._clock():
+        now = self._clock()
+        if record is None or grant is None or record.expires_at <= now or grant.expires_at <= now:
             raise OAuthError("invalid_grant", "refresh token is unknown, expired or revoked")
         if grant.client_id != client_id:
             raise OAuthError("invalid_grant", "refresh token was issued to another client")
         if record.rotated:
             self._revoke(record.grant_id)
             raise OAuthError("invalid_grant", "refresh token was already used; its grant is revoked")
+        requested = self._rules.consented(requested, grant.resources, grant.narrowed)
         self._rules.check_within(requested, grant.resources)
         audience = self._rules.refresh_audience(requested, grant.resources)
         self._rules.check_single(audience)
@@ -238,9 +274,26 @@ class GrantStore:
             token = self._new_refresh(record.grant_id)
         return Issue(grant.subject, client_id, audience, granted_scope, token)
 
+    def _new_grant(self, grant: _Grant) -> str:
+        """Store ``grant`` within the bounds: a client's oldest grant goes first; the total is capped."""
+        self._sweep(force=len(self._grants) >= MAX_GRANTS)
+        own = [gid for gid, g in self._grants.items() if g.client_id == grant.client_id]
+        for grant_id in own[: max(0, len(own) - MAX_GRANTS_PER_CLIENT + 1)]:
+            self._revoke(grant_id)
+        if len(self._grants) >= MAX_GRANTS:
+            raise OAuthError("temporarily_unavailable", f"{MAX_GRANTS} grants outstanding; retry later")
+        grant_id = secrets.token_urlsafe(16)
+        self._grants[grant_id] = grant
+        return grant_id
+
+    def __len__(self) -> int:
+        """Grants held (tests check the bounds with it)."""
+        return len(self._grants)
+
     def _new_refresh(self, grant_id: str) -> str:
         token = secrets.token_urlsafe(32)
-        self._refresh[token] = _Refresh(grant_id, self._clock() + self._refresh_ttl)
+        grant = self._grants[grant_id]
+        self._refresh[token] = _Refresh(grant_id, min(self._clock() + self._refresh_ttl, grant.expires_at))
         self._grants[grant_id].refresh_tokens.append(token)
         return token
 
@@ -249,15 +302,15 @@ class GrantStore:
         for token in grant.refresh_tokens if grant is not None else ():
             self._refresh.pop(token, None)
 
-    def _sweep(self) -> None:
-        """Drop expired codes and refresh tokens now and then, so a long dev session stays small."""
+    def _sweep(self, force: bool = False) -> None:
+        """Drop expired codes and grants now and then (or now, at a bound), so a long dev session stays small."""
         now = self._clock()
-        if now - self._swept_at < SWEEP_INTERVAL:
+        if not force and now - self._swept_at < SWEEP_INTERVAL:
             return
         self._swept_at = now
         self._codes = {c: r for c, r in self._codes.items() if r.expires_at > now}
         self._refresh = {t: r for t, r in self._refresh.items() if r.expires_at > now}
         for grant_id, grant in list(self._grants.items()):
             grant.refresh_tokens = [t for t in grant.refresh_tokens if t in self._refresh]
-            if not grant.refresh_tokens:
+            if not grant.refresh_tokens or grant.expires_at <= now:
                 del self._grants[grant_id]

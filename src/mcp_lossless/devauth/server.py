@@ -1,16 +1,16 @@
 """The embedded development authorization server, so mcp-lossless runs with nothing else installed.
 
-A raw ASGI app serving RFC 8414 metadata, a JWKS, ``/authorize`` (code + PKCE S256) and ``/token``
-(client_credentials, authorization_code, refresh_token) with RFC 8707 resource indicators, issuing
-RFC 9068 JWT access tokens. Switches imitate the behaviours a client must survive from real ASes:
-``single_audience`` (oidc-provider: one audience per token) and ``least_privilege`` (refresh narrows
-exactly). All state is in memory.
+A raw ASGI app serving RFC 8414 metadata, a JWKS, ``/authorize`` (code + PKCE S256, with a consent step),
+``/token`` (client_credentials, authorization_code, refresh_token) with RFC 8707 resource indicators, and
+``/register`` (RFC 7591), issuing RFC 9068 JWT access tokens. Clients are configured, built in
+(``dev-public``), registered, or named by a Client ID Metadata Document URL (:mod:`.clients`). Switches
+imitate the behaviours a client must survive from real ASes: ``single_audience`` (oidc-provider: one
+audience per token) and ``least_privilege`` (refresh narrows exactly). All state is in memory and bounded.
 """
 
 from __future__ import annotations
 
 import binascii
-import hmac
 import re
 import secrets
 import time
@@ -20,19 +20,22 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_plus, urlencode, urlsplit, urlunsplit
 
+import orjson
 from joserfc.jwk import KeySet
 
-from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, respond, respond_json
-from .consent import consent_page, error_page
-from .forms import Params, form_params, optional, query_params, required
+from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, respond, respond_json
+from .clients import Client, ClientRegistry
+from .consent import BROWSER_COOKIE, PAGE_HEADERS, PendingConsents, consent_page, error_page
+from .forms import MAX_BODY, Params, form_params, optional, query_params, required
 from .grants import GrantStore, Issue, OAuthError, ResourceRules
 from .keys import SigningKeys
 
 NO_STORE = ((b"cache-control", b"no-store"), (b"pragma", b"no-cache"))
 HTML = b"text/html; charset=utf-8"
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 S256_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{43}")
 GRANT_TYPES = ("authorization_code", "client_credentials", "refresh_token")
+MAX_SUBJECT = 200
+_COOKIE_VALUE = re.compile(r"[A-Za-z0-9_-]{20,64}")
 
 
 class DevAuthServer:
@@ -48,21 +51,33 @@ class DevAuthServer:
         public_clients: Collection[str] = ("dev-public",),
         least_privilege: bool = False,
         single_audience: bool = False,
-        auto_approve: bool = True,
+        auto_approve: bool = False,
         token_ttl: int = 600,
-        refresh_ttl: int = 86400,
+        refresh_ttl: int = 8 * 3600,
         clock: Callable[[], float] = time.time,
         signing: SigningKeys | None = None,
+        http_metadata_documents: bool = False,
+        max_registrations: int = 100,
     ) -> None:
+        """``auto_approve`` skips the consent page (the subject is then ``login_hint`` or ``dev-user``): for
+        loopback development and tests only. ``http_metadata_documents`` accepts ``http://`` client ID
+        metadata document URLs on loopback hosts (tests)."""
         self.issuer = issuer
         self.path_prefix = urlsplit(issuer).path.rstrip("/")
         self._base = issuer.rstrip("/")
         self.rules = ResourceRules(
             resources, aggregate, least_privilege=least_privilege, single_audience=single_audience
         )
-        self._clients = dict(clients)
-        self._public_clients = frozenset(public_clients)
+        self._clients = ClientRegistry(
+            clients,
+            public_clients,
+            clock=clock,
+            http_metadata_documents=http_metadata_documents,
+            max_registrations=max_registrations,
+        )
         self._auto_approve = auto_approve
+        self._consents: PendingConsents[_AuthorizationRequest] = PendingConsents(clock)
+        self._secure_cookie = urlsplit(issuer).scheme == "https"
         self._token_ttl = token_ttl
         self._clock = clock
         self._signing = signing if signing is not None else SigningKeys()
@@ -87,6 +102,8 @@ class DevAuthServer:
             "code_challenge_methods_supported": ["S256"],
             "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none"],
             "authorization_response_iss_parameter_supported": True,
+            "registration_endpoint": f"{self._base}/register",
+            "client_id_metadata_document_supported": True,
         }
 
     @property
@@ -160,6 +177,11 @@ class DevAuthServer:
                 await _not_allowed(send, b"POST")
             else:
                 await self._token(scope, receive, send)
+        elif path == f"{self.path_prefix}/register":
+            if method != "POST":
+                await _not_allowed(send, b"POST")
+            else:
+                await self._register(scope, receive, send)
         elif path == f"{self.path_prefix}/authorize":
             if method not in ("GET", "POST"):
                 await _not_allowed(send, b"GET, POST")
@@ -173,8 +195,8 @@ class DevAuthServer:
     async def _token(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             params = await form_params(scope, receive)
-            client_id = self._authenticate(scope, params)
-            issue = self._grant(client_id, params)
+            client = await self._authenticate(scope, params)
+            issue = await self._grant(client, params)
         except OAuthError as err:
             await _oauth_error(send, err)
             return
@@ -194,13 +216,15 @@ class DevAuthServer:
             body["refresh_token"] = issue.refresh_token
         await respond_json(send, 200, body, NO_STORE)
 
-    def _grant(self, client_id: str, params: Params) -> Issue:
+    async def _grant(self, client: Client, params: Params) -> Issue:
         grant_type = required(params, "grant_type")
+        if grant_type not in GRANT_TYPES:
+            raise OAuthError("unsupported_grant_type", f"grant_type {grant_type!r} is not supported")
+        client.check_grant(grant_type)
+        client_id = client.client_id
         requested = self.rules.parse(params.get("resource", []))
         scope = optional(params, "scope")
         if grant_type == "client_credentials":
-            if client_id in self._public_clients:
-                raise OAuthError("unauthorized_client", "public clients cannot use client_credentials")
             audience = requested or (self.rules.aggregate,)
             self.rules.check_single(audience)
             return Issue(client_id, client_id, audience, " ".join((scope or "").split()))
@@ -212,15 +236,13 @@ class DevAuthServer:
                 verifier=required(params, "code_verifier"),
                 requested=requested,
                 scope=scope,
-                public_client=client_id in self._public_clients,
+                public_client=client.public,
             )
-        if grant_type == "refresh_token":
-            return self._store.refresh(
-                required(params, "refresh_token"), client_id=client_id, requested=requested, scope=scope
-            )
-        raise OAuthError("unsupported_grant_type", f"grant_type {grant_type!r} is not supported")
+        return self._store.refresh(
+            required(params, "refresh_token"), client_id=client_id, requested=requested, scope=scope
+        )
 
-    def _authenticate(self, scope: Scope, params: Params) -> str:
+    async def _authenticate(self, scope: Scope, params: Params) -> Client:
         """RFC 6749 §2.3: HTTP Basic or form credentials for confidential clients, bare client_id else."""
         authorization = header(scope, b"authorization")
         form_id, form_secret = optional(params, "client_id"), optional(params, "client_secret")
@@ -235,81 +257,153 @@ class DevAuthServer:
             client_id, secret = form_id, form_secret
         else:
             raise OAuthError("invalid_client", "client authentication required", 401)
-        expected = self._clients.get(client_id)
-        if expected is not None:
-            if secret is None or not hmac.compare_digest(secret.encode(), expected.encode()):
-                raise OAuthError("invalid_client", "client authentication failed", 401)
-        elif client_id not in self._public_clients or secret is not None:
-            raise OAuthError("invalid_client", f"unknown client {client_id!r}", 401)
-        return client_id
+        return await self._clients.authenticate(client_id, secret)
+
+    # -- registration endpoint (RFC 7591) -----------------------------------------------------------
+
+    async def _register(self, scope: Scope, receive: Receive, send: Send) -> None:
+        content_type = (header(scope, b"content-type") or "").split(";")[0].strip().lower()
+        try:
+            if content_type != "application/json":
+                raise OAuthError("invalid_client_metadata", "the registration request must be application/json")
+            try:
+                metadata = orjson.loads(await read_body(receive, MAX_BODY))
+            except orjson.JSONDecodeError:
+                raise OAuthError("invalid_client_metadata", "the registration request is not JSON") from None
+            body = self._clients.register(metadata)
+        except OAuthError as err:
+            await _oauth_error(send, err)
+            return
+        await respond_json(send, 201, body, NO_STORE)
 
     # -- authorization endpoint -------------------------------------------------------------------
 
     async def _authorize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """GET: validate the request, then auto-approve or show the consent page. POST: the page's decision."""
+        if scope["method"] == "POST":
+            await self._consent_decision(scope, receive, send)
+            return
         try:
-            params = query_params(scope) if scope["method"] == "GET" else await form_params(scope, receive)
+            params = query_params(scope)
             client_id = required(params, "client_id")
             redirect_uri = required(params, "redirect_uri")
-            if client_id not in self._clients and client_id not in self._public_clients:
+            client = await self._clients.find(client_id)
+            if client is None:
                 raise OAuthError("invalid_request", f"unknown client_id {client_id!r}")
-            _check_redirect_uri(redirect_uri)
+            client.check_redirect(redirect_uri)
         except OAuthError as err:
-            await respond(send, 400, error_page(err.description), HTML, NO_STORE)
+            await respond(send, 400, error_page(err.description), HTML, (*NO_STORE, *PAGE_HEADERS))
             return
         state = params.get("state", [None])[0]
         try:
-            request = self._authorization_request(params, client_id, redirect_uri)
-            decision = optional(params, "decision")
-            if decision is None and not self._auto_approve:
-                page = consent_page(f"{self._base}/authorize", params, client_id, request.subject, request.resources)
-                await respond(send, 200, page, HTML, NO_STORE)
+            request = self._authorization_request(params, client, redirect_uri)
+            if not self._auto_approve:
+                await self._show_consent(scope, send, request)
                 return
-            location = self._decide(request, decision)
+            location = self._approve(request, request.subject, request.resources)
         except OAuthError as err:
-            location = _with_query(
-                redirect_uri,
-                {"error": err.error, "error_description": err.description, "state": state, "iss": self.issuer},
-            )
+            location = self._error_location(redirect_uri, state, err)
         await respond(send, 302, b"", None, ((b"location", location.encode()), *NO_STORE))
 
-    def _authorization_request(self, params: Params, client_id: str, redirect_uri: str) -> _AuthorizationRequest:
+    def _authorization_request(self, params: Params, client: Client, redirect_uri: str) -> _AuthorizationRequest:
         if optional(params, "response_type") != "code":
             raise OAuthError("unsupported_response_type", "response_type must be 'code'")
+        client.check_grant("authorization_code")
         challenge = required(params, "code_challenge")
         if optional(params, "code_challenge_method") != "S256":
             raise OAuthError("invalid_request", "PKCE with code_challenge_method=S256 is required")
         if not S256_CHALLENGE.fullmatch(challenge):
             raise OAuthError("invalid_request", "code_challenge must be 43 base64url characters (S256)")
         return _AuthorizationRequest(
-            client_id=client_id,
+            client_id=client.client_id,
+            client_name=client.name or client.client_id,
             redirect_uri=redirect_uri,
             state=optional(params, "state"),
             challenge=challenge,
-            subject=optional(params, "login_hint") or "dev-user",
+            subject=(optional(params, "login_hint") or "dev-user")[:MAX_SUBJECT],
             resources=self.rules.parse(params.get("resource", [])) or (self.rules.aggregate,),
             scope=" ".join((optional(params, "scope") or "").split()),
         )
 
-    def _decide(self, request: _AuthorizationRequest, decision: str | None) -> str:
-        """The redirect location: a fresh code on approval (or auto-approval), else an OAuthError."""
-        if decision == "deny":
-            raise OAuthError("access_denied", "the resource owner denied the request")
-        if decision not in (None, "approve"):
-            raise OAuthError("invalid_request", "decision must be 'approve' or 'deny'")
+    async def _show_consent(self, scope: Scope, send: Send, request: _AuthorizationRequest) -> None:
+        """Park the request and show it; the browser gets a cookie binding the page to it (CSRF)."""
+        known = _cookie(scope, BROWSER_COOKIE)
+        browser = known if known is not None else secrets.token_urlsafe(24)
+        consent_id, csrf = self._consents.park(request, browser)
+        offered = [(r, True) for r in request.resources]
+        if self.rules.aggregate in request.resources:  # the owner may narrow the whole server to some tools
+            offered += [(t, False) for t in sorted(self.rules.tools()) if t not in request.resources]
+        page = consent_page(
+            f"{self._base}/authorize",
+            consent_id,
+            csrf,
+            request.client_name,
+            request.subject,
+            tuple(offered),
+            request.scope,
+        )
+        headers = [*NO_STORE, *PAGE_HEADERS]
+        if known is None:
+            secure = "; Secure" if self._secure_cookie else ""
+            cookie = f"{BROWSER_COOKIE}={browser}; Path={self.path_prefix or '/'}; HttpOnly; SameSite=Strict{secure}"
+            headers.append((b"set-cookie", cookie.encode()))
+        await respond(send, 200, page, HTML, headers)
+
+    async def _consent_decision(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            origin = header(scope, b"origin")
+            issuer = urlsplit(self.issuer)
+            if origin is not None and origin != f"{issuer.scheme}://{issuer.netloc}":
+                raise OAuthError("invalid_request", "the consent form was posted from another origin")
+            params = await form_params(scope, receive)
+            request = self._consents.take(
+                required(params, "consent"), required(params, "csrf"), _cookie(scope, BROWSER_COOKIE)
+            )
+        except OAuthError as err:
+            await respond(send, 400, error_page(err.description), HTML, (*NO_STORE, *PAGE_HEADERS))
+            return
+        try:
+            decision = required(params, "decision")
+            if decision == "deny":
+                raise OAuthError("access_denied", "the resource owner denied the request")
+            if decision != "approve":
+                raise OAuthError("invalid_request", "decision must be 'approve' or 'deny'")
+            subject = (optional(params, "subject") or "").strip()
+            if not subject or len(subject) > MAX_SUBJECT:
+                raise OAuthError("invalid_request", f"sign in as a subject of 1 to {MAX_SUBJECT} characters")
+            chosen = self.rules.parse(params.get("resource", []))
+            if not chosen:
+                raise OAuthError("access_denied", "the resource owner approved no resource")
+            self.rules.check_within(chosen, request.resources)
+            location = self._approve(request, subject, chosen)
+        except OAuthError as err:
+            location = self._error_location(request.redirect_uri, request.state, err)
+        await respond(send, 302, b"", None, ((b"location", location.encode()), *NO_STORE))
+
+    def _approve(self, request: _AuthorizationRequest, subject: str, resources: tuple[str, ...]) -> str:
+        """The redirect location with a fresh code for ``resources`` (all or some of those requested)."""
         code = self._store.issue_code(
             client_id=request.client_id,
             redirect_uri=request.redirect_uri,
             challenge=request.challenge,
-            subject=request.subject,
-            resources=request.resources,
+            subject=subject,
+            resources=resources,
             scope=request.scope,
+            narrowed=set(resources) != set(request.resources),
         )
         return _with_query(request.redirect_uri, {"code": code, "state": request.state, "iss": self.issuer})
+
+    def _error_location(self, redirect_uri: str, state: str | None, err: OAuthError) -> str:
+        return _with_query(
+            redirect_uri,
+            {"error": err.error, "error_description": err.description, "state": state, "iss": self.issuer},
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class _AuthorizationRequest:
     client_id: str
+    client_name: str
     redirect_uri: str
     state: str | None
     challenge: str
@@ -330,10 +424,13 @@ def _basic_credentials(encoded: str) -> tuple[str, str]:
     return unquote_plus(client_id), unquote_plus(secret)
 
 
-def _check_redirect_uri(uri: str) -> None:
-    parts = urlsplit(uri)
-    if parts.scheme not in ("http", "https") or parts.hostname not in LOOPBACK_HOSTS or parts.fragment:
-        raise OAuthError("invalid_request", "redirect_uri must be a loopback http(s) URI without a fragment")
+def _cookie(scope: Scope, name: str) -> str | None:
+    """A cookie this AS set (its values are base64url): anything else counts as absent."""
+    for part in (header(scope, b"cookie") or "").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name and _COOKIE_VALUE.fullmatch(value):
+            return value
+    return None
 
 
 def _with_query(uri: str, params: Mapping[str, str | None]) -> str:

@@ -215,6 +215,7 @@ def create_app(
             resources=[tool_resource(canonical, n, t.resource) for n, t in registry.tools.items()],
             aggregate=canonical,
             clients=config.dev_clients,
+            auto_approve=config.auto_approve,
             least_privilege=config.least_privilege,
             single_audience=config.single_audience,
             token_ttl=config.token_ttl,

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 from ..core.limits import Limits
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+DEFAULT_DEV_CLIENTS = {"dev-client": "dev-secret"}
+"""Printed in the README: a credential only for a server nobody else can reach."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -33,7 +35,11 @@ class ServerConfig:
     store: str = "sqlite:mcp-lossless.db"
     issuer: str | None = "dev"
     """``dev`` (embedded authorization server), an issuer URL, or ``None`` for ``--auth none``."""
-    dev_clients: dict[str, str] = field(default_factory=lambda: {"dev-client": "dev-secret"})
+    dev_clients: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_DEV_CLIENTS))
+    auto_approve: bool = False
+    """Embedded AS: issue codes without the consent page (loopback hosts only)."""
+    force_dev_credentials: bool = False
+    """Embedded AS: accept the published default client ``dev-client:dev-secret`` on a non-loopback host."""
     least_privilege: bool = False
     single_audience: bool = False
     token_ttl: int = 600
