@@ -48,7 +48,10 @@ async def test_batch_stream_narrowed_resume_is_refused_then_completes_exactly_on
     assert body["lastEventId"] == cursor and body["resumable"] is True
     challenge = refused.headers["www-authenticate"]
     assert 'error="insufficient_scope"' in challenge and f'resource="{mcp}/tools/fetch"' in challenge
-    assert "oauth-protected-resource/mcp/tools/fetch" in challenge
+    # The endpoint's metadata (its resource is the URI the client connected to), not the tool's: stock OAuth
+    # clients accept no other. The missing tool indicator is still named in resource= and the body.
+    assert f'resource_metadata="{server_url}/.well-known/oauth-protected-resource/mcp"' in challenge
+    assert "scope=" not in challenge, "the demo tools need no scope"
 
     wide = await dev_token(http, server_url, f"{mcp}/tools/search", f"{mcp}/tools/fetch")
     rest = await peer.resume(cursor, token=wide)

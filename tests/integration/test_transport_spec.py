@@ -198,6 +198,9 @@ async def test_wrong_audience_is_rejected_and_uncovered_call_is_403(server_url: 
     assert forbidden.json()["error"]["data"]["requiredResources"] == [f"{mcp}/tools/fetch"]
     challenge = forbidden.headers["www-authenticate"]
     assert 'error="insufficient_scope"' in challenge and f'resource="{mcp}/tools/fetch"' in challenge
+    assert f'resource_metadata="{server_url}/.well-known/oauth-protected-resource/mcp"' in challenge
+    endpoint = await http.get(f"{server_url}/.well-known/oauth-protected-resource/mcp")
+    assert endpoint.json()["resource"] == mcp, "the challenge's metadata names the URI the client connected to"
     allowed = await search_only.post(call(2, "search", query="q", steps=0, delay_ms=0))
     assert allowed.messages[-1]["result"]["isError"] is False
 

@@ -15,6 +15,7 @@ import orjson
 from .errors import DELIVERY_REFUSED, EXECUTION_LOST
 from .events import RequestId
 from .replay import Refusal, RefusalReason
+from .resources import describe, resources_in, scopes_in
 
 REFUSAL_LOGGER = "mcp-lossless"
 
@@ -54,7 +55,8 @@ def refusal_data(refusal: Refusal) -> dict[str, Any]:
     return {
         "reason": refusal.reason.value,
         "eventId": refusal.event_id,
-        "requiredResources": list(refusal.missing),
+        "requiredResources": list(resources_in(refusal.missing)),
+        "requiredScopes": list(scopes_in(refusal.missing)),
         "lastEventId": refusal.cursor,
         "resumable": True,
     }
@@ -62,7 +64,7 @@ def refusal_data(refusal: Refusal) -> dict[str, Any]:
 
 def refusal_message(refusal: Refusal) -> str:
     what = "has expired" if refusal.reason is RefusalReason.TOKEN_EXPIRED else "does not cover"
-    resources = ", ".join(refusal.missing) or "this stream"
+    resources = describe(refusal.missing) or "this stream"
     return (
         f"event {refusal.event_id} not delivered: the token {what} {resources}; "
         f"re-authorize and resume from Last-Event-ID {refusal.cursor}"

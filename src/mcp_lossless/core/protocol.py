@@ -11,6 +11,8 @@ BATCHING = "2025-03-26"
 RESOURCE_META_KEY = "io.github.mcp-lossless/resource"
 """Where an mcp-lossless server publishes each tool's RFC 8707 resource indicator in ``tools/list`` (a tool's
 ``_meta``); the client and the audit read it there. Any server may adopt the convention."""
+SCOPES_META_KEY = "io.github.mcp-lossless/scopes"
+"""Where ``tools/list`` names the OAuth scopes a tool needs besides its resource (when it declares any)."""
 
 
 def negotiate(requested: object) -> str:

@@ -1,6 +1,6 @@
 """Replay planning and live delivery checks against the token of the *resuming* request.
 
-Invariant 1: every event a token would receive must be covered by its audience. Invariant 2: an event
+Invariant 1: every event a token would receive must be covered by its audience and its scopes. Invariant 2: an event
 that cannot be delivered stops the stream with an explicit, resumable error; the cursor stays on the
 last delivered event.
 """
@@ -40,17 +40,18 @@ class Coverage:
     :meth:`uncovered`.
     """
 
-    __slots__ = ("_audience", "_memo", "_policy")
+    __slots__ = ("_audience", "_memo", "_policy", "_scopes")
 
     def __init__(self, grant: Grant, policy: AudiencePolicy) -> None:
         self._audience = grant.audience
+        self._scopes = grant.scopes
         self._policy = policy
         self._memo: dict[frozenset[str], frozenset[str]] = {}
 
     def gap(self, tags: frozenset[str]) -> frozenset[str]:
         gap = self._memo.get(tags)
         if gap is None:
-            gap = self._memo[tags] = self._policy.missing(self._audience, tags)
+            gap = self._memo[tags] = self._policy.missing(self._audience, tags, self._scopes)
         return gap
 
     def uncovered(self, events: Sequence[StoredEvent]) -> Iterator[tuple[int, frozenset[str]]]:
@@ -85,7 +86,7 @@ def plan_replay(
     request's resources, or none): when the token covers all of them, no event needs a look. Otherwise each
     event is checked, memoized per tag set (events of one tool share one interned frozenset).
     """
-    if stream_tags is not None and policy.covers_all(grant.audience, stream_tags):
+    if stream_tags is not None and policy.covers_all(grant.audience, stream_tags, grant.scopes):
         return None  # every tag set the stream can carry is covered: no per-event work
     first: StoredEvent | None = None
     lacking: set[str] = set()

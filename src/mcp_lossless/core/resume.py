@@ -174,7 +174,7 @@ def decide_resume(facts: ResumeFacts, grant: Grant, policy: AudiencePolicy) -> Q
     if events is Lookup.ABSENT:
         return CursorRejected(CursorProblem.EVICTED, facts.cursor)
     tags = stream_tags(record)
-    covers = policy.covers_all(grant.audience, tags)
+    covers = policy.covers_all(grant.audience, tags, grant.scopes)
     if not covers:
         refusal = plan_replay(events, grant, policy, facts.cursor)
         if refusal is not None:

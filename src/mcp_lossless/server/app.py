@@ -76,14 +76,24 @@ class LosslessApp:
             await respond_json(
                 send,
                 200,
-                metadata.metadata_document(resource, self.state.authorization_servers, f"mcp-lossless {resource}"),
+                metadata.metadata_document(
+                    resource,
+                    self.state.authorization_servers,
+                    f"mcp-lossless {resource}",
+                    self.state.scopes_for.get(resource, ()),
+                ),
                 [(b"access-control-allow-origin", b"*")],
             )
         elif path == metadata.PRM_WELL_KNOWN and scope["method"] == "GET":
             await respond_json(
                 send,
                 200,
-                metadata.metadata_document(self.state.canonical, self.state.authorization_servers, "mcp-lossless"),
+                metadata.metadata_document(
+                    self.state.canonical,
+                    self.state.authorization_servers,
+                    "mcp-lossless",
+                    self.state.scopes_for[self.state.canonical],
+                ),
             )
         elif path == "/metrics":
             await self._metrics(scope, send)

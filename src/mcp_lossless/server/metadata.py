@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..core.resources import resources_in, scopes_in
+
 PRM_WELL_KNOWN = "/.well-known/oauth-protected-resource"
 
 
@@ -20,13 +22,19 @@ def metadata_url(resource: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{metadata_path(resource)}"
 
 
-def metadata_document(resource: str, authorization_servers: Iterable[str], name: str) -> dict[str, Any]:
-    return {
+def metadata_document(
+    resource: str, authorization_servers: Iterable[str], name: str, scopes: Iterable[str] = ()
+) -> dict[str, Any]:
+    document: dict[str, Any] = {
         "resource": resource,
         "authorization_servers": list(authorization_servers),
         "bearer_methods_supported": ["header"],
         "resource_name": name,
     }
+    listed = sorted(scopes)
+    if listed:
+        document["scopes_supported"] = listed
+    return document
 
 
 def _quote(value: str) -> str:
@@ -34,9 +42,14 @@ def _quote(value: str) -> str:
 
 
 def challenge(
-    error: str | None, description: str | None, resource_metadata: str, resources: Iterable[str] = ()
+    error: str | None,
+    description: str | None,
+    resource_metadata: str,
+    resources: Iterable[str] = (),
+    scopes: Iterable[str] = (),
 ) -> bytes:
-    """A ``WWW-Authenticate: Bearer`` value. ``resource`` lists the indicators a new token must cover."""
+    """A ``WWW-Authenticate: Bearer`` value. ``resource`` lists the indicators a new token must cover,
+    ``scope`` the scopes it must hold (RFC 6750 §3)."""
     params = []
     if error is not None:
         params.append(f"error={_quote(error)}")
@@ -45,5 +58,25 @@ def challenge(
     names = " ".join(resources)
     if names:
         params.append(f"resource={_quote(names)}")
+    scope = " ".join(scopes)
+    if scope:
+        params.append(f"scope={_quote(scope)}")
     params.append(f"resource_metadata={_quote(resource_metadata)}")
     return ("Bearer " + ", ".join(params)).encode("latin-1", "replace")
+
+
+def insufficient_scope(
+    description: str, endpoint_metadata: str, missing: Iterable[str], needed: Iterable[str]
+) -> bytes:
+    """The 403 challenge for a token that lacks what a call or a replay needs, in a form stock clients act on.
+
+    ``resource_metadata`` names the *endpoint's* metadata, whose ``resource`` is the URI the client connected
+    to: SDK OAuth providers accept no other (a tool's own document names a child resource, and they abort).
+    ``resource`` still names the tool indicators the token lacks, for clients that request per-tool tokens.
+    ``scope`` lists every scope the operation needs, held or not (the 2026-07-28 step-up rule: a client
+    unions it with what it asked for before; one that replaces its scopes by it still keeps what it needs).
+    """
+    tags = list(missing)
+    return challenge(
+        "insufficient_scope", description, endpoint_metadata, resources_in(tags), sorted(set(scopes_in(needed)))
+    )

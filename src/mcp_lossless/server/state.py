@@ -10,8 +10,8 @@ from typing import Any
 from ..core.eventids import EventIdCodec, new_key
 from ..core.events import StreamRecord
 from ..core.principal import ANONYMOUS, Grant
-from ..core.protocol import RESOURCE_META_KEY
-from ..core.resources import AudiencePolicy, canonical_resource, tool_resource
+from ..core.protocol import RESOURCE_META_KEY, SCOPES_META_KEY
+from ..core.resources import AudiencePolicy, canonical_resource, requirement, tool_resource
 from ..stores.base import EventStore
 from . import metadata
 from .auth import TokenVerifier
@@ -48,8 +48,11 @@ class ServerState:
         self.canonical = canonical
         self.tools = tools.tools
         self.tool_resource = {name: tool_resource(canonical, name, tool.resource) for name, tool in self.tools.items()}
-        self.tool_tags = {name: frozenset({uri}) for name, uri in self.tool_resource.items()}
-        """One interned tag set per tool: replay checks memoize on it."""
+        self.tool_tags = {name: requirement({uri}, self.tools[name].scopes) for name, uri in self.tool_resource.items()}
+        """One interned tag set per tool (its resource and its scopes): replay checks memoize on it."""
+        self.scopes_for = {uri: frozenset(self.tools[name].scopes) for name, uri in self.tool_resource.items()}
+        self.scopes_for[canonical] = frozenset().union(*self.scopes_for.values())
+        """The scopes each resource's metadata advertises (``scopes_supported``): the aggregate's are all."""
         self.policy = AudiencePolicy(canonical, self.tool_resource.values())
         self.tools_list = [self._describe(name) for name in self.tools]
         self.store = store
@@ -93,6 +96,8 @@ class ServerState:
         if tool.annotations:
             entry["annotations"] = tool.annotations
         entry["_meta"] = {RESOURCE_META_KEY: self.tool_resource[name]}
+        if tool.scopes:
+            entry["_meta"][SCOPES_META_KEY] = list(tool.scopes)
         return entry
 
     def resources(self) -> list[str]:

@@ -1,8 +1,9 @@
 """Declaring tools: a typed function becomes an MCP tool with an input schema and a resource indicator.
 
 Each tool names the RFC 8707 resource a token must cover to call it (by default
-``<canonical server URI>/tools/<name>``, :func:`~mcp_lossless.core.resources.tool_resource`); ``tools/list``
-publishes it under :data:`~mcp_lossless.core.protocol.RESOURCE_META_KEY`.
+``<canonical server URI>/tools/<name>``, :func:`~mcp_lossless.core.resources.tool_resource`); it may name OAuth
+scopes the token must hold as well; ``tools/list`` publishes them under
+:data:`~mcp_lossless.core.protocol.RESOURCE_META_KEY` and :data:`~mcp_lossless.core.protocol.SCOPES_META_KEY`.
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ class RegisteredTool:
     annotations: dict[str, Any] = field(default_factory=dict)
     resource: str | None = None
     """Explicit resource indicator; ``None`` means ``<canonical>/tools/<name>``."""
+    scopes: tuple[str, ...] = ()
+    """OAuth scopes a token must hold, besides covering the resource, to call the tool and receive its events."""
     schema: dict[str, Any] | None = None
     """Published instead of the schema derived from the signature (for JSON Schema type hints cannot express)."""
 
@@ -168,6 +171,7 @@ class ToolRegistry:
         *,
         description: str | None = None,
         resource: str | None = None,
+        scopes: tuple[str, ...] = (),
         idempotent: bool | None = None,
         read_only: bool | None = None,
         title: str | None = None,
@@ -184,6 +188,9 @@ class ToolRegistry:
                 raise ValueError(f"tool {tool_name!r} declared twice")
             if not inspect.iscoroutinefunction(fn):
                 raise TypeError(f"tool {tool_name!r} must be an async function")
+            bad = [s for s in scopes if not s or any(c <= " " or c in '"\\' or c > "~" for c in s)]
+            if isinstance(scopes, str) or bad:
+                raise ValueError(f"tool {tool_name!r}: scopes must be a tuple of RFC 6749 scope tokens, got {scopes!r}")
             arguments, context_param = _arguments_model(tool_name, fn)
             annotations: dict[str, Any] = {}
             if title is not None:
@@ -200,6 +207,7 @@ class ToolRegistry:
                 context_param=context_param,
                 annotations=annotations,
                 resource=resource,
+                scopes=tuple(sorted(set(scopes))),
                 schema=input_schema,
             )
             return fn

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from time import perf_counter
 from typing import Any
 
@@ -20,6 +20,7 @@ from ..core import errors, frames, protocol
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
 from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal
+from ..core.resources import describe, resources_in, scopes_in
 from ..core.resume import (
     CursorRejected,
     Lookup,
@@ -165,19 +166,23 @@ class Transport:
                 pending.append(PendingRequest(message["id"], method))
                 continue
             resources = state.tool_tags[tool.name]
-            gap = state.policy.missing(grant.audience, resources)
+            gap = state.policy.missing(grant.audience, resources, grant.scopes)
             if gap:
                 refused |= gap
             pending.append(PendingRequest(message["id"], method, tool.name, resources))
         if refused:
-            raise self._forbidden(sorted(refused), requests)
+            raise self._forbidden(sorted(refused), requests, pending)
         return requests, pending
 
-    def _forbidden(self, missing: list[str], requests: list[dict[str, Any]]) -> Refused:
-        description = f"token audience does not cover {' '.join(missing)}"
+    def _forbidden(self, missing: list[str], requests: list[dict[str, Any]], pending: list[PendingRequest]) -> Refused:
+        lacks = "audience does not cover" if resources_in(missing) else "lacks"  # scopes only: the audience is fine
+        description = f"token {lacks} {describe(missing)}"
         self.state.metrics.refusals.labels("insufficient_audience", "call").inc()
-        body = [rpc_error(errors.FORBIDDEN, description, m["id"], {"requiredResources": missing}) for m in requests]
-        return Refused(403, body if len(body) > 1 else body[0], [_insufficient_scope(description, missing)])
+        data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
+        body = [rpc_error(errors.FORBIDDEN, description, m["id"], data) for m in requests]
+        needed = frozenset[str]().union(*(p.resources for p in pending))
+        challenge = metadata.insufficient_scope(description, self.state.prm_url, missing, needed)
+        return Refused(403, body if len(body) > 1 else body[0], [(b"www-authenticate", challenge)])
 
     async def _open_post_stream(
         self,
@@ -268,7 +273,7 @@ class Transport:
             raise Refused.rpc(409, errors.INVALID_REQUEST, "a GET stream is already open")
         state.metrics.get_streams.inc()
         head = self._priming(live, session.version)
-        covers = state.policy.covers_all(grant.audience, stream_tags(live.record))
+        covers = state.policy.covers_all(grant.audience, stream_tags(live.record), grant.scopes)
         gate = DeliveryGate(grant, state.policy, None, state.leeway, covers)
         writer = SseWriter(state.config.retry_ms, state.metrics, session.id, live.record.stream, gate, ())
         await writer.run(receive, send, LiveSource(live, live.record.last_seq, has_cursor=bool(head)), head)
@@ -299,7 +304,8 @@ class Transport:
         if isinstance(step, CursorRejected):
             raise self._cursor_rejected(session, step)
         if isinstance(step, Refusal):
-            raise self._replay_refused(session, step)
+            needed = stream_tags(facts.record) if isinstance(facts.record, StreamRecord) else set()
+            raise self._replay_refused(session, step, frozenset[str]().union(*needed))
         await self._replay(receive, send, session, grant, last_event_id, step, live)
 
     @staticmethod
@@ -366,7 +372,8 @@ class Transport:
         )
         return Refused(rejected.status, rejected.body)
 
-    def _replay_refused(self, session: ServerSession, refusal: Refusal) -> Refused:
+    def _replay_refused(self, session: ServerSession, refusal: Refusal, needed: frozenset[str]) -> Refused:
+        """The pre-commit 403; ``needed`` is every tag the stream's events can carry (its challenge's scopes)."""
         state = self.state
         state.metrics.resumes.labels("refused").inc()
         state.metrics.refusals.labels(refusal.reason.value, "replay").inc()
@@ -381,7 +388,8 @@ class Transport:
         )
         description = frames.refusal_message(refusal)
         body = {"error": "replay_refused", "error_description": description, **frames.refusal_data(refusal)}
-        return Refused(403, body, [_insufficient_scope(description, refusal.missing)])
+        challenge = metadata.insufficient_scope(description, state.prm_url, refusal.missing, needed)
+        return Refused(403, body, [(b"www-authenticate", challenge)])
 
     # -- DELETE --------------------------------------------------------------------------------------
 
@@ -459,9 +467,3 @@ async def _run_then_write(
         await writing
     else:
         await writer
-
-
-def _insufficient_scope(description: str, missing: Sequence[str]) -> tuple[bytes, bytes]:
-    """The challenge of every 403 (a call or a replay the token does not cover): what a new token must cover."""
-    challenge = metadata.challenge("insufficient_scope", description, metadata.metadata_url(missing[0]), missing)
-    return b"www-authenticate", challenge
