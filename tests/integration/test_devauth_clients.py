@@ -139,9 +139,11 @@ async def test_consent_may_narrow_the_aggregate_to_some_tools(
     code = redirect_params(await http.post(f"{server.issuer}/authorize", data=form))["code"]
     first = await exchange(http, server, code, verifier, resources=[AGGREGATE])
     assert aud(server, first) == SEARCH
-    again = await refresh(http, server, first.json()["refresh_token"], [AGGREGATE])
-    assert aud(server, again) == SEARCH, "a refresh never widens what the owner approved"
-    oauth_error(await refresh(http, server, again.json()["refresh_token"], [FETCH]), 400, "invalid_target")
+    again = await refresh(http, server, first.json()["refresh_token"])
+    assert aud(server, again) == SEARCH
+    for wider in ([AGGREGATE], [FETCH]):  # what the owner declined needs the owner: a new authorization
+        widen = await refresh(http, server, again.json()["refresh_token"], wider)
+        assert "declined" in oauth_error(widen, 400, "invalid_grant")
     page = await authorize(http, server, [SEARCH], code_challenge=challenge)
     widen = {**consent_fields(page), "decision": "approve", "subject": "alice", "resource": [FETCH]}
     refused = redirect_params(await http.post(f"{server.issuer}/authorize", data=widen))
@@ -184,9 +186,12 @@ async def test_dynamic_registration_of_a_confidential_client(
 ) -> None:
     server = make_devauth()
     grant_types = ["client_credentials"]
-    body = (
-        await register(http, server, grant_types=grant_types, token_endpoint_auth_method="client_secret_post")
-    ).json()
+    method = "client_secret_post"
+    registered = await register(
+        http, server, grant_types=grant_types, token_endpoint_auth_method=method, redirect_uris=[]
+    )
+    assert registered.status_code == 201, registered.text
+    body = registered.json()
     assert body["client_secret"] and body["client_secret_expires_at"] > 0
     form = {"grant_type": "client_credentials", "client_id": body["client_id"], "resource": SEARCH}
     got = await token_request(http, server, {**form, "client_secret": body["client_secret"]})
@@ -209,6 +214,7 @@ async def test_dynamic_registration_of_a_confidential_client(
         ({"grant_types": ["password"]}, "invalid_client_metadata"),
         ({"grant_types": ["client_credentials"], "token_endpoint_auth_method": "none"}, "invalid_client_metadata"),
         ({"response_types": ["token"]}, "invalid_client_metadata"),
+        ({"grant_types": ["client_credentials"]}, "invalid_redirect_uri"),  # no redirect without codes
         ({"client_name": 5}, "invalid_client_metadata"),
     ],
 )

@@ -27,6 +27,8 @@ CONFORMANCE_VERSION = "0.2.0-alpha.12"
 """The first release that scores SSE polling with the negotiated protocol version (0.1.16 sends 2025-03-26)."""
 TS_SDK_PACKAGE = "@modelcontextprotocol/sdk"
 TS_SDK_VERSION = "1.32.2"
+MCP_REMOTE_PACKAGE = "mcp-remote"
+MCP_REMOTE_VERSION = "0.15.1"
 INSTALL_TIMEOUT = 600
 
 
@@ -130,3 +132,12 @@ def ts_sdk_dir() -> Path:
     if not (package / "dist" / "esm" / "client" / "streamableHttp.js").is_file():
         raise NodeSetupError(f"{TS_SDK_PACKAGE}@{TS_SDK_VERSION} at {package} lacks dist/esm/client")
     return package
+
+
+@functools.cache
+def mcp_remote_cli() -> Path:
+    """``mcp-remote``'s proxy script (run it with :func:`node_binary`)."""
+    script = _package(MCP_REMOTE_PACKAGE, MCP_REMOTE_VERSION, node_binary().parent) / "dist" / "proxy.js"
+    if not script.is_file():
+        raise NodeSetupError(f"{MCP_REMOTE_PACKAGE}@{MCP_REMOTE_VERSION} has no {script}")
+    return script

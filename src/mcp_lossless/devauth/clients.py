@@ -192,7 +192,6 @@ class ClientRegistry:
         """Register a client from its metadata; the RFC 7591 §3.2.1 response body."""
         if not isinstance(metadata, dict):
             raise OAuthError("invalid_client_metadata", "the registration request must be a JSON object")
-        redirects = _redirects(metadata.get("redirect_uris"))
         method = metadata.get("token_endpoint_auth_method", "client_secret_basic")
         if method not in AUTH_METHODS:
             raise OAuthError(
@@ -208,9 +207,16 @@ class ClientRegistry:
             raise OAuthError(
                 "invalid_client_metadata", "a public client (auth method none) cannot use client_credentials"
             )
-        response_types = _string_list(metadata, "response_types", ["code"])
-        if response_types != ["code"]:
-            raise OAuthError("invalid_client_metadata", "response_types must be ['code']")
+        redirecting = "authorization_code" in grant_types
+        if redirecting:
+            redirects = _redirects(metadata.get("redirect_uris"))
+        elif metadata.get("redirect_uris", []) != []:
+            raise OAuthError("invalid_redirect_uri", "redirect_uris are for clients of the authorization_code grant")
+        else:
+            redirects = ()
+        response_types = _string_list(metadata, "response_types", ["code"] if redirecting else [])
+        if response_types != (["code"] if redirecting else []):
+            raise OAuthError("invalid_client_metadata", "response_types must be ['code'] exactly when codes are used")
         name = metadata.get("client_name")
         if name is not None and (not isinstance(name, str) or len(name) > 200):
             raise OAuthError("invalid_client_metadata", "client_name must be a string of at most 200 characters")
@@ -229,7 +235,7 @@ class ClientRegistry:
         body: dict[str, Any] = {
             "client_id": client_id,
             "client_id_issued_at": int(now),
-            "redirect_uris": metadata["redirect_uris"],
+            "redirect_uris": metadata.get("redirect_uris", []),
             "grant_types": grant_types,
             "response_types": response_types,
             "token_endpoint_auth_method": method,

@@ -99,11 +99,12 @@ class ResourceRules:
         return (*requested, self.aggregate)
 
     def consented(self, requested: tuple[str, ...], granted: tuple[str, ...], narrowed: bool) -> tuple[str, ...]:
-        """What a token request asks for once the resource owner's choice is applied.
+        """What a code exchange asks for once the resource owner's choice is applied.
 
-        When the owner approved only some of the aggregate's tools, a request for the aggregate gets those
-        tools (as RFC 6749 §3.3 lets an AS issue less scope than requested on the owner's instructions);
-        anything else outside the grant stays ``invalid_target``.
+        When the owner approved only some of the aggregate's tools, the exchange that asks for the aggregate
+        gets those tools (as RFC 6749 §3.3 lets an AS issue less scope than requested on the owner's
+        instructions); anything else outside the grant stays ``invalid_target``. A later refresh cannot
+        widen the grant (:meth:`GrantStore.refresh`).
         """
         if not narrowed or self.aggregate not in requested:
             return requested
@@ -264,8 +265,14 @@ class GrantStore:
         if record.rotated:
             self._revoke(record.grant_id)
             raise OAuthError("invalid_grant", "refresh token was already used; its grant is revoked")
-        requested = self._rules.consented(requested, grant.resources, grant.narrowed)
-        self._rules.check_within(requested, grant.resources)
+        try:
+            self._rules.check_within(requested, grant.resources)
+        except OAuthError as exc:
+            if not grant.narrowed:
+                raise
+            # What the owner declined needs the owner again: invalid_grant makes stock clients (TS SDK,
+            # mcp-remote) drop the refresh token and re-authorize, where invalid_target would end the call.
+            raise OAuthError("invalid_grant", f"{exc.description}: the resource owner declined it") from None
         audience = self._rules.refresh_audience(requested, grant.resources)
         self._rules.check_single(audience)
         granted_scope = narrow_scope(scope, grant.scope)
