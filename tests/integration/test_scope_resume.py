@@ -17,6 +17,7 @@ import anyio
 import httpx
 import pytest
 
+from mcp_lossless.core.errors import DELIVERY_REFUSED
 from mcp_lossless.core.protocol import SCOPES_META_KEY
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
@@ -25,7 +26,7 @@ from mcp_lossless.stores.base import EventStore
 from mcp_lossless.stores.memory import MemoryStore
 from mcp_lossless.stores.redis import RedisStore
 from mcp_lossless.stores.sqlite import SqliteStore
-from tests.support.mcp_http import Peer, call
+from tests.support.mcp_http import Peer, call, parse_sse
 from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio
@@ -35,10 +36,12 @@ CLIENT = ("scoped-app", "scoped-secret")
 
 @dataclass
 class Gates:
-    """``progressed``: every progress event of ``read_file`` is stored; ``release``: it may answer."""
+    """``progressed``: every progress event of ``read_file`` is stored; ``release``: it may answer;
+    ``go``: a call with ``hold_after`` may go on past that step."""
 
     progressed: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -51,10 +54,12 @@ def scoped_tools(gates: Gates) -> ToolRegistry:
     registry = ToolRegistry()
 
     @registry.tool(scopes=("files:read",))
-    async def read_file(ctx: ToolContext, path: str, steps: int = 4) -> str:
+    async def read_file(ctx: ToolContext, path: str, steps: int = 4, hold_after: int = 0) -> str:
         """Read ``path``, reporting progress; answers once the test releases it."""
         for step in range(1, steps + 1):
             await ctx.report_progress(step, steps)  # returns once the event is stored
+            if step == hold_after:
+                await anyio.to_thread.run_sync(gates.go.wait, 10)
         gates.progressed.set()
         await anyio.to_thread.run_sync(gates.release.wait, 10)
         return f"contents of {path}"
@@ -87,8 +92,11 @@ def scoped(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scoped]:
         return create_app(config, scoped_tools(gates), store=store)
 
     with lossless_server(make) as url:
-        yield Scoped(url, gates)
-    gates.release.set()
+        try:
+            yield Scoped(url, gates)
+        finally:  # no tool is left waiting while the server stops
+            gates.release.set()
+            gates.go.set()
 
 
 @pytest.fixture
@@ -152,6 +160,37 @@ async def test_a_resume_with_a_narrower_scope_is_refused_then_a_covering_token_g
     assert progress_of(first.messages + rest.messages) == [1, 2, 3, 4]
     results = [m for m in first.messages + rest.messages if m.get("id") == 1]
     assert [r["result"]["content"][0]["text"] for r in results] == ["contents of /etc/motd"]
+
+
+async def test_an_event_needing_a_scope_the_resuming_token_lacks_is_refused_in_band_after_commit(
+    scoped: Scoped, http: httpx.AsyncClient
+) -> None:
+    """The resume is accepted (nothing after the cursor yet), then the tool's next event needs ``files:read``:
+    a log notification and a -32041 for the call, without an SSE ``id:``, naming the scope; the rest once."""
+    server_url = scoped.url
+    scoped.gates.release.set()
+    peer = Peer(http, server_url, await token(http, server_url, "files:read"))
+    await peer.initialize()
+    first = await peer.post(call(1, "read_file", progress="p", path="/b", steps=3, hold_after=1), stop_after=2)
+    cursor = first.ids[-1]
+    narrow = await token(http, server_url, "files:write")
+    headers = peer.headers(narrow, **{"last-event-id": cursor, "accept": "text/event-stream"})
+    headers.pop("content-type")
+    async with http.stream("GET", peer.url, headers=headers) as response:
+        assert response.status_code == 200, "committed: no event after the cursor needed a look yet"
+        scoped.gates.go.set()  # now the tool produces progress 2: the narrow token does not cover it
+        text = (await response.aread()).decode()
+    events = parse_sse(text)
+    assert all(e.id is None for e in events), "no id: line moves the cursor"
+    messages = [e.message for e in events if e.message is not None]
+    error = next(m for m in messages if m.get("id") == 1)["error"]
+    assert error["code"] == DELIVERY_REFUSED
+    assert (error["data"]["requiredScopes"], error["data"]["lastEventId"]) == (["files:read"], cursor)
+    assert "scope files:read" in error["message"]
+    assert not progress_of(messages), "nothing of the call leaked"
+    rest = await peer.resume(cursor)
+    assert progress_of(first.messages + rest.messages) == [1, 2, 3]
+    assert [m["result"]["content"][0]["text"] for m in rest.messages if m.get("id") == 1] == ["contents of /b"]
 
 
 async def test_a_call_is_admitted_only_with_every_scope_of_its_tool(scoped: Scoped, http: httpx.AsyncClient) -> None:
