@@ -166,17 +166,23 @@ class StdioPeer:
 
 
 AUTHORIZE_URL = re.compile(rb"Please authorize this client by visiting:\s*(\S+)")
+CALLBACK_READY = re.compile(rb"OAuth callback server running at ")
 
 
 async def play_browser(stderr: anyio.abc.ByteReceiveStream, owner: ResourceOwner, log: bytearray) -> None:
-    """Whenever mcp-remote prints an authorization URL, the owner consents and the browser follows back."""
-    seen = 0
+    """Whenever mcp-remote prints an authorization URL, the owner consents and the browser follows back.
+
+    The k-th URL is delivered once mcp-remote has started its k-th callback server: mid-session it prints the
+    URL first and listens after (a person takes longer than that to click; a script must wait for it).
+    """
+    delivered = 0
     async for chunk in stderr:
         log += chunk
         found = AUTHORIZE_URL.findall(bytes(log))
-        for url in found[seen:]:
-            await owner.deliver(url.decode())
-        seen = len(found)
+        listening = len(CALLBACK_READY.findall(bytes(log)))
+        while delivered < len(found) and delivered < listening:
+            await owner.deliver(found[delivered].decode())
+            delivered += 1
 
 
 async def test_mcp_remote_signs_in_steps_up_and_returns_the_result_once(tmp_path: Path) -> None:
