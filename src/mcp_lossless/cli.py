@@ -85,13 +85,14 @@ def _serve_parser(sub: Any) -> None:
         "--auto-approve",
         action="store_true",
         default=None,
-        help="embedded AS: no consent page, codes issued at once (subject from login_hint); loopback hosts only",
+        help="embedded AS: no consent page, codes issued at once (subject from login_hint); loopback hosts only "
+        "(default: off)",
     )
     p.add_argument(
         "--force-dev-credentials",
         action="store_true",
         default=None,
-        help="embedded AS: allow the published default client dev-client:dev-secret on a non-loopback host",
+        help="embedded AS: allow the published client dev-client:dev-secret on a non-loopback host (default: off)",
     )
     p.add_argument(
         "--least-privilege",
