@@ -50,7 +50,6 @@ class LiveStream:
     """
 
     __slots__ = (
-        "_answered",
         "_appends",
         "_lock",
         "_lost",
@@ -96,16 +95,17 @@ class LiveStream:
         self._lost: BaseException | None = None
         """Why a queued event could not be stored even after retrying: every later append fails with it."""
         self._appends = 0
-        self._answered = set(record.answered)
-        """What ``record.answered`` will be: it is brought up to date when the stream completes (see :meth:`snapshot`),
-        since building a frozenset per answer made a batch's answers cost quadratic time."""
-        self._waiting = set(map(_request_id, record.requests)) - self._answered
-        """Requests of the stream not answered yet: the stream completes with the last of them."""
+        waiting = set(map(_request_id, record.requests))
+        if record.answered:  # a stream taken over to settle it starts with answers
+            waiting -= record.answered
+        self._waiting = waiting
+        """Requests of the stream not answered yet: the stream completes with the last of them. ``record.answered``
+        is brought up to date then (see :meth:`snapshot`): a frozenset rebuilt per answer made batches quadratic."""
 
     def snapshot(self) -> StreamRecord:
         """The record as of now, answers included (``record`` itself has them once the stream completes)."""
         record = self.record.copy()
-        record.answered = frozenset(self._answered)
+        record.answered = record.answered.union(map(_request_id, record.requests)) - self._waiting
         return record
 
     def event_id(self, seq: int) -> str:
@@ -230,12 +230,10 @@ class LiveStream:
                 self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
                 record.last_seq = seq
                 self.events.append(event)
-                if request_id is not None:
-                    self._answered.add(request_id)
                 if answers:
                     waiting.discard(request_id)
                     if completes:
-                        record.answered = frozenset(self._answered)
+                        record.answered = record.answered.union(map(_request_id, record.requests))
                         record.completed = self.done = True
         finally:
             lock.release()
