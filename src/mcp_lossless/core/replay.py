@@ -104,7 +104,7 @@ def plan_replay(
 class DeliveryGate:
     """Checks the live events of a committed stream against the stream's token before each write."""
 
-    __slots__ = ("_coverage", "_covers_stream", "_grant", "_leeway", "last_delivered")
+    __slots__ = ("_coverage", "_grant", "_leeway", "last_delivered")
 
     def __init__(
         self,
@@ -115,12 +115,11 @@ class DeliveryGate:
         covers_stream: bool = False,
     ) -> None:
         self._grant = grant
-        self._coverage = Coverage(grant, policy)
         self._leeway = leeway
         self.last_delivered = cursor
-        self._covers_stream = covers_stream
-        """The token covers every tag set the stream can carry (:meth:`AudiencePolicy.covers_all`, or a POST whose
-        calls were all admitted): only expiry is left to check per write."""
+        self._coverage = None if covers_stream else Coverage(grant, policy)
+        """``None`` when the token covers every tag set the stream can carry (:meth:`AudiencePolicy.covers_all`, or
+        a POST whose calls were all admitted): only expiry is left to check per write."""
 
     def admit(self, events: Sequence[StoredEvent], now: float) -> tuple[int, Refusal | None]:
         """How many of ``events`` (a prefix) may be sent now, and the refusal for the first that may not.
@@ -136,8 +135,9 @@ class DeliveryGate:
             return 0, Refusal(
                 RefusalReason.TOKEN_EXPIRED, first.event_id, first.request_id, missing, self.last_delivered
             )
-        if not self._covers_stream:
-            for index, gap in self._coverage.uncovered(events):
+        coverage = self._coverage
+        if coverage is not None:
+            for index, gap in coverage.uncovered(events):
                 if index:
                     self.last_delivered = events[index - 1].event_id
                 event = events[index]

@@ -154,7 +154,7 @@ class Dispatcher:
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         channel = StreamChannel(session, live, request, state.config.client_request_seconds)
-        ctx = ToolContext(grant, rid, token if is_request_id(token) else None, channel)
+        ctx = ToolContext(grant, rid, None if token is None or not is_request_id(token) else token, channel)
         session.contexts[rid] = ctx
         return self._run(session, live, request, ctx, work)
 
