@@ -16,7 +16,7 @@ from mcp_lossless.client.command import (
     EXIT_TOOL_ERROR,
     EXIT_UNREACHED,
     EXIT_USAGE,
-    UsageError,
+    CallUsageError,
     exit_status,
     parse_arguments,
 )
@@ -149,7 +149,7 @@ def test_help_documents_every_exit_status() -> None:
 def test_argument_values() -> None:
     parsed = parse_arguments(["n=5", "b=true", "nothing=null", "list=[1,2]", "text=hello world", 'quoted="5"', "e="])
     assert parsed == {"n": 5, "b": True, "nothing": None, "list": [1, 2], "text": "hello world", "quoted": "5", "e": ""}
-    with pytest.raises(UsageError):
+    with pytest.raises(CallUsageError):
         parse_arguments(["novalue"])
 
 

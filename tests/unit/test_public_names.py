@@ -1,12 +1,14 @@
-"""One name, one thing: every type a public signature names is exported.
+"""One name, one thing: no two public classes share a name, and every type a public signature names is exported.
 
-A store or verifier written from the public names alone must find every type its signatures need in some
-package's ``__all__``. Types defined in ``mcp_lossless.core`` count as exported by their module: the core has
-no package-level surface, each of its modules is public. The checker is tested on a planted module.
+A reader who meets ``Session`` in two packages takes a detour through the imports; a store or verifier written
+from the public names alone must find every type its signatures need in some package's ``__all__``. Types
+defined in ``mcp_lossless.core`` count as exported by their module: the core has no package-level surface,
+each of its modules is public. Both checkers are tested on planted sources.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import types
@@ -29,6 +31,45 @@ PACKAGES = sorted(
 NOT_PUBLIC_SIGNATURES = {
     "mcp_lossless.server.LosslessApp.__init__": "built by create_app; its ServerState is the server's internals",
 }
+
+
+# ---- public class names ---------------------------------------------------------------------------
+
+
+def public_classes(modules: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """Module-level public class names of ``(module name, source)`` pairs, and where each is defined."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for module, source in modules:
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where[node.name].append(module)
+    return where
+
+
+def collisions(modules: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    return {name: places for name, places in public_classes(modules).items() if len(places) > 1}
+
+
+def package_sources() -> Iterator[tuple[str, str]]:
+    for path in sorted(SOURCE.rglob("*.py")):
+        module = ".".join(path.relative_to(SOURCE.parent).with_suffix("").parts)
+        yield module, path.read_text(encoding="utf-8")
+
+
+def test_the_package_has_public_classes() -> None:
+    assert {"Client", "Ledger", "ToolRegistry"} <= set(public_classes(package_sources()))
+
+
+def test_no_two_public_classes_share_a_name() -> None:
+    assert collisions(package_sources()) == {}
+
+
+def test_the_name_checker_finds_a_planted_collision() -> None:
+    planted = [
+        ("pkg.server.sessions", "class Session:\n    pass\nclass _Private:\n    pass"),
+        ("pkg.client.session", "class Session:\n    pass\nclass _Private:\n    pass\ndef Session2():\n    pass"),
+    ]
+    assert collisions(planted) == {"Session": ["pkg.server.sessions", "pkg.client.session"]}
 
 
 # ---- types in public signatures -------------------------------------------------------------------

@@ -57,8 +57,8 @@ Exit status:
   6  the server refused the request or broke the protocol"""
 
 
-class UsageError(Exception):
-    pass
+class CallUsageError(Exception):
+    """Bad ``call`` arguments (exit status 2); the audit's is ``AuditUsageError``, the CLI's own ``UsageError``."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,9 +80,9 @@ def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
-            raise UsageError(f"argument {pair!r} is not KEY=VALUE")
+            raise CallUsageError(f"argument {pair!r} is not KEY=VALUE")
         if key in out:
-            raise UsageError(f"argument {key!r} given twice")
+            raise CallUsageError(f"argument {key!r} given twice")
         try:
             out[key] = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -112,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         arguments = parse_arguments(args.arguments)
         if args.timeout <= 0:
-            raise UsageError("--timeout must be positive")
+            raise CallUsageError("--timeout must be positive")
         if args.client_secret is not None and args.client_id is None:
-            raise UsageError("--client-secret needs --client-id")
-    except UsageError as exc:
+            raise CallUsageError("--client-secret needs --client-id")
+    except CallUsageError as exc:
         err.print(f"mcp-lossless call: {exc}", markup=False)
         return EXIT_USAGE
     try:
