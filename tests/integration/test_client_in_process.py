@@ -8,11 +8,14 @@ the caller's choice, and it is the cheapest end-to-end check there is.
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 
-from mcp_lossless.client import Client, OAuth, ProgressUpdate
+from mcp_lossless.client import Client, OAuth, ProgressUpdate, ProtocolViolation
 from mcp_lossless.client.oauth import unverified_audience
+from mcp_lossless.client.transport import DEFAULT_MAX_BODY_BYTES
 from mcp_lossless.server import ServerConfig, create_app
 
 pytestmark = pytest.mark.anyio
@@ -54,3 +57,20 @@ async def test_a_tool_call_through_an_asgi_transport_gets_its_progress_and_resul
     assert transport.bearers, "the MCP requests carried no bearer token"
     audiences = [unverified_audience(token) for token in transport.bearers]
     assert all(aud is not None and (URL in aud or tools["search"].resource in aud) for aud in audiences), audiences
+
+
+async def test_a_response_body_past_the_clients_bound_is_a_typed_error() -> None:
+    """A server that answers ``initialize`` with more JSON than the client buffers (8 MiB) gets ProtocolViolation."""
+    chunk = b" " * (1024 * 1024)
+
+    async def endless_json(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        for _ in range(DEFAULT_MAX_BODY_BYTES // len(chunk) + 2):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=endless_json)) as http:
+        with pytest.raises(ProtocolViolation) as caught:
+            async with Client(URL, http=http, timeout=30):
+                pass
+    assert "ResponseTooLarge" in caught.value.reason and str(DEFAULT_MAX_BODY_BYTES) in caught.value.reason
