@@ -85,7 +85,7 @@ def parse_redirect_uri(uri: str) -> RedirectUri:
 
 
 @dataclass(frozen=True, slots=True)
-class Client:
+class KnownClient:
     """A client as the AS knows it. ``redirect_uris`` empty: any loopback URI (built-in public clients)."""
 
     client_id: str
@@ -149,17 +149,18 @@ class ClientRegistry:
         max_registrations: int = MAX_REGISTRATIONS,
         registration_ttl: float = REGISTRATION_TTL,
     ) -> None:
-        self._fixed: dict[str, Client] = {cid: Client(cid, secret) for cid, secret in configured.items()}
-        self._fixed.update({cid: Client(cid, None, grant_types=GRANT_TYPES - {"client_credentials"}) for cid in public})
+        self._fixed: dict[str, KnownClient] = {cid: KnownClient(cid, secret) for cid, secret in configured.items()}
+        no_secret = GRANT_TYPES - {"client_credentials"}
+        self._fixed.update({cid: KnownClient(cid, None, grant_types=no_secret) for cid in public})
         self._clock = clock
         self._http_documents = http_metadata_documents
         """Tests only: accept ``http://`` metadata-document URLs on loopback hosts."""
         self._max_registrations = max_registrations
         self._registration_ttl = registration_ttl
-        self._registered: OrderedDict[str, Client] = OrderedDict()
-        self._documents: OrderedDict[str, Client] = OrderedDict()
+        self._registered: OrderedDict[str, KnownClient] = OrderedDict()
+        self._documents: OrderedDict[str, KnownClient] = OrderedDict()
 
-    async def find(self, client_id: str) -> Client | None:
+    async def find(self, client_id: str) -> KnownClient | None:
         fixed = self._fixed.get(client_id)
         if fixed is not None:
             return fixed
@@ -170,7 +171,7 @@ class ClientRegistry:
             return None
         return registered
 
-    async def authenticate(self, client_id: str, secret: str | None) -> Client:
+    async def authenticate(self, client_id: str, secret: str | None) -> KnownClient:
         """The client, when ``secret`` is right for it (``None`` for public ones); else ``invalid_client``."""
         try:
             client = await self.find(client_id)
@@ -183,7 +184,7 @@ class ClientRegistry:
             raise OAuthError("invalid_client", AUTH_FAILED, 401)
         return client
 
-    def _expired(self, client: Client) -> bool:
+    def _expired(self, client: KnownClient) -> bool:
         return client.expires_at is not None and client.expires_at <= self._clock()
 
     # -- RFC 7591 dynamic registration --------------------------------------------------------------
@@ -231,7 +232,8 @@ class ClientRegistry:
         client_id = "reg-" + secrets.token_urlsafe(16)
         secret = None if method == "none" else secrets.token_urlsafe(32)
         expires_at = now + self._registration_ttl
-        self._registered[client_id] = Client(client_id, secret, redirects, frozenset(grant_types), expires_at, name)
+        client = KnownClient(client_id, secret, redirects, frozenset(grant_types), expires_at, name)
+        self._registered[client_id] = client
         body: dict[str, Any] = {
             "client_id": client_id,
             "client_id_issued_at": int(now),
@@ -254,7 +256,7 @@ class ClientRegistry:
 
     # -- Client ID Metadata Documents ----------------------------------------------------------------
 
-    async def _document_client(self, url: str) -> Client:
+    async def _document_client(self, url: str) -> KnownClient:
         cached = self._documents.get(url)
         if cached is not None and not self._expired(cached):
             return cached
@@ -272,7 +274,7 @@ class ClientRegistry:
         except OAuthError as exc:
             raise OAuthError("invalid_client", f"client metadata document: {exc.description}") from None
         name = document.get("client_name")
-        client = Client(
+        client = KnownClient(
             url,
             None,
             redirects,

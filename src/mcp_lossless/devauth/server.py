@@ -24,7 +24,7 @@ import orjson
 from joserfc.jwk import KeySet
 
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, respond, respond_json
-from .clients import Client, ClientRegistry
+from .clients import ClientRegistry, KnownClient
 from .consent import BROWSER_COOKIE, PAGE_HEADERS, PendingConsents, consent_page, error_page
 from .forms import MAX_BODY, Params, form_params, optional, query_params, required
 from .grants import GrantStore, Issue, OAuthError, ResourceRules
@@ -216,7 +216,7 @@ class DevAuthServer:
             body["refresh_token"] = issue.refresh_token
         await respond_json(send, 200, body, NO_STORE)
 
-    async def _grant(self, client: Client, params: Params) -> Issue:
+    async def _grant(self, client: KnownClient, params: Params) -> Issue:
         grant_type = required(params, "grant_type")
         if grant_type not in GRANT_TYPES:
             raise OAuthError("unsupported_grant_type", f"grant_type {grant_type!r} is not supported")
@@ -242,7 +242,7 @@ class DevAuthServer:
             required(params, "refresh_token"), client_id=client_id, requested=requested, scope=scope
         )
 
-    async def _authenticate(self, scope: Scope, params: Params) -> Client:
+    async def _authenticate(self, scope: Scope, params: Params) -> KnownClient:
         """RFC 6749 §2.3: HTTP Basic or form credentials for confidential clients, bare client_id else."""
         authorization = header(scope, b"authorization")
         form_id, form_secret = optional(params, "client_id"), optional(params, "client_secret")
@@ -305,7 +305,7 @@ class DevAuthServer:
             location = self._error_location(redirect_uri, state, err)
         await respond(send, 302, b"", None, ((b"location", location.encode()), *NO_STORE))
 
-    def _authorization_request(self, params: Params, client: Client, redirect_uri: str) -> _AuthorizationRequest:
+    def _authorization_request(self, params: Params, client: KnownClient, redirect_uri: str) -> _AuthorizationRequest:
         if optional(params, "response_type") != "code":
             raise OAuthError("unsupported_response_type", "response_type must be 'code'")
         client.check_grant("authorization_code")
