@@ -29,6 +29,12 @@ TS_SDK_PACKAGE = "@modelcontextprotocol/sdk"
 TS_SDK_VERSION = "1.32.2"
 MCP_REMOTE_PACKAGE = "mcp-remote"
 MCP_REMOTE_VERSION = "0.15.1"
+    return script
+
+
+@functools.cache
+EVERYTHING_PACKAGE = "@modelcontextprotocol/server-everything"
+EVERYTHING_VERSION = "2026.8.31"
 INSTALL_TIMEOUT = 600
 
 
@@ -140,4 +146,14 @@ def mcp_remote_cli() -> Path:
     script = _package(MCP_REMOTE_PACKAGE, MCP_REMOTE_VERSION, node_binary().parent) / "dist" / "proxy.js"
     if not script.is_file():
         raise NodeSetupError(f"{MCP_REMOTE_PACKAGE}@{MCP_REMOTE_VERSION} has no {script}")
+    return script
+
+
+@functools.cache
+def everything_server() -> Path:
+    """The stdio entry script of ``@modelcontextprotocol/server-everything`` (run it with :func:`node_binary`)."""
+    package = _package(EVERYTHING_PACKAGE, EVERYTHING_VERSION, node_binary().parent)
+    script = package / "dist" / "index.js"
+    if not script.is_file():
+        raise NodeSetupError(f"{EVERYTHING_PACKAGE}@{EVERYTHING_VERSION} has no {script}")
     return script

@@ -25,3 +25,6 @@ the ones it does, so a client can fall back (to ``initialize`` when none of them
 LIMIT_EXCEEDED = -32044
 """A request past one of the server's limits; ``data.limit`` names it (docs/limits.md), ``data.retryAfter`` when
 waiting helps."""
+
+UPSTREAM_FAILED = -32045
+"""A gateway's upstream gave no answer: unreachable, refused, broke the protocol, or passed the deadline."""

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,6 +49,11 @@ class LosslessApp:
         self._sweeper: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
         self._verdicts: dict[tuple[bytes | None, bytes | None], str | None] = {}
+
+    def tools_changed(self) -> None:
+        """The registry changed (a gateway's upstream): re-derive what is published from it."""
+        self.state.index_tools()
+        self._prm = {metadata.metadata_path(r): r for r in self.state.resources()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -220,9 +225,13 @@ def create_app(
         from ..devauth.keys import SigningKeys
 
         canonical = canonical_resource(config.canonical_uri)
+
+        def tool_resources() -> Collection[str]:
+            return state.tool_resource.values()  # read per request: a gateway's tools change
+
         dev_as = DevAuthServer(
             config.dev_issuer,
-            resources=[tool_resource(canonical, n, t.resource) for n, t in registry.tools.items()],
+            resources=tool_resources,
             aggregate=canonical,
             clients=config.dev_clients,
             auto_approve=config.auto_approve,

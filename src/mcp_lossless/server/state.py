@@ -47,14 +47,14 @@ class ServerState:
         canonical = canonical_resource(config.canonical_uri)
         self.canonical = canonical
         self.tools = tools.tools
-        self.tool_resource = {name: tool_resource(canonical, name, tool.resource) for name, tool in self.tools.items()}
-        self.tool_tags = {name: requirement({uri}, self.tools[name].scopes) for name, uri in self.tool_resource.items()}
+        self.tool_resource: dict[str, str] = {}
+        self.tool_tags: dict[str, frozenset[str]] = {}
         """One interned tag set per tool (its resource and its scopes): replay checks memoize on it."""
-        self.scopes_for = {uri: frozenset(self.tools[name].scopes) for name, uri in self.tool_resource.items()}
-        self.scopes_for[canonical] = frozenset().union(*self.scopes_for.values())
+        self.scopes_for: dict[str, frozenset[str]] = {}
         """The scopes each resource's metadata advertises (``scopes_supported``): the aggregate's are all."""
-        self.policy = AudiencePolicy(canonical, self.tool_resource.values())
-        self.tools_list = [self._describe(name) for name in self.tools]
+        self.policy = AudiencePolicy(canonical)
+        self.tools_list: list[dict[str, Any]] = []
+        self.index_tools()
         self.store = store
         self.metrics = Metrics()
         refusals = self.metrics.limit_refusals
@@ -89,6 +89,17 @@ class ServerState:
 
     def live_stream(self, record: StreamRecord) -> LiveStream:
         return LiveStream(record, self.store, self.codec, self.metrics.append_latency.observe)
+
+    def index_tools(self) -> None:
+        """Derive resources, tags, policy and the ``tools/list`` answer from the registry (again, after it changed:
+        a gateway's upstream announced ``list_changed``). Stored events keep the tags they were stored with."""
+        canonical = self.canonical
+        self.tool_resource = {name: tool_resource(canonical, name, tool.resource) for name, tool in self.tools.items()}
+        self.tool_tags = {name: requirement({uri}, self.tools[name].scopes) for name, uri in self.tool_resource.items()}
+        self.scopes_for = {uri: frozenset(self.tools[name].scopes) for name, uri in self.tool_resource.items()}
+        self.scopes_for[canonical] = frozenset().union(*self.scopes_for.values())
+        self.policy = AudiencePolicy(canonical, self.tool_resource.values())
+        self.tools_list = [self._describe(name) for name in self.tools]
 
     def _describe(self, name: str) -> dict[str, Any]:
         tool = self.tools[name]

@@ -102,6 +102,14 @@ class ToolInputError(ServerError, ValueError):
     pass
 
 
+RawToolHandler = Callable[[ToolContext, dict[str, Any]], Awaitable[ToolReturn]]
+"""A tool declared by its JSON Schema instead of a signature: the context and the arguments object in, a result out.
+
+The arguments reach it as the client sent them (an object); checking them against the schema is its own job
+(a gateway's upstream does it).
+"""
+
+
 @dataclass(slots=True)
 class RegisteredTool:
     """A tool as the registry holds it: the function and what the server publishes about it (``tools/list``).
@@ -112,7 +120,8 @@ class RegisteredTool:
     name: str
     description: str
     fn: Callable[..., Awaitable[ToolReturn]]
-    arguments: type[pydantic.BaseModel]
+    arguments: type[pydantic.BaseModel] | None
+    """Validates the call's arguments; ``None`` for a raw tool, which receives the object as ``arguments``."""
     context_param: str | None
     annotations: dict[str, Any] = field(default_factory=dict)
     resource: str | None = None
@@ -125,6 +134,7 @@ class RegisteredTool:
     def input_schema(self) -> dict[str, Any]:
         if self.schema is not None:
             return self.schema
+        assert self.arguments is not None, "a raw tool always has its schema"
         schema = self.arguments.model_json_schema()
         schema.pop("title", None)
         return schema
@@ -135,6 +145,8 @@ class RegisteredTool:
             raw = {}
         if not isinstance(raw, dict):
             raise ToolInputError("arguments must be an object")
+        if self.arguments is None:
+            return {"arguments": raw}
         try:  # the model's own validator: ``model_validate`` around it costs as much again per call
             model: pydantic.BaseModel = self.arguments.__pydantic_validator__.validate_python(raw)
         except pydantic.ValidationError as exc:
@@ -213,6 +225,37 @@ class ToolRegistry:
             return fn
 
         return register
+
+    def add_raw(
+        self,
+        name: str,
+        handler: RawToolHandler,
+        input_schema: dict[str, Any],
+        *,
+        description: str = "",
+        annotations: dict[str, Any] | None = None,
+        resource: str | None = None,
+    ) -> None:
+        """Register a tool by its raw JSON ``input_schema``; ``handler(ctx, arguments)`` runs each call."""
+        if name in self.tools:
+            raise ValueError(f"tool {name!r} declared twice")
+
+        async def fn(arguments: dict[str, Any], ctx: ToolContext) -> ToolReturn:
+            return await handler(ctx, arguments)
+
+        self.tools[name] = RegisteredTool(
+            name=name,
+            description=description,
+            fn=fn,
+            arguments=None,
+            context_param="ctx",
+            annotations=dict(annotations or {}),
+            resource=resource,
+            schema=input_schema,
+        )
+
+    def remove(self, name: str) -> None:
+        self.tools.pop(name, None)
 
 
 def content_of(value: ToolReturn) -> dict[str, Any]:

@@ -1,0 +1,172 @@
+"""The gateway's upstreams as data: parsed from the ``[[upstream]]`` tables of a TOML file, every mistake named.
+
+    [[upstream]]
+    name = "docs"
+    url = "http://127.0.0.1:9001/mcp"               # Streamable HTTP
+    auth = { bearer_env = "DOCS_TOKEN" }             # or { client_id = "…", secret_env = "…" }; default none
+    [[upstream]]
+    name = "everything"
+    command = ["npx", "-y", "@modelcontextprotocol/server-everything"]   # stdio, spawned and supervised
+    prefix = "ev_"                                   # exposed names: prefix + upstream tool (default "<name>_")
+    allow = ["echo", "trigger-long-running-operation"]                  # or deny = [...]
+    idempotent = ["echo"]                            # safe to re-issue when the answer is lost
+
+The credentials of an upstream are its own: a client's token never travels on (no token passthrough).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_KNOWN = frozenset(
+    {"name", "url", "command", "env", "auth", "prefix", "allow", "deny", "idempotent", "timeout", "max_restarts"}
+)
+
+
+class GatewayConfigError(ValueError):
+    """The gateway configuration is wrong; the message says where and how."""
+
+
+@dataclass(frozen=True, slots=True)
+class BearerFromEnv:
+    """A static bearer token read from an environment variable of the gateway's process at start."""
+
+    variable: str
+
+    def token(self) -> str:
+        value = os.environ.get(self.variable)
+        if not value:
+            raise GatewayConfigError(f"environment variable {self.variable} (an upstream's bearer token) is not set")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCredentials:
+    """OAuth ``client_credentials`` against whatever authorization server the upstream names (RFC 9728)."""
+
+    client_id: str
+    secret_env: str | None = None
+    scope: str | None = None
+
+    def secret(self) -> str | None:
+        if self.secret_env is None:
+            return None
+        value = os.environ.get(self.secret_env)
+        if not value:
+            raise GatewayConfigError(f"environment variable {self.secret_env} (an upstream's secret) is not set")
+        return value
+
+
+UpstreamAuth = BearerFromEnv | ClientCredentials | None
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    name: str
+    url: str | None = None
+    command: tuple[str, ...] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment of a stdio child (the gateway's own environment is not passed on beyond PATH and HOME)."""
+    auth: UpstreamAuth = None
+    prefix: str | None = None
+    allow: frozenset[str] | None = None
+    deny: frozenset[str] = frozenset()
+    idempotent: frozenset[str] = frozenset()
+    """Upstream tools that may be re-issued under a new id when their answer is lost (besides annotated ones)."""
+    timeout: float = 60.0
+    """Each call's deadline upstream, seconds: an upstream that hangs ends the call with the deadline error."""
+    max_restarts: int = 5
+    """A stdio child that keeps dying is given up after this many restarts in a row without a successful call."""
+
+    @property
+    def exposed_prefix(self) -> str:
+        return f"{self.name}_" if self.prefix is None else self.prefix
+
+    def exposes(self, tool: str) -> bool:
+        return (self.allow is None or tool in self.allow) and tool not in self.deny
+
+
+def _strings(where: str, key: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise GatewayConfigError(f"{where}: {key} must be a list of non-empty strings")
+    return tuple(value)
+
+
+def _auth(where: str, value: object) -> UpstreamAuth:
+    if value is None or value == "none":
+        return None
+    if not isinstance(value, dict):
+        raise GatewayConfigError(f'{where}: auth must be "none", {{ bearer_env = "VAR" }} or {{ client_id = "…" }}')
+    if set(value) == {"bearer_env"} and isinstance(value["bearer_env"], str) and value["bearer_env"]:
+        return BearerFromEnv(value["bearer_env"])
+    if "client_id" in value and set(value) <= {"client_id", "secret_env", "scope"}:
+        if not all(isinstance(v, str) and v for v in value.values()):
+            raise GatewayConfigError(f"{where}: auth values must be non-empty strings")
+        return ClientCredentials(value["client_id"], value.get("secret_env"), value.get("scope"))
+    raise GatewayConfigError(
+        f"{where}: auth has unknown keys {sorted(value)}; use bearer_env, or client_id + secret_env"
+    )
+
+
+def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
+    where = f"upstream #{index + 1}"
+    if not isinstance(raw, Mapping):
+        raise GatewayConfigError(f"{where} must be a table")
+    unknown = set(raw) - _KNOWN
+    if unknown:
+        raise GatewayConfigError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise GatewayConfigError(f"{where}: name must be 1-64 letters, digits, '_', '.', '-' (got {name!r})")
+    where = f"upstream {name!r}"
+    url, command = raw.get("url"), raw.get("command")
+    if (url is None) == (command is None):
+        raise GatewayConfigError(f"{where}: give exactly one of url (Streamable HTTP) or command (stdio)")
+    if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
+        raise GatewayConfigError(f"{where}: url must be an http(s) URL")
+    argv = _strings(where, "command", command) if command is not None else None
+    if argv is not None and not argv:
+        raise GatewayConfigError(f"{where}: command must not be empty")
+    env = raw.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise GatewayConfigError(f"{where}: env must be a table of strings")
+    prefix = raw.get("prefix")
+    if prefix is not None and (not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z0-9_.-]*", prefix)):
+        raise GatewayConfigError(f"{where}: prefix may hold letters, digits, '_', '.', '-' only")
+    allow = frozenset(_strings(where, "allow", raw["allow"])) if "allow" in raw else None
+    deny = frozenset(_strings(where, "deny", raw.get("deny", [])))
+    timeout = raw.get("timeout", 60.0)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout <= 86400:
+        raise GatewayConfigError(f"{where}: timeout must be a number of seconds in (0, 86400]")
+    restarts = raw.get("max_restarts", 5)
+    if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
+        raise GatewayConfigError(f"{where}: max_restarts must be a non-negative integer")
+    return UpstreamConfig(
+        name=name,
+        url=url,
+        command=argv,
+        env=dict(env),
+        auth=_auth(where, raw.get("auth")),
+        prefix=prefix,
+        allow=allow,
+        deny=deny,
+        idempotent=frozenset(_strings(where, "idempotent", raw.get("idempotent", []))),
+        timeout=float(timeout),
+        max_restarts=restarts,
+    )
+
+
+def parse_upstreams(raw: object) -> tuple[UpstreamConfig, ...]:
+    """The ``upstream`` array of tables; names and prefixes must keep exposed names apart."""
+    if not isinstance(raw, list) or not raw:
+        raise GatewayConfigError("the gateway needs at least one [[upstream]] table")
+    upstreams = tuple(parse_upstream(entry, i) for i, entry in enumerate(raw))
+    names = [u.name for u in upstreams]
+    if len(set(names)) != len(names):
+        raise GatewayConfigError(f"upstream names must be unique: {names}")
+    return upstreams

@@ -1,0 +1,241 @@
+"""The gateway: an mcp-lossless server whose tools happen to call upstreams.
+
+Every exposed tool is registered in an ordinary :class:`~..server.tools.ToolRegistry` from the upstream's
+raw JSON schema, so the server's guarantees apply unchanged: per-tool resource indicators, replay
+authorization against the resuming token, principal-bound sessions and ids, explicit resumable
+refusals, limits. This module only holds the upstream connections, the exposed-tool table and their
+supervision, and turns an upstream's failure into the one explicit answer the client gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from ..asgi import Receive, Scope, Send
+from ..core import errors
+from ..server.app import LosslessApp, create_app
+from ..server.auth import TokenVerifier
+from ..server.config import ServerConfig
+from ..server.observability import log_decision
+from ..server.tools import MethodError, RawToolHandler, ToolContext, ToolRegistry, ToolResult
+from ..stores.base import EventStore
+from .config import UpstreamConfig
+from .http import HttpUpstream
+from .stdio import StdioUpstream
+from .table import ExposedTool, expose
+from .upstream import Upstream, UpstreamFailure, UpstreamRpcError
+
+log = logging.getLogger("mcp_lossless.gateway")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+RECONNECT_MAX_SECONDS = 30.0
+
+
+def open_upstream(config: UpstreamConfig) -> HttpUpstream | StdioUpstream:
+    return HttpUpstream(config) if config.url is not None else StdioUpstream(config)
+
+
+class _Metrics:
+    def __init__(self, app: LosslessApp) -> None:
+        r = app.state.metrics.registry
+        self.calls = Counter(
+            "mcp_lossless_gateway_calls_total",
+            "Upstream calls by outcome (ok, tool_error, rpc_error, cancelled, or the failure reason)",
+            ["upstream", "outcome"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "mcp_lossless_gateway_call_seconds",
+            "Upstream call latency",
+            ["upstream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.restarts = Counter(
+            "mcp_lossless_gateway_restarts_total",
+            "Upstream restarts (stdio children respawned)",
+            ["upstream"],
+            registry=r,
+        )
+        self.up = Gauge(
+            "mcp_lossless_gateway_upstream_up", "1 when the upstream is connected", ["upstream"], registry=r
+        )
+
+
+class Gateway:
+    """ASGI app: ``create_gateway(...)``; serve with any ASGI server with lifespan on (the CLI uses uvicorn)."""
+
+    def __init__(
+        self,
+        server: ServerConfig,
+        upstreams: Sequence[UpstreamConfig],
+        *,
+        store: EventStore | None = None,
+        verifier: TokenVerifier | None = None,
+    ) -> None:
+        self.registry = ToolRegistry()
+        self.app = create_app(server, self.registry, store=store, verifier=verifier)
+        self.state = self.app.state
+        self.configs = {u.name: u for u in upstreams}
+        self.upstreams: dict[str, HttpUpstream | StdioUpstream] = {u.name: open_upstream(u) for u in upstreams}
+        self.exposed: dict[str, ExposedTool] = {}
+        self.metrics = _Metrics(self.app)
+        self._keepers: set[asyncio.Task[None]] = set()
+        for name, upstream in self.upstreams.items():
+            upstream.on_restart = self.metrics.restarts.labels(name).inc
+            self.metrics.up.labels(name).set(0)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    log.exception("gateway startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def startup(self) -> None:
+        """The server first (store, keys), then every upstream once; one that is down is retried in the background."""
+        await self.app.startup()
+        names = list(self.upstreams)
+        outcomes = await asyncio.gather(*(self._connect(name) for name in names), return_exceptions=True)
+        for name, outcome in zip(names, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, UpstreamFailure):
+                    raise outcome
+                log.error("upstream %s is not available yet (%s); retrying in the background", name, outcome.detail)
+                task = asyncio.create_task(self._keep_trying(name))
+                self._keepers.add(task)
+                task.add_done_callback(self._keepers.discard)
+
+    async def shutdown(self) -> None:
+        for task in list(self._keepers):
+            task.cancel()
+        await self.app.shutdown()  # running calls end (execution lost) before their upstreams go
+        for upstream in self.upstreams.values():
+            await upstream.close()
+
+    async def _connect(self, name: str) -> None:
+        await self.upstreams[name].start(lambda: self._register(name))
+        self.metrics.up.labels(name).set(1)
+        self._register(name)
+
+    async def _keep_trying(self, name: str) -> None:
+        attempt = 0
+        while True:
+            attempt += 1
+            await asyncio.sleep(min(RECONNECT_MAX_SECONDS, 0.5 * 2**attempt))
+            try:
+                await self._connect(name)
+            except UpstreamFailure as exc:
+                log.warning("upstream %s still not available: %s", name, exc.detail)
+                continue
+            log_decision("upstream_connected", upstream=name, attempts=attempt + 1)
+            return
+
+    def _register(self, name: str) -> None:
+        """(Re)build ``name``'s part of the table from its current tool list, then republish the server's tools."""
+        for exposed in [e for e in self.exposed.values() if e.upstream == name]:
+            self.registry.remove(exposed.name)
+            del self.exposed[exposed.name]
+        config = self.configs[name]
+        for exposed in expose(config, self.upstreams[name].tools(), taken=self.exposed):
+            annotations = dict(exposed.tool.annotations)
+            if exposed.idempotent:
+                annotations["idempotentHint"] = True
+            self.registry.add_raw(
+                exposed.name,
+                self._handler(exposed),
+                dict(exposed.tool.input_schema),
+                description=exposed.tool.description,
+                annotations=annotations,
+            )
+            self.exposed[exposed.name] = exposed
+        self.app.tools_changed()
+        log_decision(
+            "upstream_tools", upstream=name, exposed=sorted(e.name for e in self.exposed.values() if e.upstream == name)
+        )
+
+    def _handler(self, exposed: ExposedTool) -> RawToolHandler:
+        async def run(ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
+            return await self._call(exposed, ctx, arguments)
+
+        return run
+
+    async def _call(self, exposed: ExposedTool, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
+        name = exposed.upstream
+        upstream: Upstream = self.upstreams[name]
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            result = await upstream.call(exposed.tool.name, arguments, ctx, idempotent=exposed.idempotent)
+            if result.get("isError") is True:
+                outcome = "tool_error"
+            return result
+        except UpstreamRpcError as exc:
+            outcome = "rpc_error"
+            raise MethodError(exc.code, exc.message, exc.data) from None
+        except UpstreamFailure as exc:
+            outcome = exc.reason
+            raise _as_method_error(name, exc, ctx.request_id) from None
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            seconds = time.perf_counter() - started
+            self.metrics.calls.labels(name, outcome).inc()
+            self.metrics.latency.labels(name).observe(seconds)
+            principal = ctx.principal
+            log_decision(
+                "upstream_call",
+                upstream=name,
+                tool=exposed.tool.name,
+                exposed=exposed.name,
+                outcome=outcome,
+                seconds=round(seconds, 4),
+                issuer=principal.issuer,
+                subject=principal.subject,
+                client_id=principal.client_id,
+            )
+
+
+def _as_method_error(upstream: str, failure: UpstreamFailure, request_id: str | int) -> MethodError:
+    if failure.reason == "execution_lost":
+        return MethodError(
+            errors.EXECUTION_LOST,
+            f"execution lost upstream ({upstream}): {failure.detail}",
+            {"reason": "execution_lost", "requestId": request_id, "resumable": False, "upstream": upstream},
+        )
+    return MethodError(
+        errors.UPSTREAM_FAILED,
+        f"upstream {upstream}: {failure.reason}: {failure.detail}",
+        {"reason": failure.reason, "upstream": upstream, "mayHaveRun": failure.may_have_run},
+    )
+
+
+def create_gateway(
+    server: ServerConfig,
+    upstreams: Sequence[UpstreamConfig],
+    *,
+    store: EventStore | None = None,
+    verifier: TokenVerifier | None = None,
+) -> Gateway:
+    return Gateway(server, upstreams, store=store, verifier=verifier)

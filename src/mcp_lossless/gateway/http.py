@@ -1,0 +1,160 @@
+"""A Streamable HTTP upstream, reached through this project's own client (one pooled session per upstream).
+
+The client already does what "no silent loss from upstream" needs: a broken stream is resumed with the
+upstream's own ``Last-Event-ID``; an answer that cannot be recovered is re-issued under a new id when the
+tool is idempotent (annotated, or listed in the config) and otherwise fails as may-have-run; a lost session
+is re-established; the deadline ends the call and cancels it upstream. This module maps those outcomes onto
+:class:`~.upstream.UpstreamFailure` and forwards progress to the gateway's client.
+
+The upstream gets the gateway's own credentials for it (``auth`` in the config), never the client's token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..client import (
+    Auth,
+    AuthorizationFailed,
+    BearerToken,
+    CallMayHaveRun,
+    Client,
+    ClientClosed,
+    ConnectionFailed,
+    DeadlineExceeded,
+    McpClientError,
+    OAuth,
+    ProgressUpdate,
+    RemoteError,
+    RequestRejected,
+    ToolError,
+)
+from ..client.transport import Backoff
+from .config import BearerFromEnv, ClientCredentials, UpstreamConfig
+from .upstream import FailureReason, Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
+
+log = logging.getLogger("mcp_lossless.gateway")
+BACKOFF = Backoff(initial=0.2, maximum=2.0)
+"""Reconnects and re-issues to an upstream that is coming back: prompt, since each call has a deadline."""
+
+
+def client_auth(config: UpstreamConfig) -> Auth:
+    """The gateway's own credentials for this upstream (read from the environment at start)."""
+    auth = config.auth
+    if isinstance(auth, BearerFromEnv):
+        return BearerToken(auth.token())
+    if isinstance(auth, ClientCredentials):
+        return OAuth(auth.client_id, auth.secret(), scope=auth.scope)
+    return Auth()
+
+
+def _failure(exc: McpClientError) -> UpstreamFailure:
+    reason: FailureReason
+    if isinstance(exc, CallMayHaveRun):
+        reason, ran = "execution_lost", True
+    elif isinstance(exc, DeadlineExceeded):
+        reason, ran = "deadline", True
+    elif isinstance(exc, ConnectionFailed):
+        reason, ran = "unreachable", False
+    elif isinstance(exc, RequestRejected):
+        reason, ran = "rejected", False
+    elif isinstance(exc, AuthorizationFailed):
+        reason, ran = "unauthorized", False
+    elif isinstance(exc, ClientClosed):
+        reason, ran = "closed", True
+    else:  # ProtocolViolation and anything the client may add: the call may well have run
+        reason, ran = "protocol", True
+    return UpstreamFailure(reason, exc.reason, may_have_run=ran)
+
+
+class HttpUpstream:
+    """One session with the upstream, owned by a task of its own (so any task may start or close it)."""
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        assert config.url is not None
+        self.name = config.name
+        self.config = config
+        self.restarts = 0
+        self.on_restart: Callable[[], None] = lambda: None
+        self._client: Client | None = None
+        self._owner: asyncio.Task[None] | None = None
+        self._closed = asyncio.Event()
+        self._tools: list[UpstreamTool] = []
+
+    async def start(self, on_tools_changed: Callable[[], None]) -> None:
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._closed = asyncio.Event()
+        self._owner = asyncio.create_task(self._own(ready))
+        try:
+            await ready
+        except BaseException:
+            await self.close()
+            raise
+        log.info("upstream %s: %d tools", self.name, len(self._tools))
+
+    async def _own(self, ready: asyncio.Future[None]) -> None:
+        config = self.config
+        assert config.url is not None
+        client = Client(
+            config.url,
+            auth=client_auth(config),
+            timeout=config.timeout,
+            backoff=BACKOFF,
+            client_info={"name": "mcp-lossless-gateway", "version": "0.1.0"},
+        )
+        try:
+            async with client:
+                listed = await client.list_tools()
+                self._tools = [
+                    UpstreamTool(t.name, t.description or "", dict(t.input_schema), dict(t.annotations)) for t in listed
+                ]
+                self._client = client
+                ready.set_result(None)
+                await self._closed.wait()
+        except McpClientError as exc:
+            if not ready.done():
+                ready.set_exception(_failure(exc))
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+        finally:
+            self._client = None
+
+    def tools(self) -> list[UpstreamTool]:
+        return list(self._tools)
+
+    async def call(
+        self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool
+    ) -> dict[str, Any]:
+        client = self._client
+        if client is None:
+            raise UpstreamFailure("unreachable", f"upstream {self.name} is not connected", may_have_run=False)
+        relay = Relay()
+
+        def progress(update: ProgressUpdate) -> None:
+            relay.put(lambda: reporter.report_progress(update.progress, update.total, update.message))
+
+        try:
+            async with relay.running():
+                result = await client.call_tool(
+                    tool, arguments, on_progress=progress, timeout=self.config.timeout, reissue=idempotent or None
+                )
+        except ToolError as exc:
+            return dict(exc.result.raw)
+        except RemoteError as exc:
+            raise UpstreamRpcError(exc.code, exc.message, exc.data) from None
+        except McpClientError as exc:
+            raise _failure(exc) from None
+        return dict(result.raw)
+
+    async def close(self) -> None:
+        self._closed.set()
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await owner

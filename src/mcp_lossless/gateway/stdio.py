@@ -1,0 +1,374 @@
+"""A stdio upstream: a child process speaking newline-delimited JSON-RPC, spawned and supervised.
+
+The supervisor owns the child. When it exits (crash, SIGKILL, closed stdout, a line past the bound), every
+call in flight on it ends at once with an explicit outcome — never a hang: a call to an idempotent tool
+(annotated, or listed in the config) waits for the restarted child and runs again under a new id while
+its deadline allows; any other call fails with ``execution_lost`` (it may have run). The child is
+restarted with exponential backoff, and given up after ``max_restarts`` failed starts in a row (calls
+then fail as ``unreachable``). A call past its deadline is cancelled in the child
+(``notifications/cancelled``) and fails with ``deadline``; so is a call whose client cancelled it.
+
+Log notifications of a stdio child carry no request they relate to, so they go to the gateway's log,
+not to any client's stream (another tool's caller must not receive them). Progress is routed by its
+token, which the gateway sets per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from ..core import errors
+from .config import UpstreamConfig
+from .upstream import Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
+
+log = logging.getLogger("mcp_lossless.gateway")
+MAX_LINE_BYTES = 8 * 1024 * 1024
+HANDSHAKE_SECONDS = 20.0
+PROTOCOL_VERSION = "2025-11-25"
+_PASSED_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
+
+
+def _route_progress(relay: Relay, reporter: Reporter, params: dict[str, Any]) -> None:
+    """A ``notifications/progress`` of a call, queued for the client's stream (malformed values dropped)."""
+    value, total, message = params.get("progress"), params.get("total"), params.get("message")
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return
+    relay.put(
+        lambda: reporter.report_progress(
+            float(value),
+            float(total) if isinstance(total, int | float) and not isinstance(total, bool) else None,
+            message if isinstance(message, str) else None,
+        )
+    )
+
+
+class _ChildExited(Exception):
+    """The child that was to answer is gone."""
+
+
+class StdioUpstream:
+    def __init__(self, config: UpstreamConfig, *, initial_backoff: float = 0.2, max_backoff: float = 10.0) -> None:
+        assert config.command is not None
+        self.name = config.name
+        self.config = config
+        self.restarts = 0
+        self.on_restart: Callable[[], None] = lambda: None
+        self._initial_backoff = initial_backoff
+        self._max_backoff = max_backoff
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._stderr: asyncio.Task[None] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._progress: dict[int, Callable[[dict[str, Any]], None]] = {}
+        self._ids = itertools.count(1)
+        self._ready = asyncio.Event()
+        self._failed_starts = 0
+        self._given_up: str | None = None
+        self._closing = False
+        self._tools: list[UpstreamTool] = []
+        self._on_tools_changed: Callable[[], None] = lambda: None
+
+    @property
+    def pid(self) -> int | None:
+        """The running child's process id (for operators and fault tests)."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    async def start(self, on_tools_changed: Callable[[], None]) -> None:
+        self._on_tools_changed = on_tools_changed
+        await self._spawn()
+        self._supervisor = asyncio.create_task(self._supervise())
+
+    def tools(self) -> list[UpstreamTool]:
+        return list(self._tools)
+
+    # ---- the child --------------------------------------------------------------------------------
+
+    async def _spawn(self) -> None:
+        config = self.config
+        assert config.command is not None
+        env = {k: v for k in _PASSED_ENV if (v := os.environ.get(k)) is not None}
+        env.update(config.env)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *config.command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                limit=MAX_LINE_BYTES,
+            )
+        except OSError as exc:
+            raise UpstreamFailure(
+                "unreachable", f"cannot start {config.command[0]}: {exc}", may_have_run=False
+            ) from exc
+        self._proc = proc
+        self._reader = asyncio.create_task(self._read(proc))
+        self._stderr = asyncio.create_task(self._drain_stderr(proc))
+        try:
+            async with asyncio.timeout(HANDSHAKE_SECONDS):
+                init = await self._request(
+                    "initialize",
+                    {
+                        "protocolVersion": PROTOCOL_VERSION,
+                        "capabilities": {},
+                        "clientInfo": {"name": "mcp-lossless-gateway", "version": "0.1.0"},
+                    },
+                )
+                if not isinstance(init.get("protocolVersion"), str):
+                    raise UpstreamFailure(
+                        "protocol", "initialize answered without a protocolVersion", may_have_run=False
+                    )
+                await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                self._tools = await self._list_tools()
+        except (TimeoutError, _ChildExited, UpstreamRpcError, UpstreamFailure) as exc:
+            await self._kill(proc)
+            raise UpstreamFailure(
+                "unreachable", f"upstream {self.name} did not start: {exc!r}", may_have_run=False
+            ) from exc
+        log.info("upstream %s: child %d ready, %d tools", self.name, proc.pid, len(self._tools))
+        self._ready.set()
+
+    async def _list_tools(self) -> list[UpstreamTool]:
+        tools: list[UpstreamTool] = []
+        cursor: str | None = None
+        for _ in range(100):  # a bound on pages: an upstream cycling cursors must not stall a start
+            page = await self._request("tools/list", {"cursor": cursor} if cursor else {})
+            entries = page.get("tools")
+            for entry in entries if isinstance(entries, list) else []:
+                tool = UpstreamTool.from_wire(entry) if isinstance(entry, dict) else None
+                if tool is not None:
+                    tools.append(tool)
+            cursor = page.get("nextCursor") if isinstance(page.get("nextCursor"), str) else None
+            if cursor is None:
+                break
+        return tools
+
+    async def _supervise(self) -> None:
+        while not self._closing:
+            proc, reader = self._proc, self._reader
+            assert proc is not None and reader is not None
+            await reader  # stdout ended: the child exited or closed it
+            await self._kill(proc)
+            if self._closing:
+                return
+            log.warning("upstream %s: child %d exited with %s; restarting", self.name, proc.pid, proc.returncode)
+            before = [t.name for t in self._tools]
+            while not self._closing:
+                self._failed_starts += 1
+                if self._failed_starts > self.config.max_restarts:
+                    self._given_up = f"upstream {self.name} failed {self.config.max_restarts} restarts in a row"
+                    log.error("%s; giving up", self._given_up)
+                    self._ready.set()  # wake waiting calls: they fail as unreachable
+                    return
+                delay = min(self._max_backoff, self._initial_backoff * 2 ** (self._failed_starts - 1))
+                await asyncio.sleep(delay)
+                try:
+                    await self._spawn()
+                except UpstreamFailure as exc:
+                    log.warning("upstream %s: restart failed: %s", self.name, exc.detail)
+                    continue
+                self.restarts += 1
+                self.on_restart()
+                break
+            if [t.name for t in self._tools] != before:
+                self._on_tools_changed()
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        try:
+            while line := await proc.stdout.readline():
+                self._handle(line)
+        except ValueError:  # a line past MAX_LINE_BYTES (asyncio's LimitOverrunError)
+            log.error("upstream %s: a line exceeded %d bytes; restarting the child", self.name, MAX_LINE_BYTES)
+        finally:
+            self._ready.clear()
+            pending, self._pending = self._pending, {}
+            for future in pending.values():
+                if not future.done():
+                    future.set_exception(_ChildExited(f"upstream {self.name} exited"))
+
+    async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        with contextlib.suppress(ValueError):
+            while line := await proc.stderr.readline():
+                log.debug("upstream %s stderr: %s", self.name, line[:1000].decode("utf-8", "replace").rstrip())
+
+    def _handle(self, line: bytes) -> None:
+        try:
+            message = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            log.info("upstream %s: ignored a stdout line that is not JSON", self.name)
+            return
+        if not isinstance(message, dict):
+            return
+        method = message.get("method")
+        if "id" in message and method is None:
+            future = self._pending.pop(message["id"], None) if isinstance(message["id"], int) else None
+            if future is not None and not future.done():
+                future.set_result(message)
+            return
+        if not isinstance(method, str):
+            return
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
+        if "id" in message:  # a request of the child's own (ping, roots, sampling): only ping is served
+            reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+            if method == "ping":
+                reply["result"] = {}
+            else:
+                reply["error"] = {"code": errors.METHOD_NOT_FOUND, "message": f"the gateway does not serve {method}"}
+            self._spawn_task(self._write_quietly(reply))
+        elif method == "notifications/progress":
+            route = self._progress.get(params.get("progressToken"))  # type: ignore[arg-type]
+            if route is not None:
+                route(params)
+        elif method == "notifications/tools/list_changed":
+            self._spawn_task(self._refresh())
+        elif method == "notifications/message":
+            log.info("upstream %s log [%s]: %s", self.name, params.get("level"), str(params.get("data"))[:1000])
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _refresh(self) -> None:
+        try:
+            self._tools = await self._list_tools()
+        except (_ChildExited, UpstreamRpcError) as exc:
+            log.warning("upstream %s: tools/list after list_changed failed: %r", self.name, exc)
+            return
+        self._on_tools_changed()
+
+    async def _write(self, message: dict[str, Any]) -> None:
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.returncode is not None:
+            raise _ChildExited(f"upstream {self.name} is not running")
+        try:
+            proc.stdin.write(orjson.dumps(message) + b"\n")
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise _ChildExited(f"upstream {self.name}: {exc!r}") from exc
+
+    async def _write_quietly(self, message: dict[str, Any]) -> None:
+        with contextlib.suppress(_ChildExited):
+            await self._write(message)
+
+    async def _request(self, method: str, params: dict[str, Any], rid: int | None = None) -> dict[str, Any]:
+        rid = next(self._ids) if rid is None else rid
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        try:
+            await self._write({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+            answer = await future
+        finally:
+            self._pending.pop(rid, None)
+        error = answer.get("error")
+        if isinstance(error, dict):
+            raise UpstreamRpcError(
+                int(error.get("code", errors.INTERNAL_ERROR)), str(error.get("message", "")), error.get("data")
+            )
+        result = answer.get("result")
+        if not isinstance(result, dict):
+            raise UpstreamFailure("protocol", f"the answer to {method} has no result object", may_have_run=True)
+        return result
+
+    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        await proc.wait()
+        for task in (self._reader, self._stderr):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    # ---- calls ------------------------------------------------------------------------------------
+
+    async def call(
+        self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool
+    ) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.timeout
+        attempts = 0
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._ready.wait()
+            except TimeoutError:
+                raise UpstreamFailure(
+                    "deadline",
+                    f"upstream {self.name} was not back within the call's deadline",
+                    may_have_run=attempts > 0,
+                ) from None
+            if self._given_up is not None:
+                raise UpstreamFailure("unreachable", self._given_up, may_have_run=attempts > 0)
+            rid = next(self._ids)
+            relay = Relay()
+
+            self._progress[rid] = functools.partial(_route_progress, relay, reporter)
+            params = {"name": tool, "arguments": arguments, "_meta": {"progressToken": rid}}
+            try:
+                async with relay.running():
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            result = await self._request("tools/call", params, rid)
+                    except TimeoutError:
+                        self._cancel(rid, "the gateway's deadline for this call passed")
+                        raise UpstreamFailure(
+                            "deadline",
+                            f"upstream {self.name} did not answer within {self.config.timeout:g} s",
+                            may_have_run=True,
+                        ) from None
+                    except asyncio.CancelledError:
+                        self._cancel(rid, "cancelled by the gateway's client")
+                        raise
+            except _ChildExited as exc:
+                attempts += 1
+                if idempotent and loop.time() < deadline:
+                    log.warning("upstream %s: %s during %s; re-issuing (idempotent)", self.name, exc, tool)
+                    continue
+                raise UpstreamFailure(
+                    "execution_lost", f"{exc} while running {tool}; it may have run", may_have_run=True
+                ) from None
+            finally:
+                self._progress.pop(rid, None)
+            self._failed_starts = 0
+            return result
+
+    def _cancel(self, rid: int, reason: str) -> None:
+        message = {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": rid, "reason": reason},
+        }
+        self._spawn_task(self._write_quietly(message))
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            if proc.stdin is not None:
+                proc.stdin.close()  # stdio servers exit when their input ends
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    await proc.wait()
+            await self._kill(proc)
+        for task in list(self._background):
+            task.cancel()

@@ -1,0 +1,132 @@
+"""What every upstream offers the gateway, whatever its transport: its tools, calls, and how a call can fail.
+
+An upstream call ends in exactly one of: the upstream's ``CallToolResult`` (``isError`` included), the
+upstream's JSON-RPC error (:class:`UpstreamRpcError`), or an :class:`UpstreamFailure` saying why no answer
+came (``reason``) and whether the tool may have run. The gateway turns the last two into the one answer
+its own client gets; nothing here decides authorization.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+FailureReason = Literal["execution_lost", "deadline", "unreachable", "rejected", "unauthorized", "protocol", "closed"]
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTool:
+    """One tool as the upstream lists it: name, description, raw JSON input schema, annotations."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    annotations: Mapping[str, Any]
+
+    @property
+    def annotated_idempotent(self) -> bool:
+        return self.annotations.get("idempotentHint") is True or self.annotations.get("readOnlyHint") is True
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Any]) -> UpstreamTool | None:
+        """A ``tools/list`` entry, or ``None`` when it is not a usable tool (no name, no object schema)."""
+        name, schema = raw.get("name"), raw.get("inputSchema")
+        if not isinstance(name, str) or not name or not isinstance(schema, dict):
+            return None
+        description = raw.get("description")
+        annotations = raw.get("annotations")
+        return cls(
+            name=name,
+            description=description if isinstance(description, str) else "",
+            input_schema=schema,
+            annotations=annotations if isinstance(annotations, dict) else {},
+        )
+
+
+class UpstreamFailure(Exception):
+    """No answer from the upstream: ``reason`` says why, ``may_have_run`` whether the tool may have run."""
+
+    def __init__(self, reason: FailureReason, detail: str, *, may_have_run: bool) -> None:
+        super().__init__(detail)
+        self.reason: FailureReason = reason
+        self.detail = detail
+        self.may_have_run = may_have_run
+
+
+class UpstreamRpcError(Exception):
+    """The upstream answered the call with a JSON-RPC error; passed on to the client as it came."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class Reporter(Protocol):
+    """Where a call's upstream notifications go: the client's stream (a :class:`~..server.tools.ToolContext`)."""
+
+    async def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None: ...
+    async def log(self, level: str, data: Any, logger: str | None = None) -> None: ...
+
+
+class Upstream(Protocol):
+    name: str
+
+    async def start(self, on_tools_changed: Callable[[], None]) -> None:
+        """Connect (spawn) and handshake; ``on_tools_changed`` is called when the upstream's list changes."""
+        ...
+
+    def tools(self) -> list[UpstreamTool]:
+        """The tools listed at the last (re)connection or ``list_changed``."""
+        ...
+
+    async def call(
+        self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool
+    ) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+class Relay:
+    """Upstream notifications, forwarded to the client's stream in the order they came.
+
+    Upstream callbacks are synchronous (the client's ``on_progress``, the stdio reader); each puts a
+    coroutine *factory* here, and one task awaits them one after another. ``running`` drains what is
+    queued before the block ends, so every progress event precedes the call's answer.
+    """
+
+    __slots__ = ("_queue",)
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Callable[[], Awaitable[None]] | None] = asyncio.Queue()
+
+    def put(self, send: Callable[[], Awaitable[None]]) -> None:
+        self._queue.put_nowait(send)
+
+    async def _forward(self) -> None:
+        while (send := await self._queue.get()) is not None:
+            await send()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Relay]:
+        """Forward while the block runs; then drain (also when it fails), unless it was cancelled."""
+        task = asyncio.create_task(self._forward())
+        try:
+            yield self
+        except Exception:
+            self._queue.put_nowait(None)
+            await task
+            raise
+        except BaseException:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise
+        self._queue.put_nowait(None)
+        await task

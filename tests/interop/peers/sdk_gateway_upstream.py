@@ -1,0 +1,121 @@
+"""An official ``mcp`` 2.3 SDK server (``MCPServer``) as a gateway's upstream, over Streamable HTTP or stdio.
+
+    python -m tests.interop.peers.sdk_gateway_upstream http PORT HEADERS_FILE   # env UPSTREAM_TOKEN
+    python -m tests.interop.peers.sdk_gateway_upstream stdio
+
+HTTP: the SDK's legacy leg with an event store of the SDK examples' shape and ``retry_interval`` (resumable
+streams), behind a bearer check for ``UPSTREAM_TOKEN`` (401 otherwise); the ``Authorization`` header of
+every request it receives is appended to HEADERS_FILE as a JSON line, so a test can assert what reached
+it. Prints ``ready PORT`` once listening. A separate process, so tests can SIGKILL it mid-call.
+
+Tools: ``work`` (progress per step, one log message; not idempotent), ``lookup`` (the same, annotated
+read-only and idempotent), ``hang`` (never answers), ``grow`` (adds a tool and announces ``list_changed``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import ToolAnnotations
+
+from tests.interop.peers.sdk_resumable_server import ExampleShapedEventStore
+
+RETRY_MS = 200
+
+
+def build_server() -> MCPServer:
+    server = MCPServer("sdk-gateway-upstream")
+
+    async def steps_of(ctx: Context, what: str, steps: int, delay_ms: int) -> None:
+        await ctx.info(f"{what} started")
+        for step in range(1, steps + 1):
+            await anyio.sleep(delay_ms / 1000)
+            await ctx.report_progress(step, steps, f"{what} step {step}/{steps}")
+
+    @server.tool()
+    async def work(label: str, ctx: Context, steps: int = 3, delay_ms: int = 100) -> str:
+        """Do `label`'s work in `steps` steps `delay_ms` apart, reporting progress (not idempotent)."""
+        await steps_of(ctx, f"work {label}", steps, delay_ms)
+        return f"work {label} done"
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True))
+    async def lookup(key: str, ctx: Context, steps: int = 3, delay_ms: int = 100) -> str:
+        """Look `key` up in `steps` steps `delay_ms` apart (read-only: safe to run again)."""
+        await steps_of(ctx, f"lookup {key}", steps, delay_ms)
+        return f"value of {key}"
+
+    @server.tool()
+    async def hang() -> str:
+        """Never answers (a hung upstream)."""
+        await anyio.sleep(3600)
+        return "unreachable"
+
+    @server.tool()
+    async def grow(name: str, ctx: Context) -> str:
+        """Add a tool called `name` and announce tools/list_changed."""
+
+        async def grown() -> str:
+            return f"{name} grown"
+
+        server.add_tool(grown, name=name, description=f"grown as {name}")
+        await ctx.session.send_tool_list_changed()  # the legacy notification (notify_tools_changed is 2026-era)
+        return f"added {name}"
+
+    return server
+
+
+def record(headers_file: str, path: str, authorization: bytes | None) -> None:
+    with open(headers_file, "a") as out:  # one short line per request: the test reads it after the call
+        out.write(json.dumps({"path": path, "authorization": authorization.decode() if authorization else None}) + "\n")
+
+
+def bearer_guard(app: Any, token: str, headers_file: str) -> Any:
+    """ASGI middleware: log every request's Authorization header, refuse any but ``Bearer <token>``."""
+
+    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        raw = dict(scope["headers"]).get(b"authorization")
+        record(headers_file, scope["path"], raw)
+        if raw != f"Bearer {token}".encode():
+            await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"unauthorized"})
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+def serve_http(port: int, headers_file: str) -> None:
+    import uvicorn
+
+    token = os.environ["UPSTREAM_TOKEN"]
+    app = build_server().streamable_http_app(event_store=ExampleShapedEventStore(), retry_interval=RETRY_MS)
+
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            print(f"ready {port}", flush=True)
+
+    config = uvicorn.Config(
+        bearer_guard(app, token, headers_file), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+    )
+    Announcing(config).run()
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
+    if mode == "http":
+        serve_http(int(sys.argv[2]), sys.argv[3])
+    else:
+        build_server().run("stdio")
+
+
+if __name__ == "__main__":
+    main()

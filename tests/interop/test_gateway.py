@@ -1,0 +1,274 @@
+"""Issue 14: the gateway in front of real upstreams — the official SDK server over Streamable HTTP (legacy leg
+with an event store) and over stdio, and ``@modelcontextprotocol/server-everything`` over stdio.
+
+Each upstream runs as its own process; the gateway is our server under uvicorn on loopback, with the
+embedded dev AS minting the clients' tokens, and its own static credential for the SDK HTTP upstream.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+import pytest
+
+from mcp_lossless.core.errors import DELIVERY_REFUSED, EXECUTION_LOST, UPSTREAM_FAILED
+from mcp_lossless.gateway import BearerFromEnv, Gateway, UpstreamConfig, create_gateway
+from mcp_lossless.server.config import ServerConfig
+from mcp_lossless.server.tools import RESOURCE_META_KEY
+from tests.support.mcp_http import Peer, StreamRead, call, dev_token, parse_sse
+from tests.support.node import everything_server, node_binary
+from tests.support.processes import free_port
+from tests.support.upstreams import SdkHttpUpstream
+from tests.support.uvicorn_server import lossless_server
+
+pytestmark = pytest.mark.anyio
+
+UPSTREAM_TOKEN = "gateway-own-upstream-credential"
+TOKEN_ENV = "MCP_LOSSLESS_TEST_UPSTREAM_TOKEN"
+SDK_STDIO = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio"]
+
+
+@dataclass
+class Deployment:
+    url: str
+    gateway: Gateway
+    sdk: SdkHttpUpstream
+
+    @property
+    def mcp(self) -> str:
+        return f"{self.url}/mcp"
+
+    def resource(self, exposed: str) -> str:
+        return f"{self.mcp}/tools/{exposed}"
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    sdk = SdkHttpUpstream(free_port(), tmp_path_factory.mktemp("sdk") / "headers.jsonl", UPSTREAM_TOKEN)
+    sdk.start()
+    os.environ[TOKEN_ENV] = UPSTREAM_TOKEN
+    upstreams = [
+        UpstreamConfig(name="sdk", url=sdk.url, auth=BearerFromEnv(TOKEN_ENV), deny=frozenset({"hang"}), timeout=8),
+        UpstreamConfig(
+            name="stuck", url=sdk.url, auth=BearerFromEnv(TOKEN_ENV), allow=frozenset({"hang"}), timeout=1.5
+        ),
+        UpstreamConfig(name="pysdk", command=(*SDK_STDIO,), deny=frozenset({"hang"}), timeout=8),
+        UpstreamConfig(
+            name="everything",
+            command=(str(node_binary()), str(everything_server()), "stdio"),
+            prefix="ev_",
+            allow=frozenset({"echo", "trigger-long-running-operation"}),
+            timeout=10,
+        ),
+    ]
+    holder: list[Gateway] = []
+
+    def make(port: int) -> Gateway:
+        config = ServerConfig(port=port, store="memory", dev_clients={"dev-client": "dev-secret"}, retry_ms=200)
+        holder.append(create_gateway(config, upstreams))
+        return holder[0]
+
+    try:
+        with lossless_server(make) as url:
+            yield Deployment(url, holder[0], sdk)
+    finally:
+        sdk.stop()
+        os.environ.pop(TOKEN_ENV, None)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=20) as client:
+        yield client
+
+
+async def session(http: httpx.AsyncClient, d: Deployment, *exposed: str) -> Peer:
+    resources = [d.resource(name) for name in exposed] or [d.mcp]
+    peer = Peer(http, d.url, await dev_token(http, d.url, *resources))
+    await peer.initialize()
+    return peer
+
+
+def answer(read: StreamRead, request_id: int) -> dict[str, object]:
+    matches = [m for m in read.messages if m.get("id") == request_id and ("result" in m or "error" in m)]
+    assert len(matches) == 1, read.messages
+    return matches[0]
+
+
+def progress_of(read: StreamRead, token: str) -> list[float]:
+    return [
+        m["params"]["progress"]
+        for m in read.messages
+        if m.get("method") == "notifications/progress" and m["params"]["progressToken"] == token
+    ]
+
+
+async def test_sdk_http_upstream_initialize_list_and_call_with_progress(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = await session(http, d)
+    listed = await peer.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    tools = {t["name"]: t for t in answer(listed, 1)["result"]["tools"]}  # type: ignore[index]
+    assert {"sdk_work", "sdk_lookup", "sdk_grow", "stuck_hang", "ev_echo"} <= set(tools)
+    assert "sdk_hang" not in tools and "stuck_work" not in tools, "allow and deny lists apply"
+    assert "ev_get-sum" not in tools
+    for name, tool in tools.items():
+        assert tool["_meta"][RESOURCE_META_KEY] == d.resource(name), name
+    assert tools["sdk_work"]["inputSchema"]["properties"]["label"]["type"] == "string", "the upstream's own schema"
+    assert tools["sdk_lookup"]["annotations"]["idempotentHint"] is True
+
+    token = await dev_token(http, d.url, d.resource("sdk_work"))
+    before = len(d.sdk.authorizations())
+    done = await peer.post(call(2, "sdk_work", progress="p", label="a", steps=3, delay_ms=20), token=token)
+    assert done.status == 200
+    assert answer(done, 2)["result"]["content"][0]["text"] == "work a done"  # type: ignore[index]
+    assert progress_of(done, "p") == [1, 2, 3]
+    seen = d.sdk.authorizations()[before:]
+    assert seen, "the call reached the upstream"
+    assert set(seen) == {f"Bearer {UPSTREAM_TOKEN}"}, "the upstream only ever sees the gateway's own credential"
+    assert all(token not in (value or "") and (peer.token or "") not in (value or "") for value in seen)
+
+
+async def test_stdio_upstreams_list_and_call_with_progress(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = await session(http, d)
+    echoed = await peer.post(call(1, "ev_echo", message="hello"))
+    assert answer(echoed, 1)["result"]["content"][0]["text"] == "Echo: hello"  # type: ignore[index]
+    slow = await peer.post(call(2, "ev_trigger-long-running-operation", progress="t", duration=0.3, steps=3))
+    assert progress_of(slow, "t") == [1, 2, 3]
+    assert "completed" in answer(slow, 2)["result"]["content"][0]["text"]  # type: ignore[index]
+    worked = await peer.post(call(3, "pysdk_work", progress="w", label="s", steps=2, delay_ms=10))
+    assert progress_of(worked, "w") == [1, 2]
+    assert answer(worked, 3)["result"]["content"][0]["text"] == "work s done"  # type: ignore[index]
+
+
+async def test_seed_scenario_narrowed_resume_refused_then_covering_resume_completes_once(
+    deployment: Deployment, http
+) -> None:
+    d = deployment
+    peer = await session(http, d, "sdk_work", "sdk_lookup")
+    first = await peer.post(call(5, "sdk_work", progress="p", label="slow", steps=4, delay_ms=150), stop_after=2)
+    assert first.status == 200 and len(first.ids) == 2  # priming + progress 1, then the connection is dropped
+    cursor = first.ids[-1]
+
+    narrowed = await dev_token(http, d.url, d.resource("sdk_lookup"))
+    refused = await peer.resume(cursor, token=narrowed)
+    # The tool is still running, so the resume is committed (200) and refused in band at its next event.
+    assert refused.status == 200 and refused.ids == [], "no event of the call delivered, no id to advance past"
+    assert not progress_of(refused, "p") and not any("done" in e.data for e in refused.events)
+    error = answer(refused, 5)["error"]
+    assert error["code"] == DELIVERY_REFUSED  # type: ignore[index]
+    data = error["data"]  # type: ignore[index]
+    assert data["requiredResources"] == [d.resource("sdk_work")], "names the gateway's resource for the called tool"
+    assert data["resumable"] is True and data["lastEventId"] == cursor
+
+    covering = await dev_token(http, d.url, d.resource("sdk_work"))
+    rest = await peer.resume(cursor, token=covering)
+    assert rest.status == 200
+    ids = first.ids + rest.ids
+    assert len(ids) == len(set(ids)), "no event twice"
+    assert progress_of(first, "p") + progress_of(rest, "p") == [1, 2, 3, 4]
+    assert answer(rest, 5)["result"]["content"][0]["text"] == "work slow done"  # type: ignore[index]
+
+
+async def test_hung_upstream_ends_the_call_with_the_deadline_error(deployment: Deployment, http) -> None:
+    peer = await session(http, deployment)
+    with anyio.fail_after(6):
+        read = await peer.post(call(1, "stuck_hang"))
+    error = answer(read, 1)["error"]
+    assert error["code"] == UPSTREAM_FAILED  # type: ignore[index]
+    assert error["data"] == {"reason": "deadline", "upstream": "stuck", "mayHaveRun": True}  # type: ignore[index]
+
+
+async def test_stdio_list_changed_refreshes_the_exposed_list(deployment: Deployment, http) -> None:
+    peer = await session(http, deployment)
+    grown = await peer.post(call(1, "pysdk_grow", name="sprout"))
+    assert answer(grown, 1)["result"]["content"][0]["text"] == "added sprout"  # type: ignore[index]
+    tools: dict[str, dict[str, Any]] = {}
+    with anyio.fail_after(5):
+        while "pysdk_sprout" not in tools:  # the refresh runs in the gateway: ask it
+            listed = await peer.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+            tools = {t["name"]: t for t in answer(listed, 2)["result"]["tools"]}  # type: ignore[index]
+    assert tools["pysdk_sprout"]["_meta"][RESOURCE_META_KEY] == deployment.resource("pysdk_sprout")
+    sprout = await peer.post(
+        call(3, "pysdk_sprout"), token=await dev_token(http, deployment.url, deployment.resource("pysdk_sprout"))
+    )
+    assert answer(sprout, 3)["result"]["content"][0]["text"] == "sprout grown"  # type: ignore[index]
+
+
+async def test_stdio_child_killed_mid_call(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = await session(http, d)
+    pysdk = d.gateway.upstreams["pysdk"]
+    everything = d.gateway.upstreams["everything"]
+
+    # a non-idempotent call: explicit execution lost, within the deadline, never a clean end or a hang
+    lost = await call_and_kill(peer, call(1, "pysdk_work", progress="w", label="k", steps=20, delay_ms=100), pysdk.pid)
+    error = answer(lost, 1)["error"]
+    assert error["code"] == EXECUTION_LOST and error["data"]["upstream"] == "pysdk"  # type: ignore[index]
+
+    # an idempotent call: re-issued on the restarted child under a new id, and it succeeds
+    restarts = pysdk.restarts
+    again = await call_and_kill(
+        peer, call(2, "ev_trigger-long-running-operation", progress="t", duration=2, steps=10), everything.pid
+    )
+    assert "completed" in answer(again, 2)["result"]["content"][0]["text"]  # type: ignore[index]
+    assert everything.restarts >= 1 and pysdk.restarts >= restarts
+
+
+async def call_and_kill(
+    peer: Peer,
+    payload: dict[str, object],
+    pid: int | None,
+    *,
+    then: Callable[[], None] | None = None,
+    deadline: float = 20,
+) -> StreamRead:
+    """POST ``payload``; SIGKILL ``pid`` at the call's first progress event (then run ``then`` in a thread, e.g. a
+    restart, while the call goes on); read the stream to its end, which must come within ``deadline``."""
+    assert pid is not None
+    read = StreamRead(0)
+    killed = False
+    with anyio.fail_after(deadline):
+        async with (
+            anyio.create_task_group() as tg,
+            peer.http.stream("POST", peer.url, headers=peer.headers(), content=orjson.dumps(payload)) as r,
+        ):
+            read.status = r.status_code
+            buffer = ""
+            async for chunk in r.aiter_text():
+                buffer += chunk
+                while "\n\n" in buffer:
+                    block, buffer = buffer.split("\n\n", 1)
+                    read.events.extend(parse_sse(block + "\n\n"))
+                    if not killed and any(m.get("method") == "notifications/progress" for m in read.messages):
+                        os.kill(pid, signal.SIGKILL)
+                        killed = True
+                        if then is not None:
+                            tg.start_soon(anyio.to_thread.run_sync, then)
+    assert killed, "the upstream was killed mid-call"
+    return read
+
+
+async def test_sdk_http_upstream_sigkilled_mid_call(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = await session(http, d)
+    assert d.sdk.proc is not None
+    work = call(1, "sdk_work", progress="w", label="k", steps=50, delay_ms=100)
+    lost = await call_and_kill(peer, work, d.sdk.proc.pid, deadline=12)
+    error = answer(lost, 1)["error"]
+    assert error["code"] == EXECUTION_LOST, error  # type: ignore[index]
+    assert error["data"] == {"reason": "execution_lost", "requestId": 1, "resumable": False, "upstream": "sdk"}  # type: ignore[index]
+
+    d.sdk.start()
+    lookup = call(2, "sdk_lookup", progress="l", key="k", steps=10, delay_ms=100)
+    again = await call_and_kill(peer, lookup, d.sdk.proc.pid, then=d.sdk.restart_after_death, deadline=20)
+    assert answer(again, 2)["result"]["content"][0]["text"] == "value of k", "re-issued upstream once it was back"  # type: ignore[index]
+    assert set(d.sdk.authorizations()) == {f"Bearer {UPSTREAM_TOKEN}"}

@@ -1,0 +1,72 @@
+"""Upstream MCP servers for the gateway tests, as real child processes that a test can SIGKILL and restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+READY_TIMEOUT = 30.0
+
+
+class SdkHttpUpstream:
+    """``tests.interop.peers.sdk_gateway_upstream http``: the SDK server, its bearer check and header log."""
+
+    def __init__(self, port: int, headers_file: Path, token: str) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/mcp"
+        self.headers_file = headers_file
+        self.token = token
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "UPSTREAM_TOKEN": self.token}
+        command = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "http", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*command, str(self.headers_file)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + READY_TIMEOUT
+        seen: list[str] = []
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if line.startswith("ready "):
+                return
+        self.stop()
+        raise RuntimeError(f"SDK upstream did not start:\n{''.join(seen)}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def restart_after_death(self) -> None:
+        """Start again once the killed process is reaped (same port, fresh state: a restarted server)."""
+        assert self.proc is not None
+        self.proc.wait(10)
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def authorizations(self) -> list[str | None]:
+        """The ``Authorization`` header of every request the upstream received, in order."""
+        lines = self.headers_file.read_text().splitlines() if self.headers_file.exists() else []
+        return [json.loads(line)["authorization"] for line in lines]
