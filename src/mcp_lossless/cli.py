@@ -1,4 +1,4 @@
-"""``mcp-lossless``: ``serve`` the lossless MCP server, ``audit`` any MCP server (more commands join as they land)."""
+"""``mcp-lossless``: ``serve`` the lossless MCP server, ``gateway`` in front of others, ``audit`` any MCP server."""
 
 from __future__ import annotations
 
@@ -37,29 +37,43 @@ LIMIT_FLAGS: dict[str, tuple[type, str]] = {
 """Every :class:`~mcp_lossless.core.limits.Limits` field as a flag ``--max-header-bytes`` (docs/limits.md)."""
 
 
-def _serve_parser(sub: Any) -> None:
+GATEWAY_HELP = "put MCP servers (Streamable HTTP or stdio) behind the lossless server: docs/gateway.md"
+
+
+def _serve_parser(sub: Any, name: str = "serve") -> None:
+    """``serve``'s options; ``gateway`` takes the same but TARGET and --conformance, and needs --config."""
     d = ServerConfig()
 
     def default(value: object) -> str:
         return f"(default: {value})"
 
-    p = sub.add_parser(
-        "serve",
-        help="run the lossless MCP server: your tools (TARGET) or the demo tools search and fetch",
-        description="Serve the tools of TARGET (or the demo tools) over Streamable HTTP. Every setting can also "
-        "come from --config FILE.toml (see examples/server.toml); flags override the file.",
-    )
-    p.add_argument(
-        "target",
-        nargs="?",
-        metavar="TARGET",
-        help="the ToolRegistry to serve: path/to/file.py:NAME or package.module:NAME (default: the demo tools)",
-    )
-    p.add_argument(
-        "--config",
-        metavar="FILE.toml",
-        help="TOML file with server settings, as examples/server.toml; flags override it (default: none)",
-    )
+    if name == "serve":
+        p = sub.add_parser(
+            "serve",
+            help="run the lossless MCP server: your tools (TARGET) or the demo tools search and fetch",
+            description="Serve the tools of TARGET (or the demo tools) over Streamable HTTP. Every setting can also "
+            "come from --config FILE.toml (see examples/server.toml); flags override the file.",
+        )
+        p.add_argument(
+            "target",
+            nargs="?",
+            metavar="TARGET",
+            help="the ToolRegistry to serve: path/to/file.py:NAME or package.module:NAME (default: the demo tools)",
+        )
+        p.add_argument(
+            "--config",
+            metavar="FILE.toml",
+            help="TOML file with server settings, as examples/server.toml; flags override it (default: none)",
+        )
+    else:
+        p = sub.add_parser(name, help=GATEWAY_HELP, description=GATEWAY_HELP)
+        p.add_argument(
+            "--config",
+            metavar="FILE.toml",
+            required=True,
+            help="TOML file: server settings as for serve, and one [[upstream]] table per upstream",
+        )
+        p.set_defaults(target=None, conformance=False)
     p.add_argument("--host", help=f"interface to listen on {default(d.host)}")
     p.add_argument("--port", type=int, help=f"TCP port {default(d.port)}")
     p.add_argument("--path", help=f"MCP endpoint path {default(d.path)}")
@@ -158,6 +172,8 @@ def _serve_parser(sub: Any) -> None:
             dest=f"limit_{name}",
             help=f"{text} {default(getattr(d.limits, name))}",
         )
+    if name != "serve":
+        return
     p.add_argument(
         "--conformance",
         action="store_true",
@@ -194,8 +210,11 @@ def _read_config(path: str) -> dict[str, Any]:
         raise UsageError(f"{path} is not valid TOML: {exc}") from None
 
 
-def build_config(args: argparse.Namespace) -> ServerConfig:
+def build_config(args: argparse.Namespace, reserved: tuple[str, ...] = ()) -> ServerConfig:
+    """Settings from ``--config`` and the flags; the file's ``reserved`` keys are the caller's (the gateway's)."""
     settings: dict[str, Any] = _read_config(args.config) if args.config else {}
+    for key in reserved:
+        settings.pop(key, None)
     if settings:
         try:
             config_from(settings)  # the file alone first, so that a bad value is blamed on it
@@ -284,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="mcp-lossless", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _serve_parser(sub, "gateway")
     _audit_parser(sub)
     _call_parser(sub)
     args = parser.parse_args(argv)
@@ -292,6 +312,14 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(serve(args))
         except UsageError as exc:
             print(f"mcp-lossless serve: {exc}", file=sys.stderr)
+            sys.exit(2)
+    if args.command == "gateway":
+        from .gateway.command import run as gateway
+
+        try:
+            sys.exit(gateway(args))
+        except UsageError as exc:
+            print(f"mcp-lossless gateway: {exc}", file=sys.stderr)
             sys.exit(2)
     if args.command == "audit":
         from .audit.command import run as audit

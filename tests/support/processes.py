@@ -25,8 +25,9 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], port: int, log: Path) -> None:
+    def __init__(self, args: list[str], port: int, log: Path, command: str = "serve") -> None:
         self.args = args
+        self.command = command
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
         self.log = log
@@ -34,7 +35,9 @@ class ServerProcess:
 
     def start(self, timeout: float = 20) -> None:
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([*CLI, "serve", "--port", str(self.port), *self.args], stdout=out, stderr=out)
+            self.proc = subprocess.Popen(
+                [*CLI, self.command, "--port", str(self.port), *self.args], stdout=out, stderr=out
+            )
         deadline = time.monotonic() + timeout
         delay = 0.02
         while time.monotonic() < deadline:
@@ -63,8 +66,8 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def cli_server(args: list[str], log: Path, port: int | None = None) -> Iterator[ServerProcess]:
-    server = ServerProcess(args, port or free_port(), log)
+def cli_server(args: list[str], log: Path, port: int | None = None, command: str = "serve") -> Iterator[ServerProcess]:
+    server = ServerProcess(args, port or free_port(), log, command)
     server.start()
     try:
         yield server

@@ -9,6 +9,7 @@ import threading
 
 import uvicorn
 
+from ..asgi import ASGIApp
 from ..core.limits import connection_cap
 from .app import LosslessApp
 from .connections import ConnectionGuard, guarded_protocol
@@ -62,15 +63,16 @@ class LosslessServer(uvicorn.Server):
         )
 
 
-def lossless_server(app: LosslessApp, fd_limit: int | None = None) -> LosslessServer:
-    """The server ``serve`` runs for ``app`` (on its config's host and port, or on sockets given to ``run``)."""
+def lossless_server(app: LosslessApp, fd_limit: int | None = None, asgi: ASGIApp | None = None) -> LosslessServer:
+    """The server ``serve`` runs for ``app`` (on its config's host and port, or on sockets given to ``run``);
+    ``asgi`` is served instead when it wraps ``app`` (the gateway, which starts its upstreams first)."""
     config = app.state.config
     limits = config.limits
     metrics = app.state.metrics
     cap = connection_cap(limits, raise_fd_limit() if fd_limit is None else fd_limit)
     guard = ConnectionGuard(limits, cap, lambda limit: metrics.limit_refusals.labels(limit).inc())
     settings = uvicorn.Config(
-        app,
+        app if asgi is None else asgi,
         host=config.host,
         port=config.port,
         loop="uvloop",

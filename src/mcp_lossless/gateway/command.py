@@ -1,0 +1,34 @@
+"""``mcp-lossless gateway --config gateway.toml``: the ``serve`` options, plus the file's ``[[upstream]]`` tables."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import STARTUP_FAILURE, UsageError, build_config
+    from ..server.observability import configure_logging
+    from ..server.serving import lossless_server
+    from .config import GatewayConfigError, parse_upstreams
+    from .gateway import create_gateway
+
+    config = build_config(args, reserved=("upstream",))
+    try:
+        with open(args.config, "rb") as handle:  # build_config has read it: it exists and is TOML
+            upstreams = parse_upstreams(tomllib.load(handle).get("upstream"))
+        gateway = create_gateway(config, upstreams)
+    except (GatewayConfigError, ValueError) as exc:
+        raise UsageError(f"{args.config}: {exc}") from None
+    configure_logging(config.log_level)
+    print(f"mcp-lossless gateway: MCP endpoint  {config.canonical_uri}", file=sys.stderr)
+    print(f"mcp-lossless gateway: metadata      {gateway.state.prm_url}", file=sys.stderr)
+    for upstream in upstreams:
+        target = upstream.url or " ".join(upstream.command or ())
+        print(f"mcp-lossless gateway: upstream      {upstream.name}: {target}", file=sys.stderr)
+    if config.issuer == "dev":
+        print(f"mcp-lossless gateway: token URL     {config.dev_issuer}/token", file=sys.stderr)
+    server = lossless_server(gateway.app, asgi=gateway)
+    server.run()
+    return 0 if server.started else STARTUP_FAILURE

@@ -1,0 +1,92 @@
+"""The gateway's configuration and exposed-tool table: every mistake named, names and idempotence as documented."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcp_lossless.gateway.config import (
+    BearerFromEnv,
+    ClientCredentials,
+    GatewayConfigError,
+    parse_upstream,
+    parse_upstreams,
+)
+from mcp_lossless.gateway.table import expose
+from mcp_lossless.gateway.upstream import UpstreamTool
+
+
+def tool(name: str, **annotations: object) -> UpstreamTool:
+    return UpstreamTool(name, "", {"type": "object"}, annotations)
+
+
+def test_a_full_upstream_parses() -> None:
+    http = parse_upstream(
+        {
+            "name": "docs",
+            "url": "http://127.0.0.1:9001/mcp",
+            "auth": {"bearer_env": "DOCS_TOKEN"},
+            "deny": ["drop"],
+            "idempotent": ["search"],
+            "timeout": 5,
+        }
+    )
+    assert http.auth == BearerFromEnv("DOCS_TOKEN") and http.timeout == 5.0
+    assert http.exposed_prefix == "docs_" and http.exposes("search") and not http.exposes("drop")
+    stdio = parse_upstream(
+        {"name": "ev", "command": ["npx", "-y", "x"], "prefix": "", "allow": ["echo"], "auth": {"client_id": "c"}}
+    )
+    assert stdio.command == ("npx", "-y", "x") and stdio.exposed_prefix == ""
+    assert stdio.auth == ClientCredentials("c") and stdio.exposes("echo") and not stdio.exposes("other")
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ({"url": "http://x/mcp"}, "name must be"),
+        ({"name": "a b", "url": "http://x/mcp"}, "name must be"),
+        ({"name": "a"}, "exactly one of url"),
+        ({"name": "a", "url": "http://x", "command": ["x"]}, "exactly one of url"),
+        ({"name": "a", "url": "ftp://x"}, "http(s) URL"),
+        ({"name": "a", "command": []}, "must not be empty"),
+        ({"name": "a", "command": "npx x"}, "list of non-empty strings"),
+        ({"name": "a", "url": "http://x", "auth": {"bearer": "literal-token"}}, "auth has unknown keys"),
+        ({"name": "a", "url": "http://x", "auth": "secret"}, "auth must be"),
+        ({"name": "a", "url": "http://x", "timeout": 0}, "timeout must be"),
+        ({"name": "a", "url": "http://x", "prefix": "a/b"}, "prefix may hold"),
+        ({"name": "a", "url": "http://x", "typo": 1}, "unknown keys typo"),
+    ],
+)
+def test_mistakes_are_named(raw: dict[str, object], problem: str) -> None:
+    with pytest.raises(GatewayConfigError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        parse_upstream(raw)
+
+
+def test_the_file_needs_unique_upstreams() -> None:
+    with pytest.raises(GatewayConfigError, match="at least one"):
+        parse_upstreams(None)
+    with pytest.raises(GatewayConfigError, match="unique"):
+        parse_upstreams([{"name": "a", "url": "http://x"}, {"name": "a", "command": ["y"]}])
+
+
+def test_bearer_from_an_unset_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MCP_LOSSLESS_TEST_UNSET", raising=False)
+    with pytest.raises(GatewayConfigError, match="MCP_LOSSLESS_TEST_UNSET"):
+        BearerFromEnv("MCP_LOSSLESS_TEST_UNSET").token()
+
+
+def test_exposed_names_filters_collisions_and_idempotence() -> None:
+    config = parse_upstream({"name": "up", "url": "http://x", "deny": ["secret"], "idempotent": ["put"]})
+    tools = [
+        tool("get", readOnlyHint=True),
+        tool("put"),
+        tool("post"),
+        tool("secret"),
+        tool("same", idempotentHint=True),
+    ]
+    exposed = expose(config, tools, taken={"up_post"})
+    assert [(e.name, e.tool.name, e.idempotent) for e in exposed] == [
+        ("up_get", "get", True),
+        ("up_put", "put", True),
+        ("up_same", "same", True),
+    ], "denied and colliding names are left out; annotations or the config make a tool idempotent"
+    assert expose(config, [tool("post", idempotentHint=False)])[0].idempotent is False
