@@ -1,5 +1,6 @@
 """Issue 14: the gateway in front of real upstreams — the official SDK server over Streamable HTTP (legacy leg
-with an event store) and over stdio, and ``@modelcontextprotocol/server-everything`` over stdio.
+with an event store) and over stdio, FastMCP over Streamable HTTP, and ``@modelcontextprotocol/server-everything``
+over stdio.
 
 Each upstream runs as its own process; the gateway is our server under uvicorn on loopback, with the
 embedded dev AS minting the clients' tokens, and its own static credential for the SDK HTTP upstream.
@@ -7,10 +8,12 @@ embedded dev AS minting the clients' tokens, and its own static credential for t
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,15 +22,16 @@ import httpx
 import orjson
 import pytest
 
-from mcp_lossless.core.errors import DELIVERY_REFUSED, EXECUTION_LOST, UPSTREAM_FAILED
+from mcp_lossless.core.errors import DELIVERY_REFUSED, EXECUTION_LOST, REQUEST_CANCELLED, UPSTREAM_FAILED
 from mcp_lossless.gateway import BearerFromEnv, Gateway, UpstreamConfig, create_gateway
 from mcp_lossless.server.config import ServerConfig
 from mcp_lossless.server.tools import RESOURCE_META_KEY
+from tests.interop.peers.fastmcp_upstream import build_fastmcp_app
 from tests.support.mcp_http import Peer, StreamRead, call, dev_token, parse_sse
 from tests.support.node import everything_server, node_binary
 from tests.support.processes import free_port
 from tests.support.upstreams import SdkHttpUpstream
-from tests.support.uvicorn_server import lossless_server
+from tests.support.uvicorn_server import base_url, loopback_socket, lossless_server, serve_app
 
 pytestmark = pytest.mark.anyio
 
@@ -55,12 +59,15 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     sdk = SdkHttpUpstream(free_port(), tmp_path_factory.mktemp("sdk") / "headers.jsonl", UPSTREAM_TOKEN)
     sdk.start()
     os.environ[TOKEN_ENV] = UPSTREAM_TOKEN
+    fast_sock = loopback_socket()
+    fast_url = f"{base_url(fast_sock)}/mcp"
     upstreams = [
         UpstreamConfig(name="sdk", url=sdk.url, auth=BearerFromEnv(TOKEN_ENV), deny=frozenset({"hang"}), timeout=8),
         UpstreamConfig(
             name="stuck", url=sdk.url, auth=BearerFromEnv(TOKEN_ENV), allow=frozenset({"hang"}), timeout=1.5
         ),
         UpstreamConfig(name="pysdk", command=(*SDK_STDIO,), deny=frozenset({"hang"}), timeout=8),
+        UpstreamConfig(name="fast", url=fast_url, timeout=8),
         UpstreamConfig(
             name="everything",
             command=(str(node_binary()), str(everything_server()), "stdio"),
@@ -77,7 +84,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         return holder[0]
 
     try:
-        with lossless_server(make) as url:
+        with serve_app(build_fastmcp_app(), sock=fast_sock, lifespan="on"), lossless_server(make) as url:
             yield Deployment(url, holder[0], sdk)
     finally:
         sdk.stop()
@@ -95,6 +102,19 @@ async def session(http: httpx.AsyncClient, d: Deployment, *exposed: str) -> Peer
     peer = Peer(http, d.url, await dev_token(http, d.url, *resources))
     await peer.initialize()
     return peer
+
+
+async def eventually(probe: Callable[[], Any]) -> Any:
+    """``probe()`` (or its awaited value) once it is truthy: for what another process does after an answer,
+    which sends no event this test could await (the upstream's log of what it received; a refreshed list)."""
+    with anyio.fail_after(5):
+        for _ in itertools.count():
+            value = probe()
+            value = await value if inspect.isawaitable(value) else value
+            if value:
+                return value
+            await anyio.sleep(0.02)
+    raise AssertionError("unreachable")
 
 
 def answer(read: StreamRead, request_id: int) -> dict[str, object]:
@@ -116,7 +136,7 @@ async def test_sdk_http_upstream_initialize_list_and_call_with_progress(deployme
     peer = await session(http, d)
     listed = await peer.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     tools = {t["name"]: t for t in answer(listed, 1)["result"]["tools"]}  # type: ignore[index]
-    assert {"sdk_work", "sdk_lookup", "sdk_grow", "stuck_hang", "ev_echo"} <= set(tools)
+    assert {"sdk_work", "sdk_lookup", "sdk_grow", "stuck_hang", "ev_echo", "pysdk_work", "fast_tally"} <= set(tools)
     assert "sdk_hang" not in tools and "stuck_work" not in tools, "allow and deny lists apply"
     assert "ev_get-sum" not in tools
     for name, tool in tools.items():
@@ -130,13 +150,15 @@ async def test_sdk_http_upstream_initialize_list_and_call_with_progress(deployme
     assert done.status == 200
     assert answer(done, 2)["result"]["content"][0]["text"] == "work a done"  # type: ignore[index]
     assert progress_of(done, "p") == [1, 2, 3]
+    logs = [m["params"] for m in done.messages if m.get("method") == "notifications/message"]
+    assert [(entry["level"], entry["data"]) for entry in logs] == [("info", "work a started")], "upstream logs pass on"
     seen = d.sdk.authorizations()[before:]
     assert seen, "the call reached the upstream"
     assert set(seen) == {f"Bearer {UPSTREAM_TOKEN}"}, "the upstream only ever sees the gateway's own credential"
     assert all(token not in (value or "") and (peer.token or "") not in (value or "") for value in seen)
 
 
-async def test_stdio_upstreams_list_and_call_with_progress(deployment: Deployment, http) -> None:
+async def test_stdio_and_fastmcp_upstreams_list_and_call_with_progress(deployment: Deployment, http) -> None:
     d = deployment
     peer = await session(http, d)
     echoed = await peer.post(call(1, "ev_echo", message="hello"))
@@ -144,6 +166,9 @@ async def test_stdio_upstreams_list_and_call_with_progress(deployment: Deploymen
     slow = await peer.post(call(2, "ev_trigger-long-running-operation", progress="t", duration=0.3, steps=3))
     assert progress_of(slow, "t") == [1, 2, 3]
     assert "completed" in answer(slow, 2)["result"]["content"][0]["text"]  # type: ignore[index]
+    tallied = await peer.post(call(4, "fast_tally", progress="f", numbers=[1, 2, 3]))
+    assert progress_of(tallied, "f") == [1, 2, 3]
+    assert answer(tallied, 4)["result"]["structuredContent"] == {"result": 6}  # type: ignore[index]
     worked = await peer.post(call(3, "pysdk_work", progress="w", label="s", steps=2, delay_ms=10))
     assert progress_of(worked, "w") == [1, 2]
     assert answer(worked, 3)["result"]["content"][0]["text"] == "work s done"  # type: ignore[index]
@@ -178,6 +203,28 @@ async def test_seed_scenario_narrowed_resume_refused_then_covering_resume_comple
     assert answer(rest, 5)["result"]["content"][0]["text"] == "work slow done"  # type: ignore[index]
 
 
+async def test_a_clients_cancel_becomes_an_upstream_cancel(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = await session(http, d)
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 9, "reason": "enough"}}
+
+    async def cancel_at_first_progress(read: StreamRead) -> None:
+        note = await http.post(peer.url, content=orjson.dumps(cancel), headers=peer.headers())
+        assert note.status_code == 202
+
+    with anyio.fail_after(10):
+        read = await read_with(
+            peer, call(9, "sdk_work", progress="c", label="cancelled", steps=50), cancel_at_first_progress
+        )
+    error = answer(read, 9)["error"]
+    assert error["code"] == REQUEST_CANCELLED  # type: ignore[index]
+    cancels = await eventually(lambda: [m for m in d.sdk.messages() if m["method"] == "notifications/cancelled"])
+    calls = [
+        m for m in d.sdk.messages() if m["method"] == "tools/call" and m["params"]["arguments"]["label"] == "cancelled"
+    ]
+    assert len(calls) == 1 and cancels[-1]["params"]["requestId"] == calls[0]["params"]["_meta"]["progressToken"]
+
+
 async def test_hung_upstream_ends_the_call_with_the_deadline_error(deployment: Deployment, http) -> None:
     peer = await session(http, deployment)
     with anyio.fail_after(6):
@@ -191,11 +238,13 @@ async def test_stdio_list_changed_refreshes_the_exposed_list(deployment: Deploym
     peer = await session(http, deployment)
     grown = await peer.post(call(1, "pysdk_grow", name="sprout"))
     assert answer(grown, 1)["result"]["content"][0]["text"] == "added sprout"  # type: ignore[index]
-    tools: dict[str, dict[str, Any]] = {}
-    with anyio.fail_after(5):
-        while "pysdk_sprout" not in tools:  # the refresh runs in the gateway: ask it
-            listed = await peer.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
-            tools = {t["name"]: t for t in answer(listed, 2)["result"]["tools"]}  # type: ignore[index]
+
+    async def listed() -> dict[str, dict[str, Any]]:
+        read = await peer.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        tools = {t["name"]: t for t in answer(read, 2)["result"]["tools"]}  # type: ignore[index]
+        return tools if "pysdk_sprout" in tools else {}
+
+    tools = await eventually(listed)
     assert tools["pysdk_sprout"]["_meta"][RESOURCE_META_KEY] == deployment.resource("pysdk_sprout")
     sprout = await peer.post(
         call(3, "pysdk_sprout"), token=await dev_token(http, deployment.url, deployment.resource("pysdk_sprout"))
@@ -223,6 +272,30 @@ async def test_stdio_child_killed_mid_call(deployment: Deployment, http) -> None
     assert everything.restarts >= 1 and pysdk.restarts >= restarts
 
 
+async def read_with(
+    peer: Peer, payload: dict[str, object], at_first_progress: Callable[[StreamRead], Awaitable[None]]
+) -> StreamRead:
+    """POST ``payload`` and read its stream to the end; ``at_first_progress`` runs beside it at the first progress."""
+    read = StreamRead(0)
+    fired = False
+    async with (
+        anyio.create_task_group() as tg,
+        peer.http.stream("POST", peer.url, headers=peer.headers(), content=orjson.dumps(payload)) as response,
+    ):
+        read.status = response.status_code
+        buffer = ""
+        async for chunk in response.aiter_text():
+            buffer += chunk
+            while "\n\n" in buffer:
+                block, buffer = buffer.split("\n\n", 1)
+                read.events.extend(parse_sse(block + "\n\n"))
+                if not fired and any(m.get("method") == "notifications/progress" for m in read.messages):
+                    fired = True
+                    tg.start_soon(at_first_progress, read)
+    assert fired, "the call reported progress before it ended"
+    return read
+
+
 async def call_and_kill(
     peer: Peer,
     payload: dict[str, object],
@@ -232,29 +305,16 @@ async def call_and_kill(
     deadline: float = 20,
 ) -> StreamRead:
     """POST ``payload``; SIGKILL ``pid`` at the call's first progress event (then run ``then`` in a thread, e.g. a
-    restart, while the call goes on); read the stream to its end, which must come within ``deadline``."""
+    restart, while the call goes on); the stream must end within ``deadline``."""
     assert pid is not None
-    read = StreamRead(0)
-    killed = False
+
+    async def kill(_: StreamRead) -> None:
+        os.kill(pid, signal.SIGKILL)
+        if then is not None:
+            await anyio.to_thread.run_sync(then)
+
     with anyio.fail_after(deadline):
-        async with (
-            anyio.create_task_group() as tg,
-            peer.http.stream("POST", peer.url, headers=peer.headers(), content=orjson.dumps(payload)) as r,
-        ):
-            read.status = r.status_code
-            buffer = ""
-            async for chunk in r.aiter_text():
-                buffer += chunk
-                while "\n\n" in buffer:
-                    block, buffer = buffer.split("\n\n", 1)
-                    read.events.extend(parse_sse(block + "\n\n"))
-                    if not killed and any(m.get("method") == "notifications/progress" for m in read.messages):
-                        os.kill(pid, signal.SIGKILL)
-                        killed = True
-                        if then is not None:
-                            tg.start_soon(anyio.to_thread.run_sync, then)
-    assert killed, "the upstream was killed mid-call"
-    return read
+        return await read_with(peer, payload, kill)
 
 
 async def test_sdk_http_upstream_sigkilled_mid_call(deployment: Deployment, http) -> None:

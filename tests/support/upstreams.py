@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 READY_TIMEOUT = 30.0
 
@@ -68,5 +69,12 @@ class SdkHttpUpstream:
 
     def authorizations(self) -> list[str | None]:
         """The ``Authorization`` header of every request the upstream received, in order."""
+        return [entry["authorization"] for entry in self._entries() if "authorization" in entry]
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The JSON-RPC method and params of every message body the upstream received, in order."""
+        return [entry for entry in self._entries() if "method" in entry]
+
+    def _entries(self) -> list[dict[str, Any]]:
         lines = self.headers_file.read_text().splitlines() if self.headers_file.exists() else []
-        return [json.loads(line)["authorization"] for line in lines]
+        return [json.loads(line) for line in lines]

@@ -6,7 +6,7 @@ import pytest
 
 from mcp_lossless.gateway.config import (
     BearerFromEnv,
-    ClientCredentials,
+    ClientCredentialsFromEnv,
     GatewayConfigError,
     parse_upstream,
     parse_upstreams,
@@ -36,7 +36,7 @@ def test_a_full_upstream_parses() -> None:
         {"name": "ev", "command": ["npx", "-y", "x"], "prefix": "", "allow": ["echo"], "auth": {"client_id": "c"}}
     )
     assert stdio.command == ("npx", "-y", "x") and stdio.exposed_prefix == ""
-    assert stdio.auth == ClientCredentials("c") and stdio.exposes("echo") and not stdio.exposes("other")
+    assert stdio.auth == ClientCredentialsFromEnv("c") and stdio.exposes("echo") and not stdio.exposes("other")
 
 
 @pytest.mark.parametrize(

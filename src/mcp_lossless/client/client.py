@@ -26,7 +26,7 @@ from ..core.actions import CallSpec, RecoveryPolicy
 from ..core.protocol import RESOURCE_META_KEY
 from .errors import McpClientError, ToolFailed
 from .oauth import Auth
-from .session import ProgressCallback, ServerInfo, Session
+from .session import MessageCallback, ProgressCallback, ServerInfo, Session
 from .transport import Backoff, HttpTransport
 
 DEFAULT_TIMEOUT = 60.0
@@ -202,18 +202,21 @@ class Client:
         on_progress: ProgressCallback | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - a per-call deadline the session enforces
         reissue: bool | None = None,
+        on_message: MessageCallback | None = None,
     ) -> ToolResult:
         """Call ``name`` and return its result; raise :class:`ToolFailed` if the tool reported failure.
 
         ``reissue=True`` lets the client run the tool again under a new id if its result is lost;
         ``False`` forbids it; ``None`` allows it only for idempotent tools. ``on_progress`` is called
-        synchronously on the event loop, at most once per progress value. The first call lists the
+        synchronously on the event loop, at most once per progress value; ``on_message`` likewise with every
+        other notification on the call's stream (log messages, for a gateway to pass on). The first call lists the
         server's tools once, to learn each tool's annotations and resource indicator before sending.
         """
         if self._tools is None:
             await self.list_tools(timeout=timeout)
         spec = self._spec(ToolCall(name, arguments or {}, on_progress, reissue))
-        return _tool_result(name, await self._require().request(spec, self._deadline(timeout), on_progress))
+        answer = await self._require().request(spec, self._deadline(timeout), on_progress, on_message)
+        return _tool_result(name, answer)
 
     async def call_tools(
         self,

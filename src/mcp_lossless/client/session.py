@@ -88,12 +88,17 @@ class ServerInfo:
     instructions: str | None
 
 
-class _Waiter:
-    __slots__ = ("done", "on_progress", "outcome")
+MessageCallback = Callable[[Mapping[str, Any]], None]
+"""Called with each notification (other than progress) that the server sends on a call's stream."""
 
-    def __init__(self, on_progress: ProgressCallback | None) -> None:
+
+class _Waiter:
+    __slots__ = ("done", "on_message", "on_progress", "outcome")
+
+    def __init__(self, on_progress: ProgressCallback | None, on_message: MessageCallback | None = None) -> None:
         self.done = anyio.Event()
         self.on_progress = on_progress
+        self.on_message = on_message
         self.outcome: Outcome | None = None
 
 
@@ -231,7 +236,11 @@ class Session:
     # ---- calls --------------------------------------------------------------------------------------
 
     async def request(
-        self, spec: CallSpec, deadline: float | None, on_progress: ProgressCallback | None = None
+        self,
+        spec: CallSpec,
+        deadline: float | None,
+        on_progress: ProgressCallback | None = None,
+        on_message: MessageCallback | None = None,
     ) -> dict[str, Any]:
         """Send ``spec`` and wait for its one outcome: the ``result`` object, or a typed exception."""
         if self._closing:
@@ -239,7 +248,7 @@ class Session:
         if self._broken is not None:
             raise SessionLost(f"no session: {self._broken.reason}")
         key, actions = self.ledger.begin(spec)
-        waiter = self._waiters[key] = _Waiter(on_progress)
+        waiter = self._waiters[key] = _Waiter(on_progress, on_message)
         self._apply(actions)
         try:
             with anyio.move_on_after(deadline if deadline is not None else math.inf):
@@ -338,7 +347,7 @@ class Session:
                         message = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
                         self._notify_quietly(message)
                 case Incoming():
-                    self._incoming(action.message)
+                    self._incoming(action.stream, action.message)
                 case Report():
                     pass  # a dropped frame or a decision: ``_log`` above has written it down, nothing to run
                 case _:
@@ -383,7 +392,7 @@ class Session:
         except Exception:
             log.exception("progress callback failed")
 
-    def _incoming(self, message: Mapping[str, Any]) -> None:
+    def _incoming(self, stream: StreamKey, message: Mapping[str, Any]) -> None:
         method = message.get("method")
         if "id" in message:
             reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
@@ -393,6 +402,13 @@ class Session:
                 reply["error"] = {"code": codes.METHOD_NOT_FOUND, "message": f"client does not support {method}"}
             self._notify_quietly(reply)
             return
+        for key in self.ledger.calls_on(stream):
+            waiter = self._waiters.get(key)
+            if waiter is not None and waiter.on_message is not None:
+                try:
+                    waiter.on_message(message)
+                except Exception:
+                    log.exception("message callback failed")
         if method == "notifications/message":
             params = message.get("params")
             params = params if isinstance(params, dict) else {}

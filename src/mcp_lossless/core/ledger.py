@@ -138,6 +138,11 @@ class Ledger:
     def cursor(self, stream: StreamKey) -> str | None:
         return self._streams[stream].cursor if stream in self._streams else None
 
+    def calls_on(self, stream: StreamKey) -> frozenset[CallKey]:
+        """The pending calls riding on ``stream`` (where a notification it carried belongs)."""
+        record = self._streams.get(stream)
+        return frozenset(record.calls) if record is not None else frozenset()
+
     def is_current(self, link: Link) -> bool:
         record = self._streams.get(link.stream)
         return record is not None and record.state is _State.LIVE and record.epoch == link.epoch

@@ -1,11 +1,17 @@
 """``mcp-lossless gateway``: any MCP server (Streamable HTTP or stdio) behind the lossless server's guarantees."""
 
-from .config import BearerFromEnv, ClientCredentials, GatewayConfigError, UpstreamConfig, parse_upstreams
+from .config import (
+    BearerFromEnv,
+    ClientCredentialsFromEnv,
+    GatewayConfigError,
+    UpstreamConfig,
+    parse_upstreams,
+)
 from .gateway import Gateway, create_gateway
 
 __all__ = [
     "BearerFromEnv",
-    "ClientCredentials",
+    "ClientCredentialsFromEnv",
     "Gateway",
     "GatewayConfigError",
     "UpstreamConfig",

@@ -46,7 +46,7 @@ class BearerFromEnv:
 
 
 @dataclass(frozen=True, slots=True)
-class ClientCredentials:
+class ClientCredentialsFromEnv:
     """OAuth ``client_credentials`` against whatever authorization server the upstream names (RFC 9728)."""
 
     client_id: str
@@ -62,7 +62,7 @@ class ClientCredentials:
         return value
 
 
-UpstreamAuth = BearerFromEnv | ClientCredentials | None
+UpstreamAuth = BearerFromEnv | ClientCredentialsFromEnv | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +107,7 @@ def _auth(where: str, value: object) -> UpstreamAuth:
     if "client_id" in value and set(value) <= {"client_id", "secret_env", "scope"}:
         if not all(isinstance(v, str) and v for v in value.values()):
             raise GatewayConfigError(f"{where}: auth values must be non-empty strings")
-        return ClientCredentials(value["client_id"], value.get("secret_env"), value.get("scope"))
+        return ClientCredentialsFromEnv(value["client_id"], value.get("secret_env"), value.get("scope"))
     raise GatewayConfigError(
         f"{where}: auth has unknown keys {sorted(value)}; use bearer_env, or client_id + secret_env"
     )

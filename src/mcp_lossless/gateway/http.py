@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..client import (
@@ -34,7 +34,7 @@ from ..client import (
     ToolError,
 )
 from ..client.transport import Backoff
-from .config import BearerFromEnv, ClientCredentials, UpstreamConfig
+from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
 from .upstream import FailureReason, Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
 
 log = logging.getLogger("mcp_lossless.gateway")
@@ -47,7 +47,7 @@ def client_auth(config: UpstreamConfig) -> Auth:
     auth = config.auth
     if isinstance(auth, BearerFromEnv):
         return BearerToken(auth.token())
-    if isinstance(auth, ClientCredentials):
+    if isinstance(auth, ClientCredentialsFromEnv):
         return OAuth(auth.client_id, auth.secret(), scope=auth.scope)
     return Auth()
 
@@ -139,10 +139,21 @@ class HttpUpstream:
         def progress(update: ProgressUpdate) -> None:
             relay.put(lambda: reporter.report_progress(update.progress, update.total, update.message))
 
+        def message(note: Mapping[str, Any]) -> None:
+            params = note.get("params")
+            if note.get("method") == "notifications/message" and isinstance(params, dict) and "level" in params:
+                level, data, logger = str(params["level"]), params.get("data"), params.get("logger")
+                relay.put(lambda: reporter.log(level, data, logger if isinstance(logger, str) else None))
+
         try:
             async with relay.running():
                 result = await client.call_tool(
-                    tool, arguments, on_progress=progress, timeout=self.config.timeout, reissue=idempotent or None
+                    tool,
+                    arguments,
+                    on_progress=progress,
+                    on_message=message,
+                    timeout=self.config.timeout,
+                    reissue=idempotent or None,
                 )
         except ToolError as exc:
             return dict(exc.result.raw)

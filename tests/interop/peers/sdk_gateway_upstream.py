@@ -6,7 +6,8 @@
 HTTP: the SDK's legacy leg with an event store of the SDK examples' shape and ``retry_interval`` (resumable
 streams), behind a bearer check for ``UPSTREAM_TOKEN`` (401 otherwise); the ``Authorization`` header of
 every request it receives is appended to HEADERS_FILE as a JSON line, so a test can assert what reached
-it. Prints ``ready PORT`` once listening. A separate process, so tests can SIGKILL it mid-call.
+it, and the JSON-RPC method and params of every message body. Prints ``ready PORT`` once listening. A
+separate process, so tests can SIGKILL it mid-call.
 
 Tools: ``work`` (progress per step, one log message; not idempotent), ``lookup`` (the same, annotated
 read-only and idempotent), ``hang`` (never answers), ``grow`` (adds a tool and announces ``list_changed``).
@@ -14,6 +15,7 @@ read-only and idempotent), ``hang`` (never answers), ``grow`` (adds a tool and a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -69,25 +71,38 @@ def build_server() -> MCPServer:
     return server
 
 
-def record(headers_file: str, path: str, authorization: bytes | None) -> None:
-    with open(headers_file, "a") as out:  # one short line per request: the test reads it after the call
-        out.write(json.dumps({"path": path, "authorization": authorization.decode() if authorization else None}) + "\n")
+def record(headers_file: str, entry: dict[str, Any]) -> None:
+    with open(headers_file, "a") as out:  # one short line per observation: the test reads them after the fact
+        out.write(json.dumps(entry) + "\n")
 
 
 def bearer_guard(app: Any, token: str, headers_file: str) -> Any:
-    """ASGI middleware: log every request's Authorization header, refuse any but ``Bearer <token>``."""
+    """ASGI middleware: log every request's Authorization header and JSON-RPC method; refuse any but the token."""
 
     async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
         raw = dict(scope["headers"]).get(b"authorization")
-        record(headers_file, scope["path"], raw)
+        record(headers_file, {"path": scope["path"], "authorization": raw.decode() if raw else None})
         if raw != f"Bearer {token}".encode():
             await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]})
             await send({"type": "http.response.body", "body": b"unauthorized"})
             return
-        await app(scope, receive, send)
+        chunks: list[bytes] = []
+
+        async def observed() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body") and any(chunks):
+                    with contextlib.suppress(ValueError):
+                        body = json.loads(b"".join(chunks))
+                        if isinstance(body, dict):
+                            record(headers_file, {"method": body.get("method"), "params": body.get("params")})
+            return message
+
+        await app(scope, observed, send)
 
     return guarded
 

@@ -1,0 +1,252 @@
+"""The gateway's cost: the official SDK server called directly vs through `mcp-lossless gateway`, in one run.
+
+    .venv/bin/python benchmarks/gateway.py            # 3 interleaved reps, c=1 and c=16 (a few minutes)
+    .venv/bin/python benchmarks/gateway.py --quick    # smoke run: 1 rep, short windows
+
+The upstream is `sdk_server.py` (the official `mcp` SDK, stateful Streamable HTTP with an event store), the
+gateway is `mcp-lossless gateway` with the SDK as its one upstream (`prefix = ""`, so both expose the same
+`search` tool; memory store, auth off on both sides). The workload is the closed loop of
+`search(steps=0, delay_ms=0)` that `loadgen.echo` runs, one session per worker. Both servers share the box,
+so CPU is measured per process (schedstat) in the same window: the gateway's own CPU per call beside the
+SDK server's. Reps interleave direct and gateway windows. Writes `benchmarks/results/gateway-<timestamp>.json`
+and `benchmarks/RESULTS-gateway.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvloop
+
+import loadgen
+
+HOST = "127.0.0.1"
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+OURS = str(ROOT / ".venv" / "bin" / "mcp-lossless")
+SDK_SERVER = [sys.executable, str(BENCH_DIR / "sdk_server.py")]
+START_TIMEOUT_S = 30.0
+ARGUMENTS = {"query": "q", "steps": 0, "delay_ms": 0}
+EXPECTED = b"search results for 'q'"
+
+
+@dataclass(frozen=True)
+class Plan:
+    reps: int
+    concurrency: tuple[int, ...] = (1, 16)
+    warmup_s: float = 1.0
+    duration_s: float = 5.0
+
+
+QUICK = Plan(reps=1, warmup_s=0.3, duration_s=1.5)
+FULL = Plan(reps=3)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def process(command: list[str], port: int, log_path: Path) -> AsyncIterator[int]:
+    """Start ``command``, wait until ``port`` accepts connections, yield its pid; stop it after."""
+    with log_path.open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=log, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.returncode is not None:
+                raise RuntimeError(f"{command[0]} exited with {proc.returncode}: {_tail(log_path)}")
+            with contextlib.suppress(OSError):
+                _, writer = await asyncio.open_connection(HOST, port)
+                writer.close()
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{command[0]} not listening after {START_TIMEOUT_S:.0f} s")
+            await asyncio.sleep(0.05)  # readiness of another process: nothing to await
+        yield proc.pid
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-1500:].strip() or "(empty log)"
+
+
+async def closed_loop(target: loadgen.Target, pids: dict[str, int], concurrency: int, plan: Plan) -> dict[str, Any]:
+    """``loadgen.echo``'s loop, with a CPU meter per process over the same window."""
+    sessions = await loadgen.open_sessions(target, concurrency, parallel=concurrency)
+    meters = {name: loadgen.CpuMeter(pid) for name, pid in pids.items()}
+    start = time.perf_counter()
+    window_start, window_end = start + plan.warmup_s, start + plan.warmup_s + plan.duration_s
+    latencies: list[float] = []
+    failures = loadgen.Failures()
+
+    async def worker(session: loadgen.Session) -> None:
+        connection, path, head = session.connection, session.connection.target.path, session.post_head
+        while (started := time.perf_counter()) < window_end:
+            body = session.tool_call_body(session.take_id(), "search", ARGUMENTS, progress=False)
+            try:
+                response = await asyncio.wait_for(connection.request("POST", path, head, body), 60)
+                if response.status != 200 or EXPECTED not in response.body:
+                    raise loadgen.BenchError(f"HTTP {response.status}: {response.body[:300]!r}")
+            except loadgen.FAILURES as error:
+                failures.add(error)
+                return
+            finished = time.perf_counter()
+            if window_start <= finished <= window_end:
+                latencies.append(finished - started)
+
+    async def sample() -> dict[str, dict[str, float]]:
+        await asyncio.sleep(window_start - time.perf_counter())
+        for meter in meters.values():
+            meter.start()
+        await asyncio.sleep(window_end - time.perf_counter())
+        return {name: meter.stop() for name, meter in meters.items()}
+
+    cpu_task = asyncio.create_task(sample())
+    await asyncio.gather(*(worker(s) for s in sessions))
+    cpu = await cpu_task
+    loadgen.close_all(sessions)
+    latencies.sort()
+    calls = max(1, len(latencies))
+    return {
+        "concurrency": concurrency,
+        "requests": len(latencies),
+        "rps": len(latencies) / plan.duration_s,
+        "p50_ms": 1000 * loadgen.percentile(latencies, 0.50),
+        "p99_ms": 1000 * loadgen.percentile(latencies, 0.99),
+        "cpu_us_per_call": {name: 1e6 * c["server_cpu_s"] / calls for name, c in cpu.items()},
+        "other_pct": min(c["other_pct"] for c in cpu.values()),
+        "errors": failures.count,
+        "error_samples": failures.samples,
+    }
+
+
+async def window(kind: str, plan: Plan, workdir: Path) -> list[dict[str, Any]]:
+    sdk_port = free_port()
+    async with process(
+        [*SDK_SERVER, "--host", HOST, "--port", str(sdk_port)], sdk_port, workdir / f"sdk-{sdk_port}.log"
+    ) as sdk:
+        if kind == "direct":
+            target = loadgen.Target(HOST, sdk_port)
+            return [await closed_loop(target, {"sdk": sdk}, c, plan) for c in plan.concurrency]
+        port = free_port()
+        config = workdir / f"gateway-{port}.toml"
+        config.write_text(f'[[upstream]]\nname = "sdk"\nurl = "http://{HOST}:{sdk_port}/mcp"\nprefix = ""\n')
+        command = [
+            OURS, "gateway", "--config", str(config), "--host", HOST, "--port", str(port),
+            "--store", "memory", "--auth", "none", "--log-level", "warning",
+        ]  # fmt: skip
+        async with process(command, port, workdir / f"gateway-{port}.log") as gateway:
+            target = loadgen.Target(HOST, port)
+            return [await closed_loop(target, {"gateway": gateway, "sdk": sdk}, c, plan) for c in plan.concurrency]
+
+
+def summarize(runs: dict[str, list[list[dict[str, Any]]]], plan: Plan) -> list[dict[str, Any]]:
+    rows = []
+    for index, concurrency in enumerate(plan.concurrency):
+        direct = [rep[index] for rep in runs["direct"]]
+        via = [rep[index] for rep in runs["gateway"]]
+
+        def median(values: list[dict[str, Any]], key: str) -> float:
+            return statistics.median(v[key] for v in values)
+
+        def cpu(values: list[dict[str, Any]], process_name: str) -> float:
+            return statistics.median(v["cpu_us_per_call"][process_name] for v in values)
+
+        rows.append(
+            {
+                "concurrency": concurrency,
+                "direct_rps": median(direct, "rps"),
+                "gateway_rps": median(via, "rps"),
+                "direct_p50_ms": median(direct, "p50_ms"),
+                "gateway_p50_ms": median(via, "p50_ms"),
+                "direct_p99_ms": median(direct, "p99_ms"),
+                "gateway_p99_ms": median(via, "p99_ms"),
+                "sdk_cpu_us_direct": cpu(direct, "sdk"),
+                "sdk_cpu_us_behind_gateway": cpu(via, "sdk"),
+                "gateway_cpu_us": cpu(via, "gateway"),
+                "errors": sum(v["errors"] for v in direct + via),
+            }
+        )
+    return rows
+
+
+def render(rows: list[dict[str, Any]], plan: Plan, stamp: str, raw: Path) -> str:
+    lines = [
+        "# The gateway's cost in front of the official SDK server",
+        "",
+        f"`benchmarks/gateway.py`, {stamp}, {plan.reps} interleaved reps of {plan.duration_s:g} s windows (medians);",
+        f"raw results: `{raw.relative_to(ROOT)}`. Closed loop of `search(steps=0)`, one session per worker, memory",
+        "stores, auth off; gateway and SDK server share the 2-core box, CPU measured per process (schedstat).",
+        "",
+        "| c | direct rps | via gateway rps | throughput kept | p50 direct / gateway (ms) | added p50 | "
+        "p99 direct / gateway (ms) | added p99 | SDK CPU/call (µs) | gateway CPU/call (µs) | gateway / SDK CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['concurrency']} | {r['direct_rps']:.0f} | {r['gateway_rps']:.0f} | "
+            f"{100 * r['gateway_rps'] / max(r['direct_rps'], 1e-9):.0f} % | "
+            f"{r['direct_p50_ms']:.2f} / {r['gateway_p50_ms']:.2f} | {r['gateway_p50_ms'] - r['direct_p50_ms']:+.2f} | "
+            f"{r['direct_p99_ms']:.2f} / {r['gateway_p99_ms']:.2f} | {r['gateway_p99_ms'] - r['direct_p99_ms']:+.2f} | "
+            f"{r['sdk_cpu_us_behind_gateway']:.0f} | {r['gateway_cpu_us']:.0f} | "
+            f"{100 * r['gateway_cpu_us'] / max(r['sdk_cpu_us_behind_gateway'], 1e-9):.0f} % |"
+        )
+    errors = sum(r["errors"] for r in rows)
+    lines += ["", f"Errors across all windows: {errors}.", ""]
+    return "\n".join(lines)
+
+
+async def main_async(plan: Plan, write: bool) -> None:
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M%SZ")
+    runs: dict[str, list[list[dict[str, Any]]]] = {"direct": [], "gateway": []}
+    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
+        for rep in range(plan.reps):
+            for kind in ("direct", "gateway"):
+                print(f"rep {rep + 1}/{plan.reps}: {kind}", file=sys.stderr, flush=True)
+                runs[kind].append(await window(kind, plan, Path(tmp)))
+    rows = summarize(runs, plan)
+    raw = BENCH_DIR / "results" / f"gateway-{stamp}.json"
+    text = render(rows, plan, stamp, raw)
+    print(text)
+    if write:
+        raw.parent.mkdir(exist_ok=True)
+        raw.write_bytes(orjson.dumps({"plan": plan.__dict__, "runs": runs, "rows": rows}, option=orjson.OPT_INDENT_2))
+        (BENCH_DIR / "RESULTS-gateway.md").write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 rep, short windows, results not written")
+    parser.add_argument("--reps", type=int)
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    if args.reps:
+        plan = Plan(reps=args.reps, concurrency=plan.concurrency, warmup_s=plan.warmup_s, duration_s=plan.duration_s)
+    uvloop.run(main_async(plan, write=not args.quick))
+
+
+if __name__ == "__main__":
+    main()
