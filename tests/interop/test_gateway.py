@@ -62,18 +62,18 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     fast_sock = loopback_socket()
     fast_url = f"{base_url(fast_sock)}/mcp"
     upstreams = [
-        UpstreamConfig(name="sdk", url=sdk.url, auth=BearerFromEnv(TOKEN_ENV), deny=frozenset({"hang"}), timeout=8),
+        UpstreamConfig(name="sdk", url=sdk.url, auth=BearerFromEnv(TOKEN_ENV), deny=frozenset({"hang"}), timeout=60),
         UpstreamConfig(
             name="stuck", url=sdk.url, auth=BearerFromEnv(TOKEN_ENV), allow=frozenset({"hang"}), timeout=1.5
         ),
-        UpstreamConfig(name="pysdk", command=(*SDK_STDIO,), deny=frozenset({"hang"}), timeout=8),
+        UpstreamConfig(name="pysdk", command=(*SDK_STDIO,), deny=frozenset({"hang"}), timeout=30),
         UpstreamConfig(name="fast", url=fast_url, timeout=8),
         UpstreamConfig(
             name="everything",
             command=(str(node_binary()), str(everything_server()), "stdio"),
             prefix="ev_",
             allow=frozenset({"echo", "trigger-long-running-operation"}),
-            timeout=10,
+            timeout=30,
         ),
     ]
     holder: list[Gateway] = []
@@ -322,13 +322,13 @@ async def test_sdk_http_upstream_sigkilled_mid_call(deployment: Deployment, http
     peer = await session(http, d)
     assert d.sdk.proc is not None
     work = call(1, "sdk_work", progress="w", label="k", steps=50, delay_ms=100)
-    lost = await call_and_kill(peer, work, d.sdk.proc.pid, deadline=12)
+    lost = await call_and_kill(peer, work, d.sdk.proc.pid, deadline=30)
     error = answer(lost, 1)["error"]
     assert error["code"] == EXECUTION_LOST, error  # type: ignore[index]
     assert error["data"] == {"reason": "execution_lost", "requestId": 1, "resumable": False, "upstream": "sdk"}  # type: ignore[index]
 
     d.sdk.start()
     lookup = call(2, "sdk_lookup", progress="l", key="k", steps=10, delay_ms=100)
-    again = await call_and_kill(peer, lookup, d.sdk.proc.pid, then=d.sdk.restart_after_death, deadline=20)
+    again = await call_and_kill(peer, lookup, d.sdk.proc.pid, then=d.sdk.restart_after_death, deadline=70)
     assert answer(again, 2)["result"]["content"][0]["text"] == "value of k", "re-issued upstream once it was back"  # type: ignore[index]
     assert set(d.sdk.authorizations()) == {f"Bearer {UPSTREAM_TOKEN}"}

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-READY_TIMEOUT = 30.0
+READY_TIMEOUT = 90.0
+"""Generous: on a box shared by several test runs, importing the SDK alone has taken half a minute."""
 
 
 class SdkHttpUpstream:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -145,23 +146,37 @@ class HttpUpstream:
                 level, data, logger = str(params["level"]), params.get("data"), params.get("logger")
                 relay.put(lambda: reporter.log(level, data, logger if isinstance(logger, str) else None))
 
-        try:
-            async with relay.running():
-                result = await client.call_tool(
-                    tool,
-                    arguments,
-                    on_progress=progress,
-                    on_message=message,
-                    timeout=self.config.timeout,
-                    reissue=idempotent or None,
-                )
-        except ToolError as exc:
-            return dict(exc.result.raw)
-        except RemoteError as exc:
-            raise UpstreamRpcError(exc.code, exc.message, exc.data) from None
-        except McpClientError as exc:
-            raise _failure(exc) from None
-        return dict(result.raw)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.timeout
+        for attempt in itertools.count():
+            try:
+                async with relay.running():
+                    result = await client.call_tool(
+                        tool,
+                        arguments,
+                        on_progress=progress,
+                        on_message=message,
+                        timeout=max(0.0, deadline - loop.time()),
+                        reissue=idempotent or None,
+                    )
+            except ToolError as exc:
+                return dict(exc.result.raw)
+            except RemoteError as exc:
+                raise UpstreamRpcError(exc.code, exc.message, exc.data) from None
+            except ConnectionFailed as exc:
+                # Its last send never arrived (for a call that is not idempotent, its only one): wait for the
+                # upstream to come back, within the call's deadline.
+                pause = BACKOFF.delay(attempt, None, 0.0)
+                if loop.time() + pause >= deadline:
+                    raise _failure(exc) from None
+                log.info("upstream %s unreachable for %s; trying again in %.2g s", self.name, tool, pause)
+                await asyncio.sleep(pause)
+                relay = Relay()
+                continue
+            except McpClientError as exc:
+                raise _failure(exc) from None
+            return dict(result.raw)
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         self._closed.set()

@@ -32,7 +32,7 @@ from .upstream import Relay, Reporter, UpstreamFailure, UpstreamRpcError, Upstre
 
 log = logging.getLogger("mcp_lossless.gateway")
 MAX_LINE_BYTES = 8 * 1024 * 1024
-HANDSHAKE_SECONDS = 20.0
+HANDSHAKE_SECONDS = 60.0
 PROTOCOL_VERSION = "2025-11-25"
 _PASSED_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
 
