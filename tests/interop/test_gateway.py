@@ -84,7 +84,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         return holder[0]
 
     try:
-        with serve_app(build_fastmcp_app(), sock=fast_sock, lifespan="on"), lossless_server(make) as url:
+        # The gateway's startup spawns and handshakes its stdio children: on a loaded box that takes a while.
+        with serve_app(build_fastmcp_app(), sock=fast_sock, lifespan="on"), lossless_server(make, 120) as url:
             yield Deployment(url, holder[0], sdk)
     finally:
         sdk.stop()
@@ -201,6 +202,18 @@ async def test_seed_scenario_narrowed_resume_refused_then_covering_resume_comple
     assert len(ids) == len(set(ids)), "no event twice"
     assert progress_of(first, "p") + progress_of(rest, "p") == [1, 2, 3, 4]
     assert answer(rest, 5)["result"]["content"][0]["text"] == "work slow done"  # type: ignore[index]
+
+
+async def test_an_upstream_stream_that_breaks_is_resumed_upstream_with_its_own_last_event_id(
+    deployment: Deployment, http
+) -> None:
+    d = deployment
+    peer = await session(http, d)
+    before = len(d.sdk.resumes())
+    done = await peer.post(call(1, "sdk_polled", progress="p", label="r", steps=3))
+    assert answer(done, 1)["result"]["content"][0]["text"] == "polled r done"  # type: ignore[index]
+    assert progress_of(done, "p") == [1, 2, 3], "nothing lost across the upstream's broken stream"
+    assert len(d.sdk.resumes()) > before, "the gateway resumed the upstream stream (GET + Last-Event-ID)"
 
 
 async def test_a_clients_cancel_becomes_an_upstream_cancel(deployment: Deployment, http) -> None:

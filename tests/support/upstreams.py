@@ -72,6 +72,10 @@ class SdkHttpUpstream:
         """The ``Authorization`` header of every request the upstream received, in order."""
         return [entry["authorization"] for entry in self._entries() if "authorization" in entry]
 
+    def resumes(self) -> list[str]:
+        """The ``Last-Event-ID`` of every resuming GET the upstream received."""
+        return [e["last_event_id"] for e in self._entries() if e.get("http") == "GET" and e.get("last_event_id")]
+
     def messages(self) -> list[dict[str, Any]]:
         """The JSON-RPC method and params of every message body the upstream received, in order."""
         return [entry for entry in self._entries() if "method" in entry]

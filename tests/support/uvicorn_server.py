@@ -58,17 +58,20 @@ def serve_app(
     sock: socket.socket | None = None,
     lifespan: Literal["auto", "on", "off"] = "auto",
     graceful_shutdown: int = 2,
+    startup_timeout: float = STARTUP_TIMEOUT,
 ) -> Iterator[str]:
     """Serve ``app`` until the block ends; yields its base URL, e.g. ``http://127.0.0.1:40123``."""
     sock = sock if sock is not None else loopback_socket()
     config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=graceful_shutdown)
     server = _SignallingServer(config)
-    with run_server(server, server.ready, sock) as url:
+    with run_server(server, server.ready, sock, startup_timeout) as url:
         yield url
 
 
 @contextmanager
-def run_server(server: uvicorn.Server, ready: threading.Event, sock: socket.socket) -> Iterator[str]:
+def run_server(
+    server: uvicorn.Server, ready: threading.Event, sock: socket.socket, startup_timeout: float = STARTUP_TIMEOUT
+) -> Iterator[str]:
     """Run ``server`` on ``sock`` in a thread until the block ends; ``ready`` is set by its startup."""
     url = base_url(sock)
     failure: list[BaseException] = []
@@ -83,7 +86,7 @@ def run_server(server: uvicorn.Server, ready: threading.Event, sock: socket.sock
 
     thread = threading.Thread(target=run, name=f"uvicorn {url}", daemon=True)
     thread.start()
-    if not ready.wait(STARTUP_TIMEOUT) or not server.started:
+    if not ready.wait(startup_timeout) or not server.started:
         server.should_exit = True
         thread.join(SHUTDOWN_TIMEOUT)
         sock.close()
@@ -101,10 +104,12 @@ def run_server(server: uvicorn.Server, ready: threading.Event, sock: socket.sock
             raise RuntimeError(f"uvicorn on {url} did not stop")
 
 
-def lossless_server(make_app: Callable[[int], Any]) -> AbstractContextManager[str]:
+def lossless_server(
+    make_app: Callable[[int], Any], startup_timeout: float = STARTUP_TIMEOUT
+) -> AbstractContextManager[str]:
     """Our server built for the port it will listen on (its canonical URI includes the port), then served."""
     sock = loopback_socket()
-    return serve_app(make_app(sock.getsockname()[1]), sock=sock, lifespan="on")
+    return serve_app(make_app(sock.getsockname()[1]), sock=sock, lifespan="on", startup_timeout=startup_timeout)
 
 
 @contextmanager

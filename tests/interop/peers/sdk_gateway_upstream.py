@@ -10,7 +10,8 @@ it, and the JSON-RPC method and params of every message body. Prints ``ready POR
 separate process, so tests can SIGKILL it mid-call.
 
 Tools: ``work`` (progress per step, one log message; not idempotent), ``lookup`` (the same, annotated
-read-only and idempotent), ``hang`` (never answers), ``grow`` (adds a tool and announces ``list_changed``).
+read-only and idempotent), ``polled`` (closes its own stream mid-call: SEP-1699 polling), ``hang`` (never
+answers), ``grow`` (adds a tool and announces ``list_changed``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,16 @@ def build_server() -> MCPServer:
         return f"value of {key}"
 
     @server.tool()
+    async def polled(label: str, ctx: Context, steps: int = 3, delay_ms: int = 50) -> str:
+        """Like `work`, but closes its own SSE stream after step 1 (SEP-1699): the caller must resume it."""
+        for step in range(1, steps + 1):
+            await anyio.sleep(delay_ms / 1000)
+            await ctx.report_progress(step, steps, f"polled {label} step {step}/{steps}")
+            if step == 1:
+                await ctx.close_sse_stream()
+        return f"polled {label} done"
+
+    @server.tool()
     async def hang() -> str:
         """Never answers (a hung upstream)."""
         await anyio.sleep(3600)
@@ -84,7 +95,16 @@ def bearer_guard(app: Any, token: str, headers_file: str) -> Any:
             await app(scope, receive, send)
             return
         raw = dict(scope["headers"]).get(b"authorization")
-        record(headers_file, {"path": scope["path"], "authorization": raw.decode() if raw else None})
+        resume = dict(scope["headers"]).get(b"last-event-id")
+        record(
+            headers_file,
+            {
+                "path": scope["path"],
+                "http": scope["method"],
+                "authorization": raw.decode() if raw else None,
+                "last_event_id": resume.decode() if resume else None,
+            },
+        )
         if raw != f"Bearer {token}".encode():
             await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]})
             await send({"type": "http.response.body", "body": b"unauthorized"})
