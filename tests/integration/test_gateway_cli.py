@@ -12,25 +12,33 @@ import httpx
 import orjson
 import pytest
 
+from mcp_lossless.core.errors import EXECUTION_LOST
+from tests.support.mcp_http import Peer, call, dev_token
 from tests.support.processes import CLI, ServerProcess, cli_server
 
 CREDENTIALS = ["--client-id", "dev-client", "--client-secret", "dev-secret"]
 UPSTREAM = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio"]
+STARTUP = 90
+"""The gateway's start includes its stdio child's: on a box shared by several test runs that took a while."""
 
 
 def toml_list(values: list[str]) -> str:
     return "[" + ", ".join(orjson.dumps(v).decode() for v in values) + "]"
 
 
+def write_config(path: Path, store: str) -> Path:
+    path.write_text(
+        f'store = "{store}"\nretry_ms = 100\n\n[[upstream]]\nname = "py"\ncommand = {toml_list(UPSTREAM)}\n'
+        'deny = ["hang"]\n'
+    )
+    return path
+
+
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("gateway")
-    config = root / "gateway.toml"
-    config.write_text(
-        f'store = "memory"\nretry_ms = 100\n\n[[upstream]]\nname = "py"\ncommand = {toml_list(UPSTREAM)}\n'
-        'deny = ["hang"]\n'
-    )
-    with cli_server(["--config", str(config)], root / "gateway.log", command="gateway") as server:
+    config = write_config(root / "gateway.toml", "memory")
+    with cli_server(["--config", str(config)], root / "gateway.log", command="gateway", timeout=STARTUP) as server:
         yield server
 
 
@@ -47,7 +55,9 @@ def test_call_through_the_gateway_cli_and_its_metrics(gateway: ServerProcess) ->
     metrics = httpx.get(f"{gateway.base}/metrics", timeout=10).text
     assert 'mcp_lossless_gateway_calls_total{outcome="ok",upstream="py"} 1.0' in metrics
     assert 'mcp_lossless_gateway_upstream_up{upstream="py"} 1.0' in metrics
-    assert "dev-secret" not in gateway.log.read_text()
+    log = gateway.log.read_text()
+    assert '"event":"upstream_call"' in log and '"client_id":"dev-client"' in log, "one line per call, its principal"
+    assert "dev-secret" not in log and "eyJ" not in log, "no secret and no token (a JWT) in the gateway's log"
 
 
 @pytest.mark.parametrize(
@@ -67,3 +77,27 @@ def test_a_wrong_config_is_a_clear_error_not_a_traceback(tmp_path: Path, text: s
     )
     assert done.returncode != 0
     assert problem in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.anyio
+async def test_a_killed_gateway_restarts_with_the_calls_events_resumable_then_execution_lost(tmp_path: Path) -> None:
+    """As for the server: SIGKILL the gateway (SQLite store) mid-call, restart it, resume: the stored events, then
+    EXECUTION_LOST for the call its dead process was running — never a hang or a clean end."""
+    args = ["--config", str(write_config(tmp_path / "gateway.toml", f"sqlite:{tmp_path / 'events.db'}"))]
+    async with httpx.AsyncClient(timeout=30) as http:
+        with cli_server(args, tmp_path / "first.log", command="gateway", timeout=STARTUP) as first:
+            mcp = f"{first.base}/mcp"
+            peer = Peer(http, first.base, await dev_token(http, first.base, mcp))
+            await peer.initialize()
+            work = call(5, "py_work", progress="p", label="k", steps=100, delay_ms=50)
+            started = await peer.post(work, stop_after=4)  # priming, progress 1 to 3
+            first.kill()
+        with cli_server(args, tmp_path / "second.log", port=first.port, command="gateway", timeout=STARTUP) as second:
+            peer.token = await dev_token(http, second.base, mcp)
+            replay = await peer.resume(started.ids[0])
+    assert replay.status == 200
+    progress = [m["params"]["progress"] for m in replay.messages if m.get("method") == "notifications/progress"]
+    assert progress[:3] == [1, 2, 3] and progress == list(range(1, len(progress) + 1)), "every stored event, in order"
+    final = replay.messages[-1]
+    assert final["id"] == 5 and final["error"]["code"] == EXECUTION_LOST
+    assert final["error"]["data"] == {"reason": "execution_lost", "requestId": 5, "resumable": False}

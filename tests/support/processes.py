@@ -66,9 +66,11 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def cli_server(args: list[str], log: Path, port: int | None = None, command: str = "serve") -> Iterator[ServerProcess]:
+def cli_server(
+    args: list[str], log: Path, port: int | None = None, command: str = "serve", timeout: float = 20
+) -> Iterator[ServerProcess]:
     server = ServerProcess(args, port or free_port(), log, command)
-    server.start()
+    server.start(timeout)
     try:
         yield server
     finally:

@@ -87,7 +87,8 @@ class Gateway:
         self.metrics = _Metrics(self.app)
         self._keepers: set[asyncio.Task[None]] = set()
         for name, upstream in self.upstreams.items():
-            upstream.on_restart = self.metrics.restarts.labels(name).inc
+            if isinstance(upstream, StdioUpstream):
+                upstream.on_restart = self.metrics.restarts.labels(name).inc
             self.metrics.up.labels(name).set(0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -79,8 +79,6 @@ class HttpUpstream:
         assert config.url is not None
         self.name = config.name
         self.config = config
-        self.restarts = 0
-        self.on_restart: Callable[[], None] = lambda: None
         self._client: Client | None = None
         self._owner: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
