@@ -54,6 +54,7 @@ def test_a_full_upstream_parses() -> None:
         ({"name": "a", "url": "http://x", "timeout": 0}, "timeout must be"),
         ({"name": "a", "url": "http://x", "prefix": "a/b"}, "prefix may hold"),
         ({"name": "a", "url": "http://x", "typo": 1}, "unknown keys typo"),
+        ({"name": "a", "url": "http://x", "sessions": 0}, "sessions must be"),
     ],
 )
 def test_mistakes_are_named(raw: dict[str, object], problem: str) -> None:

@@ -24,7 +24,20 @@ from typing import Any
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _KNOWN = frozenset(
-    {"name", "url", "command", "env", "auth", "prefix", "allow", "deny", "idempotent", "timeout", "max_restarts"}
+    {
+        "name",
+        "url",
+        "command",
+        "env",
+        "auth",
+        "prefix",
+        "allow",
+        "deny",
+        "idempotent",
+        "timeout",
+        "sessions",
+        "max_restarts",
+    }
 )
 
 
@@ -80,6 +93,8 @@ class UpstreamConfig:
     """Upstream tools that may be re-issued under a new id when their answer is lost (besides annotated ones)."""
     timeout: float = 60.0
     """Each call's deadline upstream, seconds: an upstream that hangs ends the call with the deadline error."""
+    sessions: int = 4
+    """HTTP: sessions kept with the upstream (calls go to the least busy one)."""
     max_restarts: int = 5
     """A stdio child that keeps dying is given up after this many restarts in a row without a successful call."""
 
@@ -143,6 +158,9 @@ def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
     timeout = raw.get("timeout", 60.0)
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout <= 86400:
         raise GatewayConfigError(f"{where}: timeout must be a number of seconds in (0, 86400]")
+    sessions = raw.get("sessions", 4)
+    if not isinstance(sessions, int) or isinstance(sessions, bool) or not 1 <= sessions <= 64:
+        raise GatewayConfigError(f"{where}: sessions must be an integer in [1, 64]")
     restarts = raw.get("max_restarts", 5)
     if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
         raise GatewayConfigError(f"{where}: max_restarts must be a non-negative integer")
@@ -157,6 +175,7 @@ def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
         deny=deny,
         idempotent=frozenset(_strings(where, "idempotent", raw.get("idempotent", []))),
         timeout=float(timeout),
+        sessions=sessions,
         max_restarts=restarts,
     )
 
