@@ -23,9 +23,9 @@ import orjson
 import pytest
 
 from mcp_lossless.core.errors import DELIVERY_REFUSED, EXECUTION_LOST, REQUEST_CANCELLED, UPSTREAM_FAILED
+from mcp_lossless.core.protocol import RESOURCE_META_KEY
 from mcp_lossless.gateway import BearerFromEnv, Gateway, UpstreamConfig, create_gateway
 from mcp_lossless.server.config import ServerConfig
-from mcp_lossless.server.tools import RESOURCE_META_KEY
 from tests.interop.peers.fastmcp_upstream import build_fastmcp_app
 from tests.support.mcp_http import Peer, StreamRead, call, dev_token, parse_sse
 from tests.support.node import everything_server, node_binary

@@ -23,7 +23,7 @@ from ..server.app import LosslessApp, create_app
 from ..server.auth import TokenVerifier
 from ..server.config import ServerConfig
 from ..server.observability import log_decision
-from ..server.tools import MethodError, RawToolHandler, ToolContext, ToolRegistry, ToolResult
+from ..server.tools import MethodError, RawToolHandler, ToolContext, ToolRegistry, ToolReturn
 from ..stores.base import EventStore
 from .config import UpstreamConfig
 from .http import HttpUpstream
@@ -176,12 +176,12 @@ class Gateway:
         )
 
     def _handler(self, exposed: ExposedTool) -> RawToolHandler:
-        async def run(ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
+        async def run(ctx: ToolContext, arguments: dict[str, Any]) -> ToolReturn:
             return await self._call(exposed, ctx, arguments)
 
         return run
 
-    async def _call(self, exposed: ExposedTool, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
+    async def _call(self, exposed: ExposedTool, ctx: ToolContext, arguments: dict[str, Any]) -> ToolReturn:
         name = exposed.upstream
         upstream: Upstream = self.upstreams[name]
         started = time.perf_counter()

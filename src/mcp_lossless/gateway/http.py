@@ -34,7 +34,7 @@ from ..client import (
     ProgressUpdate,
     RemoteError,
     RequestRejected,
-    ToolError,
+    ToolFailed,
 )
 from ..client.transport import Backoff
 from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
@@ -184,7 +184,7 @@ class HttpUpstream:
                         timeout=max(0.0, deadline - loop.time()),
                         reissue=idempotent or None,
                     )
-            except ToolError as exc:
+            except ToolFailed as exc:
                 return dict(exc.result.raw)
             except RemoteError as exc:
                 raise UpstreamRpcError(exc.code, exc.message, exc.data) from None

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ..asgi import Receive, Scope, Send, headers, respond, respond_json
-from ..core.resources import canonical_resource, tool_resource
+from ..core.resources import canonical_resource
 from ..devauth.server import DevAuthServer
 from ..stores import EventStore, open_store
 from . import metadata
