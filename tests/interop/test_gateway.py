@@ -340,7 +340,7 @@ async def test_sdk_http_upstream_sigkilled_mid_call(deployment: Deployment, http
     assert error["code"] == EXECUTION_LOST, error  # type: ignore[index]
     assert error["data"] == {"reason": "execution_lost", "requestId": 1, "resumable": False, "upstream": "sdk"}  # type: ignore[index]
 
-    d.sdk.start()
+    d.sdk.restart_after_death()
     lookup = call(2, "sdk_lookup", progress="l", key="k", steps=10, delay_ms=100)
     again = await call_and_kill(peer, lookup, d.sdk.proc.pid, then=d.sdk.restart_after_death, deadline=70)
     assert answer(again, 2)["result"]["content"][0]["text"] == "value of k", "re-issued upstream once it was back"  # type: ignore[index]
