@@ -40,14 +40,14 @@ LIMIT_FLAGS: dict[str, tuple[type, str]] = {
 GATEWAY_HELP = "put MCP servers (Streamable HTTP or stdio) behind the lossless server: docs/gateway.md"
 
 
-def _serve_parser(sub: Any, name: str = "serve") -> None:
+def _serve_parser(sub: Any, command: str = "serve") -> None:
     """``serve``'s options; ``gateway`` takes the same but TARGET and --conformance, and needs --config."""
     d = ServerConfig()
 
     def default(value: object) -> str:
         return f"(default: {value})"
 
-    if name == "serve":
+    if command == "serve":
         p = sub.add_parser(
             "serve",
             help="run the lossless MCP server: your tools (TARGET) or the demo tools search and fetch",
@@ -66,7 +66,7 @@ def _serve_parser(sub: Any, name: str = "serve") -> None:
             help="TOML file with server settings, as examples/server.toml; flags override it (default: none)",
         )
     else:
-        p = sub.add_parser(name, help=GATEWAY_HELP, description=GATEWAY_HELP)
+        p = sub.add_parser(command, help=GATEWAY_HELP, description=GATEWAY_HELP)
         p.add_argument(
             "--config",
             metavar="FILE.toml",
@@ -172,7 +172,7 @@ def _serve_parser(sub: Any, name: str = "serve") -> None:
             dest=f"limit_{name}",
             help=f"{text} {default(getattr(d.limits, name))}",
         )
-    if name != "serve":
+    if command != "serve":
         return
     p.add_argument(
         "--conformance",
