@@ -29,10 +29,6 @@ TS_SDK_PACKAGE = "@modelcontextprotocol/sdk"
 TS_SDK_VERSION = "1.32.2"
 MCP_REMOTE_PACKAGE = "mcp-remote"
 MCP_REMOTE_VERSION = "0.15.1"
-    return script
-
-
-@functools.cache
 EVERYTHING_PACKAGE = "@modelcontextprotocol/server-everything"
 EVERYTHING_VERSION = "2026.8.31"
 INSTALL_TIMEOUT = 600
