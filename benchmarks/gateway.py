@@ -5,7 +5,7 @@
 
 The upstream is `sdk_server.py` (the official `mcp` SDK, stateful Streamable HTTP with an event store), the
 gateway is `mcp-lossless gateway` with the SDK as its one upstream (`prefix = ""`, so both expose the same
-`search` tool; memory store, auth off on both sides). The workload is the closed loop of
+`search` tool; memory store, auth off on both sides; `sessions = 16`). The workload is the closed loop of
 `search(steps=0, delay_ms=0)` that `loadgen.echo` runs, one session per worker. Both servers share the box,
 so CPU is measured per process (schedstat) in the same window: the gateway's own CPU per call beside the
 SDK server's. Reps interleave direct and gateway windows. Writes `benchmarks/results/gateway-<timestamp>.json`
@@ -41,6 +41,8 @@ SDK_SERVER = [sys.executable, str(BENCH_DIR / "sdk_server.py")]
 START_TIMEOUT_S = 30.0
 ARGUMENTS = {"query": "q", "steps": 0, "delay_ms": 0}
 EXPECTED = b"search results for 'q'"
+SESSIONS = 16
+"""The gateway's sessions with the SDK server: as many as the direct run's clients (the SDK serializes per session)."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,9 @@ async def window(kind: str, plan: Plan, workdir: Path) -> list[dict[str, Any]]:
             return [await closed_loop(target, {"sdk": sdk}, c, plan) for c in plan.concurrency]
         port = free_port()
         config = workdir / f"gateway-{port}.toml"
-        config.write_text(f'[[upstream]]\nname = "sdk"\nurl = "http://{HOST}:{sdk_port}/mcp"\nprefix = ""\n')
+        config.write_text(
+            f'[[upstream]]\nname = "sdk"\nurl = "http://{HOST}:{sdk_port}/mcp"\nprefix = ""\nsessions = {SESSIONS}\n'
+        )
         command = [
             OURS, "gateway", "--config", str(config), "--host", HOST, "--port", str(port),
             "--store", "memory", "--auth", "none", "--log-level", "warning",
@@ -199,7 +203,8 @@ def render(rows: list[dict[str, Any]], plan: Plan, stamp: str, raw: Path) -> str
         "",
         f"`benchmarks/gateway.py`, {stamp}, {plan.reps} interleaved reps of {plan.duration_s:g} s windows (medians);",
         f"raw results: `{raw.relative_to(ROOT)}`. Closed loop of `search(steps=0)`, one session per worker, memory",
-        "stores, auth off; gateway and SDK server share the 2-core box, CPU measured per process (schedstat).",
+        f"stores, auth off, the gateway keeping {SESSIONS} sessions with the SDK server; gateway and SDK server share",
+        "the 2-core box (with other jobs), CPU measured per process (schedstat).",
         "",
         "| c | direct rps | via gateway rps | throughput kept | p50 direct / gateway (ms) | added p50 | "
         "p99 direct / gateway (ms) | added p99 | SDK CPU/call (µs) | gateway CPU/call (µs) | gateway / SDK CPU |",
