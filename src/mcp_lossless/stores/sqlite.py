@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import sqlite3
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl
@@ -308,11 +308,10 @@ class SqliteStore:
         self.sweep_seconds = sweep_seconds
         self._clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: deque[_Op | None] = deque()
-        """Work for the writer thread, in order; ``None`` asks it to finish."""
-        self._wake = threading.Event()
-        self._idle = False
-        """Whether the writer thread may be waiting for ``_wake`` (set by it, read by the loop)."""
+        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        """Work for the writer thread, in order; ``None`` asks it to finish. A C queue: putting wakes a waiting
+        thread for a fraction of what a ``threading.Event`` costs (~13 us CPU per round trip, loop to thread and
+        back, measured, against ~25)."""
         self._thread: threading.Thread | None = None
         self._secret: bytes | None = None
         self._interner = Interner()
@@ -357,8 +356,7 @@ class SqliteStore:
         thread = self._thread
         if thread is None:
             return
-        self._queue.append(None)
-        self._wake.set()
+        self._queue.put(None)
         await asyncio.to_thread(thread.join)
         self._loop = self._thread = None
 
@@ -383,30 +381,35 @@ class SqliteStore:
         loop.call_soon_threadsafe(_settle, ready)
         checkpointer = _Checkpointer(self.path)
         commits = 0
-        queue, wake = self._queue, self._wake
+        work = self._queue
         next_sweep = time.monotonic() + self.sweep_seconds
         try:
             while True:
-                self._idle = True  # before looking at the queue: an append after this look sees it and wakes us
-                if not queue:
-                    wake.wait(max(0.0, next_sweep - time.monotonic()))
-                self._idle = False
-                wake.clear()
-                if time.monotonic() >= next_sweep:
+                try:
+                    first = work.get(timeout=max(0.0, next_sweep - time.monotonic()))
+                except queue.Empty:
                     more = self._sweep_quietly(db)
                     next_sweep = time.monotonic() + (0 if more else self.sweep_seconds)
-                while queue:
-                    batch: list[_Op] = []
-                    while queue and len(batch) < _BATCH_LIMIT:
-                        op = queue.popleft()
-                        if op is None:
-                            self._serve(db, batch, loop)
-                            return
-                        batch.append(op)
-                    if self._serve(db, batch, loop):
-                        commits += 1
-                        if commits % _CHECKPOINT_EVERY == 0:
-                            checkpointer.wake()
+                    continue
+                batch: list[_Op] = []
+                op: _Op | None = first
+                while op is not None:
+                    batch.append(op)
+                    if len(batch) >= _BATCH_LIMIT:
+                        break
+                    try:
+                        op = work.get_nowait()
+                    except queue.Empty:
+                        break
+                if batch and self._serve(db, batch, loop):
+                    commits += 1
+                    if commits % _CHECKPOINT_EVERY == 0:
+                        checkpointer.wake()
+                if op is None:  # close(): everything queued before it was served just now
+                    return
+                if time.monotonic() >= next_sweep:  # a busy store sweeps between batches
+                    more = self._sweep_quietly(db)
+                    next_sweep = time.monotonic() + (0 if more else self.sweep_seconds)
         finally:
             checkpointer.stop()
             db.close()
@@ -554,9 +557,7 @@ class SqliteStore:
     # -- queueing from the loop ------------------------------------------------------------------------
 
     def _submit(self, op: _Op) -> None:
-        self._queue.append(op)
-        if self._idle:  # a busy writer finds the op when it looks at the queue again; waking it costs ~2 us
-            self._wake.set()
+        self._queue.put(op)
 
     def _future(self) -> asyncio.Future[Any]:
         if self._loop is None:
