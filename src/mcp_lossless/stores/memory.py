@@ -23,7 +23,7 @@ from itertools import islice
 
 import orjson
 
-from ..core.events import StoredEvent, StreamRecord
+from ..core.events import RequestId, StoredEvent, StreamRecord
 from ..core.principal import Principal
 from ._codec import compact_event_id, full_event_id
 from .base import EventsEvicted, SessionRecord
@@ -269,13 +269,22 @@ class MemoryStore:
             return []
         start = max(0, seq + 1 - first)
         tags, session = found.tags, record.session_id
+        headers: dict[bytes, tuple[str, RequestId | None, str | None, int, bool]] = {}
+        """Decoded headers: a stream's events mostly share one (its id suffix is the stream's MAC)."""
         events = []
         for position, blob in enumerate(islice(blobs, start, None), first + start):
             split = blob.index(b"\n")
-            compact, rid, tool, tag_index, terminal = orjson.loads(memoryview(blob)[:split])
+            raw = blob[:split]
+            header = headers.get(raw)
+            if header is None:
+                header = headers[raw] = tuple(orjson.loads(raw))
+            compact, rid, tool, tag_index, terminal = header
             event_id = full_event_id(stream, position, compact)
-            data = blob[split + 1 :]
-            events.append(StoredEvent(session, stream, position, event_id, data, rid, tool, tags[tag_index], terminal))
+            events.append(
+                StoredEvent(
+                    session, stream, position, event_id, blob[split + 1 :], rid, tool, tags[tag_index], terminal
+                )
+            )
         return events
 
     async def owner_alive(self, owner: str) -> bool:
