@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from operator import itemgetter
@@ -40,6 +41,13 @@ async def _append_with_retry(store: EventStore, event: StoredEvent, completes: b
             await asyncio.sleep(delay)  # backoff while the store is away; nothing to await instead
             waited += delay
             delay = min(delay * 2, 1.0)
+
+
+async def _store_durably(store: EventStore, event: StoredEvent, completes: bool) -> None:
+    try:
+        await store.append(event, completes)
+    except StoreUnavailable:
+        await _append_with_retry(store, event, completes)
 
 
 class LiveStream:
@@ -223,18 +231,22 @@ class LiveStream:
                 answers = request_id in waiting  # a batch may repeat an id: only its first answer counts
                 completes = answers and len(waiting) == 1
                 started = perf_counter()
+                write = asyncio.ensure_future(_store_durably(store, event, completes))
                 try:
-                    await store.append(event, completes)
-                except StoreUnavailable:
-                    await _append_with_retry(store, event, completes)
+                    await asyncio.shield(write)
+                except asyncio.CancelledError:
+                    # A write once handed to the store happens whatever becomes of this task: learn its outcome
+                    # before the lock goes, so a stored answer is published and the next append takes the next
+                    # position (not this one again, which the store would refuse as a rewrite).
+                    while not write.done():
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await asyncio.wait((write,))
+                    if write.exception() is None:
+                        self._answer_stored(event, answers, completes)
+                        self.notify()
+                    raise
                 self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
-                record.last_seq = seq
-                self.events.append(event)
-                if answers:
-                    waiting.discard(request_id)
-                    if completes:
-                        record.answered = record.answered.union(map(_request_id, record.requests))
-                        record.completed = self.done = True
+                self._answer_stored(event, answers, completes)
         finally:
             lock.release()
         if published:
@@ -244,6 +256,16 @@ class LiveStream:
             if self._appends % YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # give other tasks their turn: nothing else may suspend a tight progress loop
         return event
+
+    def _answer_stored(self, event: StoredEvent, answers: bool, completes: bool) -> None:
+        record = self.record
+        record.last_seq = event.seq
+        self.events.append(event)
+        if answers:
+            self._waiting.discard(event.request_id)
+            if completes:
+                record.answered = record.answered.union(map(_request_id, record.requests))
+                record.completed = self.done = True
 
     def _committed(self, _future: asyncio.Future[None]) -> None:
         """A queued event's write finished: publish every stored one at the head of the queue, in order."""
