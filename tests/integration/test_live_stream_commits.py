@@ -150,3 +150,26 @@ async def test_a_commit_that_fails_is_stored_again_before_anything_after_it(tmp_
     finally:
         blocker.close()
         await store.close()
+
+
+async def test_a_cancel_while_an_answer_is_stored_loses_neither_the_answer_nor_its_position(tmp_path: Path) -> None:
+    """The write goes on once handed to the store: the cancelled task waits for it, publishes the answer, and the
+    stream's next append takes the next position (without the wait it reused this one: refused as a rewrite)."""
+    store = SqliteStore(str(tmp_path / "cancel.db"))
+    await store.open()
+    try:
+        second = PendingRequest(2, "tools/call", "a", TOOL_A)
+        record = StreamRecord("s1", "live-1", StreamKind.POST, "instance-1", (REQUEST, second), 0)
+        await store.open_stream(record)
+        live = LiveStream(record.copy(), store, EventIdCodec(await store.secret()), lambda _seconds: None)
+        answering = asyncio.create_task(live.append(b'{"jsonrpc":"2.0","id":1,"result":{}}', REQUEST, terminal=True))
+        await asyncio.sleep(0)  # one step: the task runs up to its wait for the store (the write is queued)
+        answering.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await answering
+        assert [e.seq for e in live.events] == [1]
+        await live.append(b'{"jsonrpc":"2.0","id":2,"result":{}}', second, terminal=True)
+        assert live.done
+        assert [e.request_id for e in await store.read_after("live-1", 0)] == [1, 2]
+    finally:
+        await store.close()
