@@ -34,7 +34,7 @@ class Limits:
     max_connections: int = 4096
     """Open client connections; also capped by the process's file descriptor limit less a reserve. At the cap,
     a new connection displaces the oldest one that has not sent a complete request head; with none, it gets 503."""
-    sessions_per_principal: int = 10_000
+    sessions_per_principal: int = 2000
     """Sessions one principal (issuer, subject, client) holds at once (429 beyond)."""
     calls_per_principal: int = 1000
     """Requests of one principal running at once, across its sessions (429 beyond)."""
