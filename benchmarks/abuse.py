@@ -6,8 +6,8 @@ loopback, bounded in time; writes ``benchmarks/RESULTS-abuse.md``.
     .venv/bin/python benchmarks/abuse.py --rows H3,M5 --label after --out results/x.json
 
 Each row starts a fresh ``mcp-lossless serve`` from ``--repo`` (memory store unless the row is about SQLite)
-with three dev clients, ``a``, ``b`` and ``c`` (three principals), attacks it, measures, and stops it by its PID. The client
-side is this checkout's Python. ``--merge BEFORE.json AFTER.json`` writes the report from two runs.
+with three dev clients, ``a``, ``b`` and ``c`` (three principals), attacks it, measures, and stops it by its
+PID. The client side is this checkout's Python. ``--merge BEFORE.json AFTER.json`` writes the report from two runs.
 """
 
 from __future__ import annotations
