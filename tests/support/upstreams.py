@@ -30,23 +30,26 @@ class SdkHttpUpstream:
         env = {**os.environ, "UPSTREAM_TOKEN": self.token}
         command = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "http", str(self.port)]
         self.proc = subprocess.Popen(
-            [*command, str(self.headers_file)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            [*command, str(self.headers_file)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, bufsize=0
         )
         assert self.proc.stdout is not None
+        # Raw reads after select: a buffered readline may pull the ready line into its buffer along with the one
+        # before it, and select would then wait on the pipe for a line already read (seen under load).
+        fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + READY_TIMEOUT
-        seen: list[str] = []
+        seen = b""
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], deadline - time.monotonic())
+            ready, _, _ = select.select([fd], [], [], deadline - time.monotonic())
             if not ready:
                 break
-            line = self.proc.stdout.readline()
-            if not line:
+            chunk = os.read(fd, 65536)
+            if not chunk:
                 break
-            seen.append(line)
-            if line.startswith("ready "):
+            seen += chunk
+            if any(line.startswith(b"ready ") for line in seen.splitlines()):
                 return
         self.stop()
-        raise RuntimeError(f"SDK upstream did not start:\n{''.join(seen)}")
+        raise RuntimeError(f"SDK upstream did not start:\n{seen.decode(errors='replace')}")
 
     def kill(self) -> None:
         assert self.proc is not None
