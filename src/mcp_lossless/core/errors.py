@@ -28,3 +28,11 @@ waiting helps."""
 
 UPSTREAM_FAILED = -32045
 """A gateway's upstream gave no answer: unreachable, refused, broke the protocol, or passed the deadline."""
+
+# 2026-07-28 reserves -32020..-32099 for the specification and asks implementations to allocate codes outside
+# the JSON-RPC range (-32768..-32000): the modern leg's project codes live at -31xxx.
+TASK_DENIED = -31041
+"""The owner's task, whose tool the poll's token no longer covers: re-authorize and poll the same id (HTTP 403)."""
+
+TASK_EXECUTION_LOST = -31042
+"""A task's process ended before the task finished (its ``error`` once ``failed``); the tool may have run."""

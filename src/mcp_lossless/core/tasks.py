@@ -1,0 +1,308 @@
+"""Tasks (the ``io.modelcontextprotocol/tasks`` extension): their state machine, their lifetime, who may see them.
+
+A task is bound to the principal that created it and records what a token must cover to receive its state:
+its tool's resources (and scopes). ``tasks/get`` names only the task id, never the tool, so every poll is
+decided here against the token of *that* poll (invariant 1), with exactly one of three verdicts:
+
+- :class:`Unknown`: no such task, expired, or another principal's. All three look alike on the wire, so an
+  id is no existence oracle (invariant 4).
+- :class:`Denied`: the owner's task, but the token no longer covers the tool. A distinguishable, resumable
+  denial naming what is missing, and never a byte of the result (invariant 2).
+- :class:`Deliver`: the task's state, with its result or error inline once terminal.
+
+Lifetime: a task's TTL counts from the later of its last status change and its owner's last poll, denied
+polls included (:attr:`TaskRecord.expires_at`). An owner that keeps polling while it re-authorizes never
+loses the task; one that walks away loses it a TTL later. The naive rule (``createdAt + ttl``) would expire
+a finished result while its owner fetches a covering token (docs/decisions/0009).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any
+
+import orjson
+
+from .errors import TASK_DENIED, TASK_EXECUTION_LOST
+from .principal import Grant, Principal
+from .resources import AudiencePolicy
+
+EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+class TaskStatus(Enum):
+    WORKING = "working"
+    INPUT_REQUIRED = "input_required"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+_NEXT: dict[TaskStatus, frozenset[TaskStatus]] = {
+    TaskStatus.WORKING: frozenset({TaskStatus.INPUT_REQUIRED}) | TERMINAL,
+    TaskStatus.INPUT_REQUIRED: frozenset({TaskStatus.WORKING}) | TERMINAL,
+    **{status: frozenset() for status in TERMINAL},
+}
+"""The extension's state diagram: working ⇄ input_required, either → a terminal status, which is final."""
+
+
+class IllegalTransition(ValueError):
+    """A status change the state diagram does not allow, or an outcome that does not fit the status."""
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """What a token must cover to receive a task's state: its tool's resource indicators, and scopes."""
+
+    resources: frozenset[str]
+    scopes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """A task's durable state. Times are seconds since the epoch; ``ttl`` is seconds, ``None`` for unlimited."""
+
+    task_id: str
+    principal: Principal
+    tool: str
+    requirement: Requirement
+    owner: str
+    """The server instance running it: when that instance is gone, the task is lost (:func:`lost`)."""
+    status: TaskStatus
+    created_at: float
+    updated_at: float
+    seen_at: float
+    """The owner's last poll (authorized or denied): the TTL's clock starts again there."""
+    ttl: float | None
+    message: str | None = None
+    result: dict[str, Any] | None = None
+    """The tool's result once ``completed`` (``isError`` results too)."""
+    error: dict[str, Any] | None = None
+    """The JSON-RPC error (``code``, ``message``, maybe ``data``) once ``failed``."""
+
+    @property
+    def expires_at(self) -> float | None:
+        if self.ttl is None:
+            return None
+        return max(self.updated_at, self.seen_at) + self.ttl
+
+    def expired(self, now: float) -> bool:
+        expires = self.expires_at
+        return expires is not None and now > expires
+
+
+def new_task(
+    task_id: str,
+    principal: Principal,
+    tool: str,
+    requirement: Requirement,
+    owner: str,
+    now: float,
+    ttl: float | None,
+) -> TaskRecord:
+    if ttl is not None and ttl <= 0:
+        raise ValueError("a task's ttl must be positive (or None for unlimited)")
+    return TaskRecord(task_id, principal, tool, requirement, owner, TaskStatus.WORKING, now, now, now, ttl)
+
+
+def advance(
+    record: TaskRecord,
+    status: TaskStatus,
+    now: float,
+    *,
+    message: str | None = None,
+    result: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+) -> TaskRecord:
+    """The task after a status change; :class:`IllegalTransition` if the diagram or the outcome forbids it.
+
+    ``completed`` carries a result and ``failed`` a JSON-RPC error; no other status carries either.
+    """
+    if status not in _NEXT[record.status]:
+        raise IllegalTransition(f"task {record.task_id}: {record.status.value} cannot become {status.value}")
+    if (result is not None) != (status is TaskStatus.COMPLETED):
+        raise IllegalTransition("a result belongs to a completed task, and a completed task has one")
+    if (error is not None) != (status is TaskStatus.FAILED):
+        raise IllegalTransition("an error belongs to a failed task, and a failed task has one")
+    if error is not None and not (isinstance(error.get("code"), int) and isinstance(error.get("message"), str)):
+        raise IllegalTransition("a failed task's error is a JSON-RPC error object (integer code, string message)")
+    return replace(
+        record, status=status, updated_at=max(record.updated_at, now), message=message, result=result, error=error
+    )
+
+
+def seen(record: TaskRecord, now: float) -> TaskRecord:
+    """The task after its owner polled it (an :class:`Deliver` or :class:`Denied` verdict): its TTL restarts."""
+    return replace(record, seen_at=max(record.seen_at, now))
+
+
+def execution_lost_error(task_id: str) -> dict[str, Any]:
+    return {
+        "code": TASK_EXECUTION_LOST,
+        "message": "execution lost: the process running this task ended before it finished; the tool may have run",
+        "data": {"reason": "execution_lost", "taskId": task_id, "resumable": False},
+    }
+
+
+def lost(record: TaskRecord, now: float) -> TaskRecord:
+    """A live task whose process died: ``failed`` with the execution-lost error, never ``working`` forever."""
+    message = "the server process running this task ended"
+    return advance(record, TaskStatus.FAILED, now, message=message, error=execution_lost_error(record.task_id))
+
+
+# -- who may see a task ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """Answered exactly as for an id never issued: no such task, expired, or another principal's."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Denied:
+    """The owner's task, which the token no longer covers: re-authorize for ``missing_*`` and poll again."""
+
+    task_id: str
+    missing_resources: tuple[str, ...]
+    missing_scopes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    record: TaskRecord
+
+
+Verdict = Unknown | Denied | Deliver
+
+
+def authorize(task_id: str, record: TaskRecord | None, grant: Grant, policy: AudiencePolicy, now: float) -> Verdict:
+    """The one decision behind every ``tasks/get``, ``tasks/update``, ``tasks/cancel`` (and push).
+
+    Resource coverage is the audience policy's (the same rule as calls and replays); a scope is covered when
+    the token holds it.
+    """
+    if record is None or record.task_id != task_id or record.principal != grant.principal or record.expired(now):
+        return Unknown(task_id)
+    resources = policy.missing(grant.audience, record.requirement.resources)
+    scopes = record.requirement.scopes - grant.scopes
+    if resources or scopes:
+        return Denied(task_id, tuple(sorted(resources)), tuple(sorted(scopes)))
+    return Deliver(record)
+
+
+# -- wire shapes -------------------------------------------------------------------------------------
+
+UNKNOWN_MESSAGE = "Failed to retrieve task: Task not found"
+"""The one answer (``-32602``) for an unknown, expired or foreign task id; it echoes nothing."""
+
+
+def denial_message(denied: Denied) -> str:
+    missing = ", ".join((*denied.missing_resources, *(f"scope {s}" for s in denied.missing_scopes)))
+    return (
+        f"task {denied.task_id} not delivered: the token does not cover {missing}; "
+        "the task is kept: re-authorize and poll the same task id"
+    )
+
+
+def denial_data(denied: Denied) -> dict[str, Any]:
+    """``data`` of the :data:`~mcp_lossless.core.errors.TASK_DENIED` error (docs/errors.md)."""
+    return {
+        "reason": "insufficient_audience" if denied.missing_resources else "insufficient_scope",
+        "taskId": denied.task_id,
+        "requiredResources": list(denied.missing_resources),
+        "requiredScopes": list(denied.missing_scopes),
+        "resumable": True,
+    }
+
+
+def denial_error(denied: Denied) -> dict[str, Any]:
+    return {"code": TASK_DENIED, "message": denial_message(denied), "data": denial_data(denied)}
+
+
+def iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def task_view(record: TaskRecord, poll_interval_ms: int | None) -> dict[str, Any]:
+    """The extension's ``Task`` (for ``CreateTaskResult``), without outcome.
+
+    ``ttlMs`` counts from ``createdAt`` (as the extension defines it) to the current expiry, so it grows as
+    the owner polls: a client using ``createdAt + ttlMs`` as its backstop sees the true deadline.
+    """
+    view: dict[str, Any] = {
+        "taskId": record.task_id,
+        "status": record.status.value,
+        "createdAt": iso(record.created_at),
+        "lastUpdatedAt": iso(record.updated_at),
+        "ttlMs": None if record.expires_at is None else round((record.expires_at - record.created_at) * 1000),
+    }
+    if record.message is not None:
+        view["statusMessage"] = record.message
+    if poll_interval_ms is not None:
+        view["pollIntervalMs"] = poll_interval_ms
+    return view
+
+
+def detailed_task(record: TaskRecord, poll_interval_ms: int | None) -> dict[str, Any]:
+    """The extension's ``DetailedTask`` (``tasks/get``): the task, with its result or error inline once terminal."""
+    view = task_view(record, poll_interval_ms)
+    if record.status is TaskStatus.COMPLETED:
+        view["result"] = record.result
+    elif record.status is TaskStatus.FAILED:
+        view["error"] = record.error
+    return view
+
+
+# -- durable form ------------------------------------------------------------------------------------
+
+
+def encode_task(record: TaskRecord) -> bytes:
+    """The one serialized form every task store keeps (JSON)."""
+    return orjson.dumps(
+        {
+            "id": record.task_id,
+            "iss": record.principal.issuer,
+            "sub": record.principal.subject,
+            "cid": record.principal.client_id,
+            "tool": record.tool,
+            "res": sorted(record.requirement.resources),
+            "scp": sorted(record.requirement.scopes),
+            "owner": record.owner,
+            "status": record.status.value,
+            "created": record.created_at,
+            "updated": record.updated_at,
+            "seen": record.seen_at,
+            "ttl": record.ttl,
+            "msg": record.message,
+            "result": record.result,
+            "error": record.error,
+        }
+    )
+
+
+def decode_task(raw: bytes | str) -> TaskRecord:
+    d = orjson.loads(raw)
+    return TaskRecord(
+        task_id=d["id"],
+        principal=Principal(d["iss"], d["sub"], d["cid"]),
+        tool=d["tool"],
+        requirement=Requirement(frozenset(d["res"]), frozenset(d["scp"])),
+        owner=d["owner"],
+        status=TaskStatus(d["status"]),
+        created_at=d["created"],
+        updated_at=d["updated"],
+        seen_at=d["seen"],
+        ttl=d["ttl"],
+        message=d["msg"],
+        result=d["result"],
+        error=d["error"],
+    )

@@ -1,0 +1,185 @@
+"""Properties of the task core: the state diagram, the TTL rule, and the three-way delivery decision."""
+
+from __future__ import annotations
+
+import string
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcp_lossless.core import tasks
+from mcp_lossless.core.errors import INVALID_PARAMS, TASK_DENIED, TASK_EXECUTION_LOST
+from mcp_lossless.core.principal import Grant, Principal
+from mcp_lossless.core.resources import AudiencePolicy
+from mcp_lossless.core.tasks import (
+    Deliver,
+    Denied,
+    IllegalTransition,
+    Requirement,
+    TaskStatus,
+    Unknown,
+    advance,
+    authorize,
+    new_task,
+    seen,
+)
+
+CANONICAL = "https://mcp.example/mcp"
+TOOLS = [f"{CANONICAL}/tools/{name}" for name in ("fetch", "search", "write")]
+POLICY = AudiencePolicy(CANONICAL, TOOLS)
+ALICE = Principal("https://as.example", "alice", "app")
+PRINCIPALS = st.sampled_from([ALICE, Principal("https://as.example", "bob", "app"), Principal("other", "alice", "app")])
+AUDIENCES = st.frozensets(st.sampled_from([CANONICAL, *TOOLS, "https://elsewhere.example"]), max_size=4)
+SCOPES = st.frozensets(st.sampled_from(["read", "write", "admin"]), max_size=3)
+STATUSES = st.sampled_from(list(TaskStatus))
+MARKER = st.text(string.ascii_letters, min_size=12, max_size=20).map(lambda s: f"secret-{s}")
+
+
+def outcome_for(status: TaskStatus, marker: str = "ok") -> dict[str, object]:
+    if status is TaskStatus.COMPLETED:
+        return {"result": {"content": [{"type": "text", "text": marker}], "isError": False}}
+    if status is TaskStatus.FAILED:
+        return {"error": {"code": -32603, "message": marker}}
+    return {}
+
+
+def fresh(ttl: float | None = 60.0, requirement: Requirement | None = None) -> tasks.TaskRecord:
+    return new_task("t-1", ALICE, "fetch", requirement or Requirement(frozenset({TOOLS[0]})), "me", 1000.0, ttl)
+
+
+@given(st.lists(st.tuples(STATUSES, st.floats(0, 100)), max_size=12))
+def test_only_the_state_diagram_is_walked_and_terminal_is_final(steps: list[tuple[TaskStatus, float]]) -> None:
+    record = fresh()
+    now = record.created_at
+    for status, delay in steps:
+        now += delay
+        allowed = not record.status.terminal and status is not record.status
+        if allowed:
+            after = advance(record, status, now, **outcome_for(status))  # type: ignore[arg-type]
+            assert after.status is status and after.updated_at == now
+            assert (after.result is not None) == (status is TaskStatus.COMPLETED)
+            assert (after.error is not None) == (status is TaskStatus.FAILED)
+            record = after
+        else:
+            with pytest.raises(IllegalTransition):
+                advance(record, status, now, **outcome_for(status))  # type: ignore[arg-type]
+
+
+@given(STATUSES)
+def test_an_outcome_must_fit_its_status(status: TaskStatus) -> None:
+    record = fresh()
+    if status is TaskStatus.WORKING:
+        return
+    wrong = {"result": {"content": []}} if status is not TaskStatus.COMPLETED else {}
+    with pytest.raises(IllegalTransition):
+        advance(record, status, 1001.0, **wrong)  # type: ignore[arg-type]
+    with pytest.raises(IllegalTransition):
+        advance(record, TaskStatus.FAILED, 1001.0, error={"message": "no code"})
+
+
+def test_a_lost_task_fails_with_execution_lost_and_a_settled_one_cannot_be_lost() -> None:
+    failed = tasks.lost(fresh(), 1005.0)
+    assert failed.status is TaskStatus.FAILED
+    assert failed.error is not None and failed.error["code"] == TASK_EXECUTION_LOST
+    assert failed.error["data"] == {"reason": "execution_lost", "taskId": "t-1", "resumable": False}
+    done = advance(fresh(), TaskStatus.COMPLETED, 1001.0, result={"content": []})
+    with pytest.raises(IllegalTransition):
+        tasks.lost(done, 1002.0)
+
+
+@given(st.floats(0.5, 100), st.lists(st.floats(0, 1), min_size=1, max_size=20))
+def test_an_owner_that_keeps_polling_never_loses_its_task(ttl: float, gaps: list[float]) -> None:
+    """Polls (denied ones too) less than a TTL apart keep the task, however long past createdAt + ttl."""
+    record = advance(fresh(ttl), TaskStatus.COMPLETED, 1000.0, result={"content": []})
+    now = record.created_at
+    for fraction in gaps:
+        now += fraction * ttl * 0.99
+        assert not record.expired(now)
+        record = seen(record, now)
+        assert record.expires_at == now + ttl
+    assert not record.expired(now + ttl)
+    assert record.expired(now + ttl + 0.001), "one that stops polling loses it a TTL later"
+
+
+@given(st.floats(0.5, 100), st.floats(0, 1000))
+def test_ttl_counts_from_the_later_of_status_change_and_last_poll(ttl: float, later: float) -> None:
+    record = fresh(ttl)
+    changed = advance(record, TaskStatus.COMPLETED, record.created_at + later, result={"content": []})
+    assert changed.expires_at == record.created_at + later + ttl
+    assert seen(changed, record.created_at).expires_at == changed.expires_at, "an older poll moves nothing"
+    assert fresh(None).expires_at is None and not fresh(None).expired(1e12)
+
+
+@given(PRINCIPALS, AUDIENCES, SCOPES, SCOPES, STATUSES, MARKER)
+def test_the_delivery_decision(
+    principal: Principal,
+    audience: frozenset[str],
+    required_scopes: frozenset[str],
+    held_scopes: frozenset[str],
+    status: TaskStatus,
+    marker: str,
+) -> None:
+    record = fresh(requirement=Requirement(frozenset({TOOLS[0]}), required_scopes))
+    if status is not TaskStatus.WORKING:
+        record = advance(record, status, 1001.0, **outcome_for(status, marker))  # type: ignore[arg-type]
+    grant = Grant(principal, audience, scopes=held_scopes)
+    verdict = authorize("t-1", record, grant, POLICY, 1002.0)
+    if principal != ALICE:
+        assert verdict == authorize("t-1", None, grant, POLICY, 1002.0) == Unknown("t-1"), "no existence oracle"
+        return
+    resources_ok = not POLICY.missing(audience, record.requirement.resources)
+    scopes_ok = required_scopes <= held_scopes
+    if resources_ok and scopes_ok:
+        assert verdict == Deliver(record)
+        view = tasks.detailed_task(record, 500)
+        assert ("result" in view) == (status is TaskStatus.COMPLETED)
+        assert ("error" in view) == (status is TaskStatus.FAILED)
+        return
+    assert isinstance(verdict, Denied)
+    assert set(verdict.missing_resources) == POLICY.missing(audience, record.requirement.resources)
+    assert set(verdict.missing_scopes) == required_scopes - held_scopes
+    error = tasks.denial_error(verdict)
+    assert error["code"] == TASK_DENIED and not -32768 <= error["code"] <= -32000 and error["code"] != INVALID_PARAMS
+    assert error["data"]["taskId"] == "t-1" and error["data"]["resumable"] is True
+    assert marker.encode() not in orjson.dumps(error), "a denial carries not a byte of the result"
+
+
+def test_an_expired_or_mismatched_task_is_unknown_even_to_its_owner() -> None:
+    record = fresh(ttl=10)
+    grant = Grant(ALICE, frozenset({CANONICAL}))
+    assert isinstance(authorize("t-1", record, grant, POLICY, 1010.0), Deliver)
+    assert authorize("t-1", record, grant, POLICY, 1010.5) == Unknown("t-1")
+    assert authorize("t-2", record, grant, POLICY, 1001.0) == Unknown("t-2")
+
+
+@given(
+    STATUSES,
+    st.one_of(st.none(), st.floats(0.001, 1e6)),
+    st.frozensets(st.sampled_from(TOOLS)),
+    SCOPES,
+    st.one_of(st.none(), st.text(max_size=20)),
+)
+def test_the_durable_form_round_trips(
+    status: TaskStatus, ttl: float | None, resources: frozenset[str], scopes: frozenset[str], message: str | None
+) -> None:
+    record = fresh(ttl, Requirement(resources, scopes))
+    if status is not TaskStatus.WORKING:
+        record = advance(record, status, 1001.5, message=message, **outcome_for(status))  # type: ignore[arg-type]
+    assert tasks.decode_task(tasks.encode_task(record)) == record
+
+
+def test_wire_view() -> None:
+    record = seen(fresh(ttl=60), 1030.0)
+    view = tasks.task_view(record, 250)
+    assert view == {
+        "taskId": "t-1",
+        "status": "working",
+        "createdAt": "1970-01-01T00:16:40.000Z",
+        "lastUpdatedAt": "1970-01-01T00:16:40.000Z",
+        "ttlMs": 90_000,
+        "pollIntervalMs": 250,
+    }
+    with pytest.raises(ValueError):
+        new_task("t", ALICE, "fetch", Requirement(frozenset()), "me", 0.0, 0.0)
