@@ -1,0 +1,61 @@
+"""The task-store interface (the tasks extension's durable state) and how a CLI store spec picks one.
+
+A task store keeps :class:`~mcp_lossless.core.tasks.TaskRecord` s in the one serialized form of the core
+(:func:`~mcp_lossless.core.tasks.encode_task`). It decides nothing about tasks but two atomic rules the
+server relies on across processes: a terminal task is never overwritten (the first outcome wins, so a
+cancel racing a completion, or a replica settling a lost task, cannot clobber a result), and an owner's
+poll only ever moves ``seen_at`` forward.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..core.tasks import TaskRecord
+
+
+class TaskLimitReached(Exception):
+    """The store holds as many tasks as it may; the server answers with a clear error, nothing is created."""
+
+
+class TaskStore(Protocol):
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    async def create(self, record: TaskRecord) -> None:
+        """Store a new task durably: once this returns, :meth:`get` on any process sharing the store finds it."""
+        ...
+
+    async def get(self, task_id: str) -> TaskRecord | None: ...
+
+    async def update(self, record: TaskRecord) -> TaskRecord | None:
+        """Replace the task's state unless the stored task is terminal; return what is stored now.
+
+        ``None`` if the task is gone (expired and purged). ``seen_at`` is never moved back.
+        """
+        ...
+
+    async def touch(self, task_id: str, now: float) -> None:
+        """Its owner polled it: ``seen_at`` becomes ``now`` unless it is later already (the TTL restarts)."""
+        ...
+
+    async def purge_expired(self, now: float) -> int:
+        """Delete the tasks whose TTL has run out; return how many."""
+        ...
+
+
+def open_task_store(spec: str) -> TaskStore:
+    """The task store beside the event store of the same CLI spec: ``memory``, ``sqlite:PATH``, ``redis://…``."""
+    if spec == "memory":
+        from .tasks_memory import MemoryTaskStore
+
+        return MemoryTaskStore()
+    if spec.startswith("sqlite:"):
+        from .tasks_sqlite import SqliteTaskStore
+
+        return SqliteTaskStore(spec.removeprefix("sqlite:"))
+    if spec.startswith(("redis://", "rediss://")):
+        from .tasks_redis import RedisTaskStore
+
+        return RedisTaskStore.from_spec(spec)
+    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH, redis://HOST:PORT[/DB][?prefix=P]")

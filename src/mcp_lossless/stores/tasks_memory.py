@@ -1,0 +1,51 @@
+"""Tasks in process memory: for tests and single-process servers that may lose tasks on restart."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..core.tasks import TaskRecord
+from .tasks import TaskLimitReached
+
+
+class MemoryTaskStore:
+    """A dict of records, bounded by ``max_tasks`` (expired ones are purged first when it is full)."""
+
+    def __init__(self, max_tasks: int = 100_000) -> None:
+        if max_tasks < 1:
+            raise ValueError("max_tasks must be at least 1")
+        self.max_tasks = max_tasks
+        self._tasks: dict[str, TaskRecord] = {}
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def create(self, record: TaskRecord) -> None:
+        if len(self._tasks) >= self.max_tasks and not await self.purge_expired(record.created_at):
+            raise TaskLimitReached(f"the server holds {self.max_tasks} tasks, its limit")
+        self._tasks[record.task_id] = record
+
+    async def get(self, task_id: str) -> TaskRecord | None:
+        return self._tasks.get(task_id)
+
+    async def update(self, record: TaskRecord) -> TaskRecord | None:
+        stored = self._tasks.get(record.task_id)
+        if stored is None or stored.status.terminal:
+            return stored
+        fresh = replace(record, seen_at=max(record.seen_at, stored.seen_at))
+        self._tasks[record.task_id] = fresh
+        return fresh
+
+    async def touch(self, task_id: str, now: float) -> None:
+        stored = self._tasks.get(task_id)
+        if stored is not None and now > stored.seen_at:
+            self._tasks[task_id] = replace(stored, seen_at=now)
+
+    async def purge_expired(self, now: float) -> int:
+        gone = [task_id for task_id, record in self._tasks.items() if record.expired(now)]
+        for task_id in gone:
+            del self._tasks[task_id]
+        return len(gone)
