@@ -12,8 +12,11 @@ from redis.asyncio import Redis
 
 from mcp_lossless.core.principal import Principal
 from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, advance, lost, new_task
+from mcp_lossless.stores.base import EventStore
+from mcp_lossless.stores.memory import MemoryStore
+from mcp_lossless.stores.redis import RedisStore
 from mcp_lossless.stores.sqlite import SqliteStore
-from mcp_lossless.stores.tasks import TaskLimitReached, TaskStore, open_task_store
+from mcp_lossless.stores.tasks import TaskLimitReached, TaskStore, task_store_beside
 from mcp_lossless.stores.tasks_memory import MemoryTaskStore
 
 pytestmark = pytest.mark.anyio
@@ -29,13 +32,14 @@ def task(task_id: str = "t-1", ttl: float | None = 30.0) -> TaskRecord:
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[TaskStore]:
+    events: EventStore
     if request.param == "memory":
-        spec = "memory"
+        events = MemoryStore()
     elif request.param == "sqlite":
-        spec = f"sqlite:{tmp_path / 'tasks.db'}"
+        events = SqliteStore(str(tmp_path / "tasks.db"))
     else:
-        spec = f"{request.getfixturevalue('redis_url')}?prefix=tasks-{uuid.uuid4().hex}"
-    opened = open_task_store(spec)
+        events = RedisStore(request.getfixturevalue("redis_url"), prefix=f"tasks-{uuid.uuid4().hex}")
+    opened = task_store_beside(events)
     await opened.open()
     yield opened
     await opened.close()
@@ -106,13 +110,13 @@ async def test_sqlite_tasks_share_the_event_store_file_and_survive_a_restart(tmp
     path = tmp_path / "events.db"
     events = SqliteStore(str(path))
     await events.open()
-    first = open_task_store(f"sqlite:{path}")
+    first = task_store_beside(events)
     await first.open()
     await first.create(task())
     await first.touch("t-1", T0 + 7)
     await first.close()
     await events.close()
-    again = open_task_store(f"sqlite:{path}")
+    again = task_store_beside(SqliteStore(str(path)))
     await again.open()
     try:
         found = await again.get("t-1")

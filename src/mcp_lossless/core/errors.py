@@ -18,6 +18,10 @@ EXECUTION_LOST = -32042
 FORBIDDEN = -32043
 """A tools/call whose token does not cover the tool's resource indicator."""
 
+HEADER_MISMATCH = -32020
+MISSING_REQUIRED_CLIENT_CAPABILITY = -32021
+"""Two of the three codes 2026-07-28 defines (its modern leg only; each with HTTP 400)."""
+
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 """The spec's code (2026-07-28) for a request at a revision the server does not serve; ``data.supported`` lists
 the ones it does, so a client can fall back (to ``initialize`` when none of them is modern)."""
@@ -36,3 +40,9 @@ TASK_DENIED = -31041
 
 TASK_EXECUTION_LOST = -31042
 """A task's process ended before the task finished (its ``error`` once ``failed``); the tool may have run."""
+
+TOOL_FORBIDDEN = -31043
+"""A 2026-07-28 ``tools/call`` whose token does not cover the tool (HTTP 403; the legacy leg's FORBIDDEN)."""
+
+CLIENT_INPUT_UNAVAILABLE = -31044
+"""A tool asked the client for input (sampling, elicitation), which the 2026-07-28 leg does not offer."""

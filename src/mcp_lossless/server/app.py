@@ -16,10 +16,12 @@ from ..asgi import Receive, Scope, Send, headers, respond, respond_json
 from ..core.resources import canonical_resource
 from ..devauth.server import DevAuthServer
 from ..stores import EventStore, open_store
+from ..stores.tasks import TaskStore, task_store_beside
 from . import metadata
 from .auth import JwtVerifier, RemoteJwks, StaticJwks, TokenVerifier, discover_jwks_uri
 from .config import LOOPBACK_HOSTS, ServerConfig
 from .demo import demo_tools
+from .modern import ModernLeg
 from .observability import log_decision, now
 from .state import ServerState
 from .tools import MethodHandler, ToolRegistry
@@ -40,10 +42,13 @@ def _host_of(value: str) -> str:
 class LosslessApp:
     """Build with :func:`create_app`; serve with any ASGI server (the CLI uses uvicorn)."""
 
-    def __init__(self, state: ServerState, dev_as: DevAuthServer | None = None) -> None:
+    def __init__(
+        self, state: ServerState, dev_as: DevAuthServer | None = None, modern: ModernLeg | None = None
+    ) -> None:
         self.state = state
         self.config = state.config
-        self.transport = Transport(state)
+        self.modern = modern
+        self.transport = Transport(state, modern)
         self.dev_as = dev_as
         self._prm = {metadata.metadata_path(r): r for r in state.resources()}
         self._sweeper: asyncio.Task[None] | None = None
@@ -177,6 +182,8 @@ class LosslessApp:
         state = self.state
         await state.start()
         await state.store.register_instance(state.instance)  # replicas see this process alive by its lease
+        if self.modern is not None:
+            await self.modern.open()
         issuer = self.config.issuer
         if state.verifier is None and issuer is not None and issuer != "dev":
             self._http = httpx.AsyncClient(timeout=10)
@@ -193,6 +200,8 @@ class LosslessApp:
                 await self._sweeper
         for session in self.state.sessions.all():
             await session.close("shutdown")
+        if self.modern is not None:
+            await self.modern.close()
         await self.state.store.close()
         if self._http is not None:
             await self._http.aclose()
@@ -215,8 +224,13 @@ def create_app(
     verifier: TokenVerifier | None = None,
     methods: Mapping[str, MethodHandler] | None = None,
     capabilities: Mapping[str, Any] | None = None,
+    task_store: TaskStore | None = None,
 ) -> LosslessApp:
-    """The server for ``config``. ``issuer="dev"`` mounts the embedded authorization server under /dev-as."""
+    """The server for ``config``. ``issuer="dev"`` mounts the embedded authorization server under /dev-as.
+
+    Tasks (2026-07-28) are kept beside the events (:func:`~mcp_lossless.stores.tasks.task_store_beside`)
+    unless ``task_store`` says otherwise.
+    """
     registry = tools if tools is not None else demo_tools()
     store = store if store is not None else open_store(config.store)
     dev_as = None
@@ -246,4 +260,5 @@ def create_app(
     elif config.issuer is not None:
         servers = [config.issuer]
     state = ServerState(config, registry, store, verifier, servers, methods, capabilities)
-    return LosslessApp(state, dev_as)
+    modern = ModernLeg(state, task_store if task_store is not None else task_store_beside(store))
+    return LosslessApp(state, dev_as, modern)

@@ -102,7 +102,8 @@ def unsupported_version(requested: str, request_id: RequestId | None = None) -> 
     supported = ", ".join(protocol.SUPPORTED)
     if requested == protocol.STATELESS:
         message = (
-            f"protocol {requested} (stateless, no resumption) is not served here; initialize with one of {supported}"
+            f"protocol {requested} is served statelessly (per-request _meta, no session), not on a session; "
+            f"a session speaks one of {supported}"
         )
     else:
         message = f"unsupported MCP-Protocol-Version {requested!r}; supported: {supported}"

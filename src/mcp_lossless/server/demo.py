@@ -1,4 +1,7 @@
-"""The two demo tools `serve` offers: each reports progress and then returns a deterministic text."""
+"""The two demo tools `serve` offers: each reports progress and then returns a deterministic text.
+
+``fetch`` runs as a task for 2026-07-28 clients that declared the tasks extension.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ def demo_tools() -> ToolRegistry:
         await _steps(ctx, steps, delay_ms, "search")
         return f"search results for {query!r}: 3 documents"
 
-    @registry.tool(idempotent=True, read_only=True)
+    @registry.tool(idempotent=True, read_only=True, task=True)
     async def fetch(ctx: ToolContext, url: str, steps: int = 3, delay_ms: int = 100) -> str:
         """Fetch `url`; sends `steps` progress notifications `delay_ms` apart."""
         await _steps(ctx, steps, delay_ms, "fetch")

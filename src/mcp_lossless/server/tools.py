@@ -130,6 +130,8 @@ class RegisteredTool:
     """OAuth scopes a token must hold, besides covering the resource, to call the tool and receive its events."""
     schema: dict[str, Any] | None = None
     """Published instead of the schema derived from the signature (for JSON Schema type hints cannot express)."""
+    task: bool = False
+    """Runs as a task for 2026-07-28 clients that declared the tasks extension (others: within the request)."""
 
     def input_schema(self) -> dict[str, Any]:
         if self.schema is not None:
@@ -188,10 +190,13 @@ class ToolRegistry:
         read_only: bool | None = None,
         title: str | None = None,
         input_schema: dict[str, Any] | None = None,
+        task: bool = False,
     ) -> Callable[[Callable[..., Awaitable[ToolReturn]]], Callable[..., Awaitable[ToolReturn]]]:
         """Register an async function as a tool. Parameters typed :class:`ToolContext` receive the context.
 
         ``input_schema`` replaces the published ``inputSchema``; calls are still validated against the signature.
+        ``task=True``: for long-running or non-idempotent tools, whose result must outlive the request that
+        started them (2026-07-28 clients with the tasks extension poll it with ``tasks/get``).
         """
 
         def register(fn: Callable[..., Awaitable[ToolReturn]]) -> Callable[..., Awaitable[ToolReturn]]:
@@ -221,6 +226,7 @@ class ToolRegistry:
                 resource=resource,
                 scopes=tuple(sorted(set(scopes))),
                 schema=input_schema,
+                task=task,
             )
             return fn
 

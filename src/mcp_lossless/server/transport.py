@@ -15,7 +15,7 @@ from time import perf_counter
 from typing import Any
 
 from .. import __version__
-from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, respond
+from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
 from ..core import errors, frames, protocol
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
 from ..core.principal import Grant
@@ -40,6 +40,7 @@ from .auth import InvalidToken
 from .dispatch import Dispatcher
 from .errors import Refused, rpc_error
 from .keys import stream_key
+from .modern import ModernLeg, is_modern
 from .observability import fingerprint, log_decision, now
 from .sessions import ServerSession
 from .state import ServerState
@@ -59,10 +60,12 @@ class Transport:
     are run by the :class:`.dispatch.Dispatcher` and written by an :class:`.writer.SseWriter`.
     """
 
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, modern: ModernLeg | None = None) -> None:
         self.state = state
         self.dispatcher = Dispatcher(state)
         self.producers = Producers(state.store, state.instance, state.live_stream, state.metrics.lost.inc)
+        self.modern = modern
+        """The 2026-07-28 leg: a POST that opens the modern way goes there (docs/decisions/0011)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Route by method; render whatever refusal the checks raise, before any byte of a response."""
@@ -100,6 +103,9 @@ class Transport:
         except BodyTooLarge:
             raise Refused.rpc(413, errors.INVALID_REQUEST, f"body exceeds {config.max_body_bytes} bytes") from None
         messages, batch = checks.parse_messages(body, config.max_batch)
+        if self.modern is not None and not batch and is_modern(messages[0], headers(scope)):
+            await self.modern.serve(receive, send, grant, headers(scope), messages[0])
+            return
         first = messages[0]
         if first.get("method") == "initialize" and "id" in first:
             checks.require_alone(messages)

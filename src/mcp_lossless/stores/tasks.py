@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..core.tasks import TaskRecord
+from .base import EventStore
 
 
 class TaskLimitReached(Exception):
@@ -44,18 +45,20 @@ class TaskStore(Protocol):
         ...
 
 
-def open_task_store(spec: str) -> TaskStore:
-    """The task store beside the event store of the same CLI spec: ``memory``, ``sqlite:PATH``, ``redis://…``."""
-    if spec == "memory":
-        from .tasks_memory import MemoryTaskStore
+def task_store_beside(events: EventStore) -> TaskStore:
+    """The task store that keeps tasks where ``events`` keeps events: the same SQLite file, the same Redis and
+    prefix, process memory for the memory store (and for any other event store: pass a task store for it)."""
+    from .redis import RedisStore
+    from .sqlite import SqliteStore
 
-        return MemoryTaskStore()
-    if spec.startswith("sqlite:"):
+    if isinstance(events, SqliteStore):
         from .tasks_sqlite import SqliteTaskStore
 
-        return SqliteTaskStore(spec.removeprefix("sqlite:"))
-    if spec.startswith(("redis://", "rediss://")):
+        return SqliteTaskStore(events.path)
+    if isinstance(events, RedisStore):
         from .tasks_redis import RedisTaskStore
 
-        return RedisTaskStore.from_spec(spec)
-    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH, redis://HOST:PORT[/DB][?prefix=P]")
+        return RedisTaskStore(events.url, prefix=events.prefix)
+    from .tasks_memory import MemoryTaskStore
+
+    return MemoryTaskStore()

@@ -19,7 +19,6 @@ from redis.asyncio import Redis
 
 from ..core.tasks import TaskRecord, decode_task, encode_task
 from .base import StoreUnavailable
-from .redis import RedisStore
 
 EXPIRY_GRACE_SECONDS = 60.0
 """Redis drops a task this long after the core considers it expired (clock skew between replicas)."""
@@ -64,12 +63,6 @@ class RedisTaskStore:
         self.url = url
         self.prefix = prefix
         self._redis: Redis | None = None
-
-    @classmethod
-    def from_spec(cls, spec: str) -> RedisTaskStore:
-        """The same ``redis://`` spec as the event store's (its URL and ``prefix``; the rest is the event store's)."""
-        events = RedisStore.from_spec(spec)
-        return cls(events.url, prefix=events.prefix)
 
     async def open(self) -> None:
         self._redis = Redis.from_url(self.url, socket_timeout=5.0, socket_connect_timeout=2.0)

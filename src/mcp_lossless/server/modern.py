@@ -1,0 +1,489 @@
+"""The 2026-07-28 leg of the endpoint: stateless requests, and tools that run as tasks (docs/decisions/0009).
+
+A request whose ``_meta`` carries the modern protocol fields is served here, on the same endpoint as the
+legacy sessions (:func:`is_modern`); ``initialize`` keeps selecting the legacy leg, unchanged. Every request
+stands alone: no session is minted, nothing is resumable, and a client that closes the response has
+cancelled the request (the legacy leg keeps running the tool). Durable work goes through the tasks
+extension instead: a tool declared ``task=True``, called by a client that declared the extension, is stored
+as a task before ``CreateTaskResult`` is sent, runs detached from the request, and is polled with
+``tasks/get``. Every task request is decided by :func:`mcp_lossless.core.tasks.authorize` against the
+token of that request: another principal's task is answered like an unknown id, and the owner's task whose
+tool the token no longer covers gets a 403 with the same challenge a refused call gets and the resumable
+:data:`~mcp_lossless.core.errors.TASK_DENIED` error, never its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import contextlib
+import logging
+import secrets
+from base64 import b64decode
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .. import __version__
+from ..asgi import Receive, Send, respond, respond_json
+from ..core import errors, frames, protocol
+from ..core.events import RequestId
+from ..core.principal import Grant
+from ..core.tasks import (
+    EXTENSION,
+    UNKNOWN_MESSAGE,
+    Deliver,
+    Denied,
+    Requirement,
+    TaskRecord,
+    TaskStatus,
+    Unknown,
+    advance,
+    authorize,
+    denial_error,
+    denial_message,
+    detailed_task,
+    lost,
+    new_task,
+    seen,
+    task_view,
+)
+from ..stores.base import StoreUnavailable
+from ..stores.tasks import TaskLimitReached, TaskStore
+from .observability import log_decision, now
+from .state import ServerState
+from .tools import MethodError, Tool, ToolContext, ToolError, ToolInputError, content_of
+from .writer import SSE_HEADERS
+
+log = logging.getLogger("mcp_lossless.modern")
+
+META_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+SUPPORTED = (protocol.STATELESS, *protocol.SUPPORTED)
+"""Every revision this endpoint serves, for ``server/discover`` and ``-32022``: the modern one first."""
+NAMED = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
+TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
+REMOVED = ("tasks/result", "tasks/list")
+"""Removed by the tasks extension: ``-32601`` (404), like any method this leg does not serve."""
+PURGE_EVERY_SECONDS = 60.0
+
+
+def is_modern(message: Any, index: dict[bytes, bytes]) -> bool:
+    """Whether a POST opens the modern way: its ``_meta`` carries the protocol version, or it has no session and
+    names a protocol version no legacy session could have (it is then answered by this leg's validation)."""
+    if not isinstance(message, dict) or message.get("method") == "initialize":
+        return False
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if isinstance(meta, dict) and META_VERSION in meta:
+        return True
+    version = index.get(b"mcp-protocol-version")
+    if version is None or b"mcp-session-id" in index:
+        return False
+    return version.decode("latin-1") not in protocol.SUPPORTED
+
+
+class Refused(Exception):
+    """A modern request answered with a JSON-RPC error at an HTTP status (raised where found, rendered once)."""
+
+    def __init__(
+        self, status: int, code: int, message: str, data: Any = None, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.data = data
+        self.headers = headers or []
+
+
+def _header_value(raw: bytes) -> str:
+    """A mirrored header's value: plain ASCII, or the ``=?base64?…?=`` sentinel form (UTF-8 inside)."""
+    text = raw.decode("latin-1")
+    if text.startswith("=?base64?") and text.endswith("?=") and len(text) >= 11:
+        try:
+            return b64decode(text[9:-2], validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            raise Refused(400, errors.HEADER_MISMATCH, "header value is not valid base64 UTF-8") from None
+    if any(not (0x20 <= ord(c) <= 0x7E or c == "\t") for c in text):
+        raise Refused(400, errors.HEADER_MISMATCH, "header value has characters outside visible ASCII")
+    return text
+
+
+class _RequestChannel:
+    """A modern request's way back: notifications on its own response (SSE), no requests to the client."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        self.queue.put_nowait(frames.notification(method, params))
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        raise MethodError(
+            errors.CLIENT_INPUT_UNAVAILABLE,
+            f"this tool asked the client for {method}, which this server does not offer on {protocol.STATELESS} "
+            "(no input_required flow); call it over a legacy session",
+        )
+
+    def close_stream(self) -> None:
+        return None  # nothing to resume on this leg
+
+
+class _TaskChannel(_RequestChannel):
+    """A task has no response stream: the extension carries no progress or log notifications for tasks."""
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        return None
+
+
+async def run_tool(tool: Tool, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """A tool's ``CallToolResult``; a :class:`MethodError` for a JSON-RPC error (bad arguments, client input)."""
+    try:
+        kwargs = tool.bind(params.get("arguments"))
+    except ToolInputError as exc:
+        raise MethodError(errors.INVALID_PARAMS, f"invalid arguments for {tool.name}: {exc}") from None
+    if tool.context_param is not None:
+        kwargs[tool.context_param] = ctx
+    try:
+        return content_of(await tool.fn(**kwargs))
+    except ToolError as exc:
+        return {"content": [{"type": "text", "text": str(exc)}], "isError": True}
+    except (MethodError, asyncio.CancelledError):
+        raise
+    except Exception:
+        log.exception("tool %s failed", tool.name)
+        return {"content": [{"type": "text", "text": f"tool {tool.name} failed"}], "isError": True}
+
+
+class ModernLeg:
+    def __init__(
+        self, state: ServerState, tasks: TaskStore, *, task_ttl: float | None = 3600.0, poll_ms: int = 500
+    ) -> None:
+        self.s = state
+        self.tasks = tasks
+        self.task_ttl = task_ttl
+        """Seconds a task is kept after its last status change or its owner's last poll (``None``: unlimited)."""
+        self.poll_ms = poll_ms
+        self.running: dict[str, asyncio.Task[None]] = {}
+        """Tasks this process runs, by task id: a live task of this instance missing here was lost."""
+        self.cancelling: set[str] = set()
+        self._purged_at = 0.0
+        capabilities = {k: v for k, v in state.capabilities.items() if k != "logging"}
+        self.capabilities = {**capabilities, "extensions": {**capabilities.get("extensions", {}), EXTENSION: {}}}
+        self.server_info = {"name": "mcp-lossless", "version": __version__}
+
+    async def open(self) -> None:
+        await self.tasks.open()
+
+    async def close(self) -> None:
+        """Shutdown: each running task records itself lost (the process goes), then the store closes."""
+        running = list(self.running.values())
+        for task in running:
+            task.cancel("server shutdown")
+        await asyncio.gather(*running, return_exceptions=True)
+        await self.tasks.close()
+
+    # -- the request ---------------------------------------------------------------------------------
+
+    async def serve(
+        self, receive: Receive, send: Send, grant: Grant, index: dict[bytes, bytes], message: dict[str, Any]
+    ) -> None:
+        rid: RequestId | None = message.get("id")
+        try:
+            await self._serve(receive, send, grant, index, message)
+        except Refused as refused:
+            body = frames.error_message(rid, refused.code, refused.message, refused.data)
+            await respond_json(send, refused.status, body, refused.headers)
+        except StoreUnavailable:
+            body = frames.error_message(rid, errors.INTERNAL_ERROR, "task store unavailable; retry later")
+            await respond_json(send, 503, body, [(b"retry-after", b"1")])
+
+    async def _serve(
+        self, receive: Receive, send: Send, grant: Grant, index: dict[bytes, bytes], message: dict[str, Any]
+    ) -> None:
+        if "method" not in message:
+            raise Refused(400, errors.INVALID_REQUEST, f"clients send no responses on {protocol.STATELESS}")
+        method: str = message["method"]
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
+        if "id" not in message:
+            await respond(send, 202)  # this revision defines no client notifications over HTTP: accepted, ignored
+            return
+        capabilities = self._validate(index, method, params)
+        rid: RequestId = message["id"]
+        declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
+        if method == "server/discover":
+            await self._answer(send, rid, self._discover())
+        elif method == "ping":
+            await self._answer(send, rid, {})
+        elif method == "tools/list":
+            await self._answer(send, rid, {"tools": self.s.tools_list})
+        elif method == "tools/call":
+            await self._call(receive, send, grant, rid, params, declared)
+        elif method in TASK_METHODS:
+            await self._task_request(send, grant, rid, method, params, declared)
+        elif method in self.s.methods and method not in REMOVED:
+            handler = self.s.methods[method]
+
+            async def work(ctx: ToolContext) -> dict[str, Any]:
+                return await handler(ctx, params)
+
+            await self._run_now(receive, send, grant, rid, params, work)
+        else:
+            raise Refused(404, errors.METHOD_NOT_FOUND, f"method {method!r} not found on {protocol.STATELESS}")
+
+    def _validate(self, index: dict[bytes, bytes], method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The per-request fields (``-32602``), the mirrored headers (``-32020``), the version (``-32022``)."""
+        meta = params.get("_meta")
+        version = meta.get(META_VERSION) if isinstance(meta, dict) else None
+        capabilities = meta.get(META_CAPABILITIES) if isinstance(meta, dict) else None
+        if not isinstance(version, str) or not isinstance(capabilities, dict):
+            raise Refused(
+                400,
+                errors.INVALID_PARAMS,
+                f"params._meta must carry {META_VERSION} (a string) and {META_CAPABILITIES} (an object)",
+            )
+        header = index.get(b"mcp-protocol-version")
+        if header is None:
+            raise Refused(400, errors.HEADER_MISMATCH, "MCP-Protocol-Version header required")
+        if header.decode("latin-1") != version:
+            raise Refused(
+                400, errors.HEADER_MISMATCH, f"MCP-Protocol-Version header does not match {META_VERSION} {version!r}"
+            )
+        if version != protocol.STATELESS:
+            raise Refused(
+                400,
+                errors.UNSUPPORTED_PROTOCOL_VERSION,
+                "Unsupported protocol version",
+                {"supported": list(SUPPORTED), "requested": version},
+            )
+        named = index.get(b"mcp-method")
+        if named is None or _header_value(named) != method:
+            raise Refused(400, errors.HEADER_MISMATCH, f"Mcp-Method header must be present and equal {method!r}")
+        field = "taskId" if method in TASK_METHODS else NAMED.get(method)
+        if field is not None:
+            name = index.get(b"mcp-name")
+            value = params.get(field)
+            if name is None or not isinstance(value, str) or _header_value(name) != value:
+                raise Refused(400, errors.HEADER_MISMATCH, f"Mcp-Name header must be present and equal params.{field}")
+        return capabilities
+
+    def _discover(self) -> dict[str, Any]:
+        return {
+            "supportedVersions": list(SUPPORTED),
+            "capabilities": self.capabilities,
+            "instructions": "Tool results are never lost or leaked: long or non-idempotent tools run as tasks.",
+            "_meta": {META_SERVER_INFO: self.server_info},
+        }
+
+    async def _answer(self, send: Send, rid: RequestId, result: dict[str, Any], kind: str = "complete") -> None:
+        await respond(send, 200, frames.result(rid, {**result, "resultType": kind}), b"application/json")
+
+    # -- tools/call ----------------------------------------------------------------------------------
+
+    async def _call(
+        self, receive: Receive, send: Send, grant: Grant, rid: RequestId, params: dict[str, Any], declared: bool
+    ) -> None:
+        s = self.s
+        name = params.get("name")
+        tool = s.tools.get(name) if isinstance(name, str) else None
+        if tool is None:
+            await respond(
+                send, 200, frames.error(rid, errors.INVALID_PARAMS, f"unknown tool {name!r}"), b"application/json"
+            )
+            return
+        missing = sorted(s.policy.missing(grant.audience, s.tool_tags[tool.name]))
+        if missing:
+            s.metrics.refusals.labels("insufficient_audience", "call").inc()
+            description = f"token audience does not cover {' '.join(missing)}"
+            raise Refused(
+                403,
+                errors.TOOL_FORBIDDEN,
+                description,
+                {"requiredResources": missing},
+                self._challenge(description, missing),
+            )
+        if tool.task and declared:
+            await self._create_task(send, grant, rid, tool, params)
+            return
+
+        async def work(ctx: ToolContext) -> dict[str, Any]:
+            return await run_tool(tool, params, ctx)
+
+        await self._run_now(receive, send, grant, rid, params, work)
+
+    def _challenge(self, description: str, missing: list[str]) -> list[tuple[bytes, bytes]]:
+        """The challenge a refused call gets: ``insufficient_scope``, naming the resources a new token must cover."""
+        s = self.s
+        prm = s.prm_url_for(missing[0]) if missing else s.prm_url
+        return [(b"www-authenticate", s.challenge("insufficient_scope", description, prm, missing))]
+
+    async def _run_now(
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        rid: RequestId,
+        params: dict[str, Any],
+        work: Callable[[ToolContext], Coroutine[Any, Any, dict[str, Any]]],
+    ) -> None:
+        """Run a request within its response: JSON, or SSE when it asked for progress. A disconnect cancels it."""
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        token = token if isinstance(token, (str, int)) and not isinstance(token, bool) else None
+        channel = _RequestChannel()
+        ctx = ToolContext(grant, rid, token, channel)
+        loop = self.s.loop
+        job = loop.create_task(work(ctx))
+        gone = loop.create_task(_disconnected(receive))
+        streaming = False
+        try:
+            while True:
+                getter = loop.create_task(channel.queue.get())
+                done, _ = await asyncio.wait({job, gone, getter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    if not streaming:
+                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                        streaming = True
+                    await send(
+                        {"type": "http.response.body", "body": frames.sse(None, getter.result()), "more_body": True}
+                    )
+                    continue
+                getter.cancel()
+                if gone in done:
+                    job.cancel("client disconnected")  # on this revision a closed response cancels the request
+                    with contextlib.suppress(BaseException):
+                        await job
+                    log_decision("modern_cancelled", request=str(rid))
+                    return
+                break
+            try:
+                value = job.result()
+            except MethodError as exc:
+                answer = frames.error(rid, exc.code, exc.message, exc.data)
+            except Exception:
+                log.exception("request %s failed", rid)
+                answer = frames.error(rid, errors.INTERNAL_ERROR, "request failed")
+            else:
+                answer = frames.result(rid, {**value, "resultType": "complete"})
+            while not channel.queue.empty() and streaming:
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": frames.sse(None, channel.queue.get_nowait()),
+                        "more_body": True,
+                    }
+                )
+            if streaming:
+                await send({"type": "http.response.body", "body": frames.sse(None, answer)})
+            else:
+                await respond(send, 200, answer, b"application/json")
+        finally:
+            gone.cancel()
+            if not job.done():
+                job.cancel()
+
+    # -- tasks ---------------------------------------------------------------------------------------
+
+    async def _create_task(self, send: Send, grant: Grant, rid: RequestId, tool: Tool, params: dict[str, Any]) -> None:
+        s = self.s
+        at = now()
+        if at - self._purged_at > PURGE_EVERY_SECONDS:
+            self._purged_at = at
+            await self.tasks.purge_expired(at)
+        requirement = Requirement(s.tool_tags[tool.name])
+        record = new_task(
+            secrets.token_urlsafe(24), grant.principal, tool.name, requirement, s.instance, at, self.task_ttl
+        )
+        try:
+            await self.tasks.create(record)  # durable before the client hears of it
+        except TaskLimitReached as exc:
+            raise Refused(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"5")]) from None
+        self.running[record.task_id] = s.loop.create_task(self._run_task(record, tool, params, grant))
+        log_decision("task_created", task=record.task_id[:8], tool=tool.name)
+        await self._answer(send, rid, task_view(record, self.poll_ms), "task")
+
+    async def _run_task(self, record: TaskRecord, tool: Tool, params: dict[str, Any], grant: Grant) -> None:
+        ctx = ToolContext(grant, record.task_id, None, _TaskChannel())
+        task_id = record.task_id
+        try:
+            try:
+                settled = advance(record, TaskStatus.COMPLETED, now(), result=await run_tool(tool, params, ctx))
+            except MethodError as exc:
+                error = frames.error_message(None, exc.code, exc.message, exc.data)["error"]
+                settled = advance(record, TaskStatus.FAILED, now(), message=exc.message, error=error)
+            except asyncio.CancelledError:
+                if task_id in self.cancelling:
+                    settled = advance(record, TaskStatus.CANCELLED, now(), message="cancelled by its owner")
+                else:
+                    settled = lost(record, now())
+            await self.tasks.update(settled)
+            log_decision("task_settled", task=task_id[:8], status=settled.status.value)
+        except StoreUnavailable:
+            log.error("task %s settled but not stored; a poll will report it lost", task_id[:8])
+        finally:
+            self.running.pop(task_id, None)
+            self.cancelling.discard(task_id)
+
+    async def _task_request(
+        self, send: Send, grant: Grant, rid: RequestId, method: str, params: dict[str, Any], declared: bool
+    ) -> None:
+        if not declared:
+            raise Refused(
+                400,
+                errors.MISSING_REQUIRED_CLIENT_CAPABILITY,
+                "Missing required client capability",
+                {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
+            )
+        task_id: str = params["taskId"]  # checked against Mcp-Name above: a string
+        at = now()
+        record = await self.tasks.get(task_id)
+        verdict = authorize(task_id, record, grant, self.s.policy, at)
+        if isinstance(verdict, Unknown):
+            await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, UNKNOWN_MESSAGE), b"application/json")
+            return
+        await self.tasks.touch(task_id, at)  # the owner asked: its TTL restarts, denied or not
+        if isinstance(verdict, Denied):
+            self._deny(verdict)
+        assert isinstance(verdict, Deliver)
+        record = await self._settle_if_lost(seen(verdict.record, at), at)
+        if method == "tasks/get":
+            await self._answer(send, rid, detailed_task(record, self.poll_ms))
+            return
+        if method == "tasks/cancel" and not record.status.terminal:
+            running = self.running.get(task_id)
+            if running is not None:
+                self.cancelling.add(task_id)
+                running.cancel("cancelled by its owner")
+            else:  # another replica runs it: record the cancel; its own outcome can then no longer land
+                await self.tasks.update(advance(record, TaskStatus.CANCELLED, at, message="cancelled by its owner"))
+        await self._answer(send, rid, {})  # tasks/update: no input is ever outstanding here; acknowledged
+
+    def _deny(self, denied: Denied) -> None:
+        self.s.metrics.refusals.labels("insufficient_audience", "task").inc()
+        log_decision("task_denied", task=denied.task_id[:8], missing=list(denied.missing_resources))
+        error = denial_error(denied)
+        headers = self._challenge(denial_message(denied), list(denied.missing_resources))
+        raise Refused(403, error["code"], error["message"], error["data"], headers)
+
+    async def _settle_if_lost(self, record: TaskRecord, at: float) -> TaskRecord:
+        """A live task whose process is gone ends ``failed`` with the execution-lost error, never ``working``."""
+        if record.status.terminal:
+            return record
+        if record.owner == self.s.instance:
+            alive = record.task_id in self.running
+        else:
+            alive = await self.s.store.owner_alive(record.owner)
+        if alive:
+            return record
+        stored = await self.tasks.update(lost(record, at))
+        log_decision("task_lost", task=record.task_id[:8])
+        return stored or record
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

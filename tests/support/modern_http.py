@@ -1,0 +1,101 @@
+"""Raw 2026-07-28 requests for tests that must see every byte: per-request ``_meta``, mirrored headers."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+
+from tests.support.mcp_http import ACCEPT_BOTH, StreamRead, parse_sse
+
+MODERN = "2026-07-28"
+TASKS = "io.modelcontextprotocol/tasks"
+NAMED = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name", "tasks/get": "taskId"}
+NAMED |= {"tasks/update": "taskId", "tasks/cancel": "taskId"}
+_ids = itertools.count(1)
+
+
+def meta(tasks: bool = True, version: str = MODERN) -> dict[str, Any]:
+    capabilities: dict[str, Any] = {"extensions": {TASKS: {}}} if tasks else {}
+    return {
+        "io.modelcontextprotocol/protocolVersion": version,
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+        "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "0"},
+    }
+
+
+class ModernPeer:
+    """One stateless client identity: each request a POST of its own, carrying its version and capabilities."""
+
+    def __init__(self, http: httpx.AsyncClient, base: str, token: str | None = None, *, tasks: bool = True) -> None:
+        self.http = http
+        self.url = f"{base}/mcp"
+        self.token = token
+        self.tasks = tasks
+
+    def message(
+        self, method: str, params: dict[str, Any] | None = None, request_id: int | None = None
+    ) -> dict[str, Any]:
+        body = dict(params or {})
+        body["_meta"] = {**meta(self.tasks), **body.get("_meta", {})}
+        return {
+            "jsonrpc": "2.0",
+            "id": next(_ids) if request_id is None else request_id,
+            "method": method,
+            "params": body,
+        }
+
+    def headers(self, message: dict[str, Any], token: str | None = None) -> dict[str, str]:
+        out = {"accept": ACCEPT_BOTH, "content-type": "application/json", "mcp-protocol-version": MODERN}
+        out["mcp-method"] = message["method"]
+        field = NAMED.get(message["method"])
+        if field is not None:
+            out["mcp-name"] = str(message["params"][field])
+        tok = token or self.token
+        if tok:
+            out["authorization"] = f"Bearer {tok}"
+        return out
+
+    async def send(
+        self, message: dict[str, Any], *, token: str | None = None, headers: dict[str, str] | None = None
+    ) -> StreamRead:
+        sent = self.headers(message, token)
+        for name, value in (headers or {}).items():
+            if value is None:
+                sent.pop(name, None)
+            else:
+                sent[name] = value
+        response = await self.http.post(self.url, content=orjson.dumps(message), headers=sent)
+        read = StreamRead(response.status_code, headers=response.headers, body=response.content)
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            read.events = parse_sse(response.text)
+        return read
+
+    async def request(self, method: str, params: dict[str, Any] | None = None, **kwargs: Any) -> StreamRead:
+        return await self.send(self.message(method, params), **kwargs)
+
+    async def call(self, tool: str, token: str | None = None, **arguments: Any) -> StreamRead:
+        return await self.request("tools/call", {"name": tool, "arguments": arguments}, token=token)
+
+    async def task(self, method: str, task_id: str, token: str | None = None) -> StreamRead:
+        return await self.request(method, {"taskId": task_id}, token=token)
+
+
+def answer(read: StreamRead) -> dict[str, Any]:
+    """The JSON-RPC response of a modern request, whether it came as JSON or as the last SSE message."""
+    message = read.messages[-1] if read.events else read.json()
+    assert isinstance(message, dict)
+    return message
+
+
+async def poll_until_settled(peer: ModernPeer, task_id: str) -> dict[str, Any]:
+    """``tasks/get`` at the server's ``pollIntervalMs`` until the task leaves ``working`` (the protocol's wait)."""
+    with anyio.fail_after(10):
+        while True:
+            result: dict[str, Any] = answer(await peer.task("tasks/get", task_id))["result"]
+            if result["status"] != "working":
+                return result
+            await anyio.sleep(result["pollIntervalMs"] / 1000)
