@@ -41,6 +41,7 @@ async def test_a_task_killed_with_its_process_ends_failed_and_a_finished_one_sta
                 "resumable": False,
             }
             again = answer(await peer.task("tasks/get", running["result"]["taskId"]))["result"]
+            assert again.pop("ttlMs") >= lost.pop("ttlMs"), "each poll restarts the TTL"
             assert again == lost, "settled once: every later poll sees the same failure"
             kept = answer(await peer.task("tasks/get", finished["result"]["taskId"]))["result"]
             assert kept["status"] == "completed"

@@ -1,0 +1,363 @@
+"""The 2026-07-28 client: stateless requests, and tasks polled to their one outcome (docs/decisions/0009).
+
+Every request is a POST of its own carrying ``_meta`` (version, capabilities with the tasks extension) and the
+mirrored headers. A call whose server answers with a task is polled with ``tasks/get`` (the server's
+``pollIntervalMs``, growing while nothing changes) until it is terminal. A denial of the task's poll (403
+with :data:`~mcp_lossless.core.errors.TASK_DENIED`, the token no longer covers the tool) is repaired with a
+fresh grant for the union of what the call needed and what the denial names (a refresh cannot widen), and the
+same task id is polled again; only an unknown task id ends the call as may-have-run. A broken response on a
+call that runs within its request cancelled it (the server must treat a disconnect so): it is re-issued under
+a new id only for idempotent tools, else it ends as :class:`CallMayHaveRun`.
+
+:func:`open_client` probes the server's era once per origin (``server/discover`` first, ``initialize`` when the
+answer is not a modern one) and returns this client or the legacy :class:`~mcp_lossless.client.Client`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from base64 import b64encode
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import httpx
+import orjson
+
+from ..core import errors, protocol
+from ..core.sse import SseDecoder
+from ..core.tasks import EXTENSION
+from .client import Client, Tool, ToolResult, _tool_result
+from .errors import (
+    AuthorizationFailed,
+    CallMayHaveRun,
+    ConnectionFailed,
+    DeadlineExceeded,
+    ProtocolViolation,
+    RemoteError,
+    RequestRejected,
+)
+from .oauth import Auth, parse_challenge
+from .session import ProgressCallback, ProgressUpdate
+from .transport import ACCEPT_POST, VERSION_HEADER, media_type
+
+MODERN = protocol.STATELESS
+NAMED = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
+NAMED |= dict.fromkeys(("tasks/get", "tasks/update", "tasks/cancel"), "taskId")
+MAX_AUTHORIZATIONS = 2
+"""Fresh grants per request before the refusal is final (the server may name more on a second try)."""
+MAX_REISSUES = 3
+POLL_CEILING_SECONDS = 5.0
+
+TaskHook = Callable[[str, str], None]
+"""Called with (task id, tool name) once a call became a task: persist it to resume polling after a restart."""
+
+_eras: dict[str, str] = {}
+"""The era of each origin this process has probed (``"modern"`` or ``"legacy"``): a property of the server."""
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _header_safe(value: str) -> str:
+    """Plain ASCII as is; anything else (or the sentinel itself) in the ``=?base64?…?=`` form."""
+    plain = value.isascii() and value.isprintable() and value == value.strip()
+    if plain and not (value.startswith("=?base64?") and value.endswith("?=")):
+        return value
+    return "=?base64?" + b64encode(value.encode()).decode() + "?="
+
+
+class NotModern(Exception):
+    """The server's answer to a modern request was not a modern one: it speaks a legacy revision."""
+
+
+class ModernClient:
+    """A client for servers that speak 2026-07-28; ``timeout`` is the default per-call deadline (seconds)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        auth: Auth | None = None,
+        timeout: float = 60.0,
+        http: httpx.AsyncClient | None = None,
+        client_info: Mapping[str, Any] | None = None,
+        on_task: TaskHook | None = None,
+    ) -> None:
+        self.url = url
+        self.timeout = timeout
+        self._auth = auth or Auth()
+        self._http = http
+        self._client_info = dict(client_info or {"name": "mcp-lossless", "version": "0"})
+        self._on_task = on_task
+        self._stack: AsyncExitStack | None = None
+        self._ids = itertools.count(1)
+        self._tools: dict[str, Tool] | None = None
+
+    async def __aenter__(self) -> ModernClient:
+        stack = AsyncExitStack()
+        if self._http is None:
+            self._http = await stack.enter_async_context(httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=300.0)))
+        self._auth.bind(self._http, self.url)
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    def _message(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        meta = {
+            "io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXTENSION: {}}},
+            "io.modelcontextprotocol/clientInfo": self._client_info,
+        }
+        body = {**params, "_meta": {**meta, **params.get("_meta", {})}}
+        return {"jsonrpc": "2.0", "id": f"m-{next(self._ids)}", "method": method, "params": body}
+
+    async def _post(
+        self, message: dict[str, Any], token: str | None, on_progress: ProgressCallback | None
+    ) -> tuple[httpx.Response, dict[str, Any] | None]:
+        """One POST; the response and its JSON-RPC answer (JSON, or the last message of its SSE stream)."""
+        assert self._http is not None, "use the client inside 'async with'"
+        headers = {"accept": ACCEPT_POST, "content-type": "application/json", VERSION_HEADER: MODERN}
+        headers["mcp-method"] = message["method"]
+        field = NAMED.get(message["method"])
+        if field is not None:
+            headers["mcp-name"] = _header_safe(str(message["params"][field]))
+        if token is not None:
+            headers["authorization"] = f"Bearer {token}"
+        async with self._http.stream("POST", self.url, content=orjson.dumps(message), headers=headers) as response:
+            if media_type(response) != "text/event-stream":
+                raw = await response.aread()
+                try:
+                    decoded = orjson.loads(raw) if raw else None
+                except orjson.JSONDecodeError:
+                    decoded = None
+                return response, decoded if isinstance(decoded, dict) else None
+            decoder = SseDecoder()
+            async for chunk in response.aiter_bytes():
+                for event in decoder.feed(chunk):
+                    if not event.data:
+                        continue
+                    frame = orjson.loads(event.data)
+                    if not isinstance(frame, dict):
+                        continue
+                    if frame.get("id") == message["id"] and ("result" in frame or "error" in frame):
+                        return response, frame
+                    params = frame.get("params")
+                    if frame.get("method") == "notifications/progress" and on_progress and isinstance(params, dict):
+                        on_progress(
+                            ProgressUpdate(params.get("progress", 0), params.get("total"), params.get("message"))
+                        )
+            raise httpx.RemoteProtocolError("the response stream ended before its answer")
+
+    async def _request(
+        self,
+        method: str,
+        params: Mapping[str, Any],
+        resources: frozenset[str],
+        on_progress: ProgressCallback | None = None,
+    ) -> tuple[dict[str, Any], frozenset[str]]:
+        """The result of one request, authorizing as often as the server's challenges call for.
+
+        Returns the result and the resources the token that got it was asked for (a denial may widen them).
+        ``httpx.TransportError`` passes through: whether to send again is the caller's decision.
+        """
+        for _ in range(MAX_AUTHORIZATIONS + 1):
+            message = self._message(method, params)
+            response, answer = await self._post(message, await self._auth.token(resources), on_progress)
+            if response.status_code in (401, 403):
+                challenge = parse_challenge(response.headers.get("www-authenticate"))
+                if challenge is None:
+                    raise AuthorizationFailed(f"HTTP {response.status_code} without a Bearer challenge")
+                self._auth.challenged(challenge)
+                error = answer.get("error") if answer is not None else None
+                named = error.get("data", {}).get("requiredResources", []) if isinstance(error, dict) else []
+                resources = (
+                    resources | frozenset(challenge.resources) | frozenset(r for r in named if isinstance(r, str))
+                )
+                await self._auth.reauthorize(resources)
+                continue
+            if answer is None:
+                raise RequestRejected(f"HTTP {response.status_code} without a JSON-RPC answer")
+            error = answer.get("error")
+            if isinstance(error, dict):
+                raise RemoteError(
+                    int(error.get("code", errors.INTERNAL_ERROR)), str(error.get("message")), error.get("data")
+                )
+            result = answer.get("result")
+            if not isinstance(result, dict):
+                raise ProtocolViolation(f"{method} answered with neither a result object nor an error")
+            return result, resources
+        raise AuthorizationFailed(f"{method} was still refused after {MAX_AUTHORIZATIONS} fresh grants")
+
+    async def discover(self) -> dict[str, Any]:
+        """``server/discover``; :class:`NotModern` when the server's answer is not a modern one."""
+        try:
+            result, _ = await self._request("server/discover", {}, frozenset())
+        except RemoteError as exc:
+            supported = exc.data.get("supported") if isinstance(exc.data, dict) else None
+            if exc.code == errors.UNSUPPORTED_PROTOCOL_VERSION and isinstance(supported, list) and MODERN in supported:
+                raise  # a modern server that will not speak this revision: an error, not a fallback
+            raise NotModern(exc.reason) from None
+        except RequestRejected as exc:
+            raise NotModern(exc.reason) from None
+        if MODERN not in result.get("supportedVersions", []):
+            raise NotModern("the server does not list 2026-07-28")
+        return result
+
+    # -- tools ---------------------------------------------------------------------------------------
+
+    async def list_tools(self) -> list[Tool]:
+        tools: list[Tool] = []
+        cursor: str | None = None
+        while True:
+            result, _ = await self._request("tools/list", {"cursor": cursor} if cursor else {}, frozenset())
+            tools += [Tool.from_wire(t) for t in result.get("tools", []) if isinstance(t, dict) and "name" in t]
+            cursor = result.get("nextCursor") if isinstance(result.get("nextCursor"), str) else None
+            if cursor is None:
+                break
+        self._tools = {t.name: t for t in tools}
+        return tools
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - a per-call deadline, cancelling the task on the server
+        reissue: bool | None = None,
+    ) -> ToolResult:
+        """Call ``name``: its result, :class:`~mcp_lossless.client.ToolError`, or another typed outcome.
+
+        ``reissue`` as for :meth:`Client.call_tool`: ``None`` re-issues a call whose response broke only for
+        idempotent tools.
+        """
+        if self._tools is None:
+            await self.list_tools()
+        tool = (self._tools or {}).get(name)
+        resources = frozenset({tool.resource}) if tool is not None and tool.resource else frozenset()
+        may_reissue = reissue if reissue is not None else tool is not None and tool.idempotent
+        params: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
+        if on_progress is not None:
+            params["_meta"] = {"progressToken": f"p-{next(self._ids)}"}
+        task: list[str] = []
+        try:
+            with anyio.fail_after(self._deadline(timeout)):
+                for attempt in range(MAX_REISSUES + 1):
+                    try:
+                        result, resources = await self._request("tools/call", params, resources, on_progress)
+                        break
+                    except httpx.ConnectError as exc:
+                        if attempt == MAX_REISSUES:
+                            raise ConnectionFailed(f"cannot reach {self.url}: {exc!r}") from None
+                    except httpx.TransportError as exc:
+                        if not may_reissue or attempt == MAX_REISSUES:
+                            raise CallMayHaveRun(
+                                f"the response of {name} broke ({exc!r}); the call may have run"
+                            ) from None
+                if result.get("resultType") != "task":
+                    return _tool_result(name, result)
+                task.append(str(result["taskId"]))
+                if self._on_task is not None:
+                    self._on_task(task[0], name)
+                return await self._poll(name, task[0], resources, result.get("pollIntervalMs"))
+        except TimeoutError:
+            if task:
+                with anyio.move_on_after(2, shield=True):
+                    await self._request("tasks/cancel", {"taskId": task[0]}, resources)
+            raise DeadlineExceeded(f"{name} did not finish within its deadline") from None
+
+    async def resume_task(self, name: str, task_id: str, *, timeout: float | None = None) -> ToolResult:  # noqa: ASYNC109
+        """Poll a task this (or an earlier) process started, e.g. an id a :data:`TaskHook` persisted."""
+        if self._tools is None:
+            await self.list_tools()
+        tool = (self._tools or {}).get(name)
+        resources = frozenset({tool.resource}) if tool is not None and tool.resource else frozenset()
+        try:
+            with anyio.fail_after(self._deadline(timeout)):
+                return await self._poll(name, task_id, resources, None)
+        except TimeoutError:
+            raise DeadlineExceeded(f"task {task_id} of {name} did not finish within the deadline") from None
+
+    async def _poll(self, name: str, task_id: str, resources: frozenset[str], interval_ms: object) -> ToolResult:
+        """``tasks/get`` until terminal: at the server's interval, growing while the task is unchanged."""
+        interval = interval_ms / 1000 if isinstance(interval_ms, int) and interval_ms > 0 else 0.5
+        delay = interval
+        while True:
+            await anyio.sleep(delay)
+            try:
+                task, resources = await self._request("tasks/get", {"taskId": task_id}, resources)
+            except httpx.TransportError:
+                delay = min(POLL_CEILING_SECONDS, delay * 2)  # a pure read: polling again is always safe
+                continue
+            except RemoteError as exc:
+                if exc.code == errors.INVALID_PARAMS:
+                    raise CallMayHaveRun(
+                        f"task {task_id} of {name} is gone (unknown or expired); it may have run"
+                    ) from None
+                raise
+            status = task.get("status")
+            if status == "completed" and isinstance(task.get("result"), dict):
+                return _tool_result(name, task["result"])
+            if status == "failed":
+                raw = task.get("error")
+                error: dict[str, Any] = raw if isinstance(raw, dict) else {}
+                if error.get("code") == errors.TASK_EXECUTION_LOST:
+                    raise CallMayHaveRun(f"task {task_id} of {name}: {error.get('message')}", error)
+                raise RemoteError(
+                    int(error.get("code", errors.INTERNAL_ERROR)), str(error.get("message")), error.get("data")
+                )
+            if status == "cancelled":
+                raise CallMayHaveRun(f"task {task_id} of {name} was cancelled on the server; it may have partly run")
+            if status not in ("working", "input_required"):
+                raise ProtocolViolation(f"task {task_id} has status {status!r}")
+            served = task.get("pollIntervalMs")
+            interval = served / 1000 if isinstance(served, int) and served > 0 else interval
+            delay = min(POLL_CEILING_SECONDS, max(interval, delay * 1.5))
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        value = self.timeout if timeout is None else timeout
+        return None if math.isinf(value) else value
+
+
+@asynccontextmanager
+async def open_client(
+    url: str,
+    *,
+    auth: Auth | None = None,
+    timeout: float = 60.0,  # noqa: ASYNC109 - the clients' default per-call deadline
+    http: httpx.AsyncClient | None = None,
+    on_task: TaskHook | None = None,
+    **legacy: Any,
+) -> AsyncIterator[ModernClient | Client]:
+    """The client for ``url``'s era: 2026-07-28 when its ``server/discover`` answers as a modern server, else
+    the legacy session client (``legacy`` holds that client's further options). The era is remembered per
+    origin for the life of the process, and probed again if a cached modern verdict fails."""
+    origin = _origin(url)
+    if _eras.get(origin) != "legacy":
+        modern = ModernClient(url, auth=auth, timeout=timeout, http=http, on_task=on_task)
+        async with modern:
+            try:
+                await modern.discover()
+            except NotModern:
+                _eras[origin] = "legacy"
+            else:
+                _eras[origin] = "modern"
+                yield modern
+                return
+    async with Client(url, auth=auth, timeout=timeout, http=http, **legacy) as client:
+        yield client
