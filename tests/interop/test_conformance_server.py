@@ -5,6 +5,10 @@ The suite (``@modelcontextprotocol/conformance``, pinned in tests/support/node.p
 it runs without scoring (``server-sse-polling``, ``json-schema-2020-12``, ``server-session-lifecycle``).
 The suite's exit status only counts scored FAILUREs; this test holds every scenario, scored or not, to
 SUCCESS/INFO checks only, so a WARNING on SSE polling fails here too.
+
+The same server also runs the ``--requirements 2026-07-28`` set on its stateless leg, the unscored ``tasks-*``
+scenarios included: everything passes but the scenarios that need multi round-trip requests, which this server
+does not implement (pinned below, so one that starts passing is noticed).
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ def _checks_by_scenario(out: Path) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def _run_suite(url: str, out: Path) -> subprocess.CompletedProcess[str]:
+def _run_suite(url: str, out: Path, revision: str = REVISION) -> subprocess.CompletedProcess[str]:
     command = [
         str(node_binary()),
         str(conformance_cli()),
@@ -90,7 +94,7 @@ def _run_suite(url: str, out: Path) -> subprocess.CompletedProcess[str]:
         "--url",
         url,
         "--requirements",
-        REVISION,
+        revision,
         "-o",
         str(out),
     ]
@@ -124,6 +128,59 @@ def test_every_2025_11_25_server_scenario_passes(tmp_path: Path) -> None:
     resumed = polling["server-sse-disconnect-resume"]
     assert resumed["status"] == "SUCCESS", "test_reconnection's answer must arrive on GET + Last-Event-ID"
     assert resumed["details"]["receivedToolResponse"] is True
+
+
+MODERN = "2026-07-28"
+MODERN_NOT_IMPLEMENTED = {
+    **{
+        f"input-required-result-{name}": "multi round-trip requests (InputRequiredResult) are not implemented"
+        for name in (
+            "basic-elicitation",
+            "basic-sampling",
+            "basic-list-roots",
+            "request-state",
+            "multiple-input-requests",
+            "multi-round",
+            "non-tool-request",
+            "result-type",
+            "tampered-state",
+            "capability-check",
+            "ignore-extra-params",
+            "missing-input-response",
+        )
+    },
+    "tasks-mrtr-input": "tasks never enter input_required (no inputRequests)",
+    "tasks-mrtr-composition": "multi round-trip requests before a task are not implemented",
+    "http-custom-header-server-validation": "no fixture tool declares x-mcp-header (pending upstream)",
+}
+"""Scenarios of the 2026-07-28 run that fail for a feature this server lacks (docs/decisions/0009); each must
+still fail for that reason only, and any other scenario must pass in full."""
+MODERN_NOT_IMPLEMENTED_CHECKS = {
+    "server-stateless": {"sep-2575-http-server-no-independent-requests-on-stream"},
+    "tasks-dispatch-and-envelope": {"tasks-result-type-complete-on-non-task-responses"},
+}
+"""Single checks that need an input_required fixture (``test_streaming_elicitation``, ``confirm_delete``)."""
+
+
+def test_the_2026_07_28_server_scenarios_pass_but_for_multi_round_trip_requests(tmp_path: Path) -> None:
+    """The suite's ``--requirements 2026-07-28`` run (the stateless leg, ``tasks-*`` included, though unscored)."""
+    node_binary(), conformance_cli()
+    out = tmp_path / "results"
+    with cli_server(["--conformance"], tmp_path / "server.log") as server:
+        run = _run_suite(f"{server.base}/mcp", out, MODERN)
+    report = f"suite exit {run.returncode}\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
+    checks = _checks_by_scenario(out)
+    assert {"server-stateless", "tasks-lifecycle", "tasks-required-task-error", "caching"} <= set(checks), report
+    problems = {}
+    for scenario, found in checks.items():
+        failing = {c["id"] for c in found if c["status"] not in PASSING | {"SKIPPED"}}
+        if scenario in MODERN_NOT_IMPLEMENTED:
+            assert failing, f"{scenario} passes now: take it off MODERN_NOT_IMPLEMENTED"
+            continue
+        failing -= MODERN_NOT_IMPLEMENTED_CHECKS.get(scenario, set())
+        problems |= {f"{scenario}/{c['id']}": c.get("errorMessage") for c in found if c["id"] in failing}
+        assert any(c["status"] == "SUCCESS" for c in found) or scenario == "tasks-status-notifications", scenario
+    assert problems == {}, report
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -93,7 +93,7 @@ def answer(read: StreamRead) -> dict[str, Any]:
 
 async def poll_until_settled(peer: ModernPeer, task_id: str) -> dict[str, Any]:
     """``tasks/get`` at the server's ``pollIntervalMs`` until the task leaves ``working`` (the protocol's wait)."""
-    with anyio.fail_after(10):
+    with anyio.fail_after(30):
         while True:
             result: dict[str, Any] = answer(await peer.task("tasks/get", task_id))["result"]
             if result["status"] != "working":

@@ -262,6 +262,42 @@ def conformance_tools() -> ToolRegistry:
         """Tool with JSON Schema 2020-12 features"""
         return f"ok: {name or 'anonymous'} by {contactMethod or ('phone' if phone else 'email')}"
 
+    # 2026-07-28's diagnostic fixtures (server-stateless).
+    @registry.tool()
+    async def test_missing_capability(ctx: ToolContext) -> str:
+        """Needs the client's sampling capability: -32021 for a client that did not declare it."""
+        await ctx.request("sampling/createMessage", {"messages": [], "maxTokens": 1})
+        return "sampled"
+
+    @registry.tool()
+    async def test_logging_tool(ctx: ToolContext) -> str:
+        """Logs once at info: sent only to a request whose ``_meta`` set a logLevel at or below it."""
+        await ctx.log("info", "test_logging_tool ran")
+        return "logged"
+
+    # The tasks extension's fixtures (2026-07-28 task scenarios).
+    @registry.tool()
+    async def greet(name: str) -> str:
+        """Runs within its request, never as a task."""
+        return f"Hello, {name}!"
+
+    @registry.tool(task=True)
+    async def slow_compute(seconds: float = 1.0, label: str = "") -> str:
+        """A task for clients with the tasks extension: sleeps ``seconds``, then answers."""
+        await asyncio.sleep(seconds)
+        return f"computed {label or 'result'} after {seconds}s"
+
+    @registry.tool(task="required")
+    async def failing_job() -> str:
+        """Only as a task: reports a tool error after a second."""
+        await asyncio.sleep(1.0)
+        raise ToolError("failing_job failed, as it always does")
+
+    @registry.tool(task=True)
+    async def protocol_error_job() -> str:
+        """A task that fails with a JSON-RPC error (the task ends ``failed``)."""
+        raise MethodError(errors.INTERNAL_ERROR, "protocol_error_job failed at the protocol level")
+
     @registry.tool()
     async def test_reconnection(ctx: ToolContext) -> str:
         """Closes its SSE stream mid-call (SEP-1699); the answer arrives on GET + Last-Event-ID."""

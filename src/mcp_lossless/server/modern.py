@@ -63,15 +63,42 @@ SUPPORTED = (protocol.STATELESS, *protocol.SUPPORTED)
 """Every revision this endpoint serves, for ``server/discover`` and ``-32022``: the modern one first."""
 NAMED = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
 TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
-REMOVED = ("tasks/result", "tasks/list")
-"""Removed by the tasks extension: ``-32601`` (404), like any method this leg does not serve."""
+REMOVED = frozenset(
+    {
+        "initialize",
+        "ping",
+        "logging/setLevel",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "tasks/result",
+        "tasks/list",
+    }
+)
+"""Removed by 2026-07-28 or by the tasks extension: ``-32601`` (404), like any method this leg does not serve."""
+CACHEABLE = frozenset({"tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read"})
+"""Results that carry the caching hints ``ttlMs`` and ``cacheScope`` (SEP-2549; ``server/discover`` too)."""
+CACHE_HINTS = {"ttlMs": 0, "cacheScope": "private"}
+"""Never reuse without asking again, never share: what a principal may see depends on its token."""
+LEGACY_RESOURCE_NOT_FOUND = -32002
+"""2025-11-25's resource-not-found code, which 2026-07-28 forbids (it uses -32602); mapped on this leg."""
 PURGE_EVERY_SECONDS = 60.0
+META_LOG_LEVEL = "io.modelcontextprotocol/logLevel"
+META_SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+INPUT_CAPABILITY = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
+"""The client capability each server-to-client request needs."""
+KEEPALIVE_SECONDS = 15.0
+SHUTDOWN_SECONDS = 5.0
+STORE_ATTEMPTS = 8
+"""Tries to store a task's outcome (backing off to 5 s between them) before giving up on it."""
+MAX_LISTENERS = 1024
+"""Open ``subscriptions/listen`` streams per process; one more is refused with 503."""
 
 
 def is_modern(message: Any, index: dict[bytes, bytes]) -> bool:
     """Whether a POST opens the modern way: its ``_meta`` carries the protocol version, or it has no session and
     names a protocol version no legacy session could have (it is then answered by this leg's validation)."""
-    if not isinstance(message, dict) or message.get("method") == "initialize":
+    if not isinstance(message, dict):
         return False
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
@@ -98,8 +125,9 @@ class Refused(Exception):
 
 
 def _header_value(raw: bytes) -> str:
-    """A mirrored header's value: plain ASCII, or the ``=?base64?…?=`` sentinel form (UTF-8 inside)."""
-    text = raw.decode("latin-1")
+    """A mirrored header's value without surrounding whitespace (RFC 9110 §5.5): plain ASCII, or the
+    ``=?base64?…?=`` sentinel form (UTF-8 inside)."""
+    text = raw.decode("latin-1").strip(" \t")
     if text.startswith("=?base64?") and text.endswith("?=") and len(text) >= 11:
         try:
             return b64decode(text[9:-2], validate=True).decode("utf-8")
@@ -111,17 +139,33 @@ def _header_value(raw: bytes) -> str:
 
 
 class _RequestChannel:
-    """A modern request's way back: notifications on its own response (SSE), no requests to the client."""
+    """A modern request's way back: notifications on its own response (SSE), no requests to the client.
 
-    __slots__ = ("queue",)
+    Log messages go out only when the request's ``_meta`` set a ``logLevel``, and only at or above it.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("capabilities", "min_level", "queue")
+
+    def __init__(self, capabilities: dict[str, Any], log_level: object = None) -> None:
+        self.capabilities = capabilities
+        self.min_level = LOG_LEVELS.index(log_level) if log_level in LOG_LEVELS else None
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
+        if method == "notifications/message":
+            level = params.get("level")
+            if self.min_level is None or level not in LOG_LEVELS or LOG_LEVELS.index(level) < self.min_level:
+                return
         self.queue.put_nowait(frames.notification(method, params))
 
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        needed = INPUT_CAPABILITY.get(method)
+        if needed is not None and needed not in self.capabilities:
+            raise MethodError(
+                errors.MISSING_REQUIRED_CLIENT_CAPABILITY,
+                "Missing required client capability",
+                {"requiredCapabilities": {needed: {}}},
+            )
         raise MethodError(
             errors.CLIENT_INPUT_UNAVAILABLE,
             f"this tool asked the client for {method}, which this server does not offer on {protocol.STATELESS} "
@@ -170,6 +214,7 @@ class ModernLeg:
         self.running: dict[str, asyncio.Task[None]] = {}
         """Tasks this process runs, by task id: a live task of this instance missing here was lost."""
         self.cancelling: set[str] = set()
+        self.listeners = 0
         self._purged_at = 0.0
         capabilities = {k: v for k, v in state.capabilities.items() if k != "logging"}
         self.capabilities = {**capabilities, "extensions": {**capabilities.get("extensions", {}), EXTENSION: {}}}
@@ -183,7 +228,8 @@ class ModernLeg:
         running = list(self.running.values())
         for task in running:
             task.cancel("server shutdown")
-        await asyncio.gather(*running, return_exceptions=True)
+        if running:
+            await asyncio.wait(running, timeout=SHUTDOWN_SECONDS)  # a store that is down does not hold shutdown
         await self.tasks.close()
 
     # -- the request ---------------------------------------------------------------------------------
@@ -215,23 +261,30 @@ class ModernLeg:
         capabilities = self._validate(index, method, params)
         rid: RequestId = message["id"]
         declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
+        channel = _RequestChannel(capabilities, params["_meta"].get(META_LOG_LEVEL))
         if method == "server/discover":
             await self._answer(send, rid, self._discover())
-        elif method == "ping":
-            await self._answer(send, rid, {})
         elif method == "tools/list":
-            await self._answer(send, rid, {"tools": self.s.tools_list})
+            await self._answer(send, rid, {"tools": self.s.tools_list, **CACHE_HINTS})
         elif method == "tools/call":
-            await self._call(receive, send, grant, rid, params, declared)
+            await self._call(receive, send, grant, rid, params, declared, channel)
+        elif method == "subscriptions/listen":
+            await self._listen(receive, send, rid, params, declared)
         elif method in TASK_METHODS:
             await self._task_request(send, grant, rid, method, params, declared)
         elif method in self.s.methods and method not in REMOVED:
             handler = self.s.methods[method]
 
             async def work(ctx: ToolContext) -> dict[str, Any]:
-                return await handler(ctx, params)
+                try:
+                    result = await handler(ctx, params)
+                except MethodError as exc:
+                    if exc.code == LEGACY_RESOURCE_NOT_FOUND:
+                        raise MethodError(errors.INVALID_PARAMS, exc.message, exc.data) from None
+                    raise
+                return {**result, **CACHE_HINTS} if method in CACHEABLE else result
 
-            await self._run_now(receive, send, grant, rid, params, work)
+            await self._run_now(receive, send, grant, rid, params, work, channel)
         else:
             raise Refused(404, errors.METHOD_NOT_FOUND, f"method {method!r} not found on {protocol.STATELESS}")
 
@@ -249,7 +302,7 @@ class ModernLeg:
         header = index.get(b"mcp-protocol-version")
         if header is None:
             raise Refused(400, errors.HEADER_MISMATCH, "MCP-Protocol-Version header required")
-        if header.decode("latin-1") != version:
+        if header.decode("latin-1").strip(" \t") != version:
             raise Refused(
                 400, errors.HEADER_MISMATCH, f"MCP-Protocol-Version header does not match {META_VERSION} {version!r}"
             )
@@ -277,6 +330,7 @@ class ModernLeg:
             "capabilities": self.capabilities,
             "instructions": "Tool results are never lost or leaked: long or non-idempotent tools run as tasks.",
             "_meta": {META_SERVER_INFO: self.server_info},
+            **CACHE_HINTS,
         }
 
     async def _answer(self, send: Send, rid: RequestId, result: dict[str, Any], kind: str = "complete") -> None:
@@ -285,7 +339,14 @@ class ModernLeg:
     # -- tools/call ----------------------------------------------------------------------------------
 
     async def _call(
-        self, receive: Receive, send: Send, grant: Grant, rid: RequestId, params: dict[str, Any], declared: bool
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        rid: RequestId,
+        params: dict[str, Any],
+        declared: bool,
+        channel: _RequestChannel,
     ) -> None:
         s = self.s
         name = params.get("name")
@@ -306,14 +367,16 @@ class ModernLeg:
                 {"requiredResources": missing},
                 self._challenge(description, missing),
             )
-        if tool.task and declared:
-            await self._create_task(send, grant, rid, tool, params)
+        if tool.task is not None and declared:
+            await self._create_task(send, grant, rid, tool, params, _TaskChannel(channel.capabilities))
             return
+        if tool.task == "required":
+            raise self._missing_extension()
 
         async def work(ctx: ToolContext) -> dict[str, Any]:
             return await run_tool(tool, params, ctx)
 
-        await self._run_now(receive, send, grant, rid, params, work)
+        await self._run_now(receive, send, grant, rid, params, work, channel)
 
     def _challenge(self, description: str, missing: list[str]) -> list[tuple[bytes, bytes]]:
         """The challenge a refused call gets: ``insufficient_scope``, naming the resources a new token must cover."""
@@ -329,12 +392,12 @@ class ModernLeg:
         rid: RequestId,
         params: dict[str, Any],
         work: Callable[[ToolContext], Coroutine[Any, Any, dict[str, Any]]],
+        channel: _RequestChannel,
     ) -> None:
-        """Run a request within its response: JSON, or SSE when it asked for progress. A disconnect cancels it."""
+        """Run a request within its response: JSON, or SSE once it sends a notification. A disconnect cancels it."""
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         token = token if isinstance(token, (str, int)) and not isinstance(token, bool) else None
-        channel = _RequestChannel()
         ctx = ToolContext(grant, rid, token, channel)
         loop = self.s.loop
         job = loop.create_task(work(ctx))
@@ -360,10 +423,13 @@ class ModernLeg:
                     log_decision("modern_cancelled", request=str(rid))
                     return
                 break
+            status = 200
             try:
                 value = job.result()
             except MethodError as exc:
                 answer = frames.error(rid, exc.code, exc.message, exc.data)
+                if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
+                    status = 400  # as the revision asks of -32021, when the response has not begun yet
             except Exception:
                 log.exception("request %s failed", rid)
                 answer = frames.error(rid, errors.INTERNAL_ERROR, "request failed")
@@ -380,15 +446,43 @@ class ModernLeg:
             if streaming:
                 await send({"type": "http.response.body", "body": frames.sse(None, answer)})
             else:
-                await respond(send, 200, answer, b"application/json")
+                await respond(send, status, answer, b"application/json")
         finally:
             gone.cancel()
             if not job.done():
                 job.cancel()
 
+    async def _listen(
+        self, receive: Receive, send: Send, rid: RequestId, params: dict[str, Any], declared: bool
+    ) -> None:
+        """``subscriptions/listen``: the acknowledgement, then an open stream until the client leaves.
+
+        This server's tools, prompts and resources never change while it runs, and it pushes no task state
+        (clients poll ``tasks/get``), so it agrees to send nothing and the stream carries keep-alives only.
+        """
+        wanted = params.get("notifications")
+        if isinstance(wanted, dict) and "taskIds" in wanted and not declared:
+            raise self._missing_extension()
+        if self.listeners >= MAX_LISTENERS:
+            raise Refused(503, errors.INTERNAL_ERROR, f"{MAX_LISTENERS} listen streams are open, the limit")
+        ack = {"notifications": {}, "_meta": {META_SUBSCRIPTION: rid}}
+        self.listeners += 1
+        gone = self.s.loop.create_task(_disconnected(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            body = frames.sse(None, frames.notification("notifications/subscriptions/acknowledged", ack))
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            while not (await asyncio.wait({gone}, timeout=KEEPALIVE_SECONDS))[0]:
+                await send({"type": "http.response.body", "body": b":\n\n", "more_body": True})
+        finally:
+            gone.cancel()
+            self.listeners -= 1
+
     # -- tasks ---------------------------------------------------------------------------------------
 
-    async def _create_task(self, send: Send, grant: Grant, rid: RequestId, tool: Tool, params: dict[str, Any]) -> None:
+    async def _create_task(
+        self, send: Send, grant: Grant, rid: RequestId, tool: Tool, params: dict[str, Any], channel: _TaskChannel
+    ) -> None:
         s = self.s
         at = now()
         if at - self._purged_at > PURGE_EVERY_SECONDS:
@@ -402,12 +496,14 @@ class ModernLeg:
             await self.tasks.create(record)  # durable before the client hears of it
         except TaskLimitReached as exc:
             raise Refused(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"5")]) from None
-        self.running[record.task_id] = s.loop.create_task(self._run_task(record, tool, params, grant))
+        self.running[record.task_id] = s.loop.create_task(self._run_task(record, tool, params, grant, channel))
         log_decision("task_created", task=record.task_id[:8], tool=tool.name)
         await self._answer(send, rid, task_view(record, self.poll_ms), "task")
 
-    async def _run_task(self, record: TaskRecord, tool: Tool, params: dict[str, Any], grant: Grant) -> None:
-        ctx = ToolContext(grant, record.task_id, None, _TaskChannel())
+    async def _run_task(
+        self, record: TaskRecord, tool: Tool, params: dict[str, Any], grant: Grant, channel: _TaskChannel
+    ) -> None:
+        ctx = ToolContext(grant, record.task_id, None, channel)
         task_id = record.task_id
         try:
             try:
@@ -420,24 +516,31 @@ class ModernLeg:
                     settled = advance(record, TaskStatus.CANCELLED, now(), message="cancelled by its owner")
                 else:
                     settled = lost(record, now())
-            await self.tasks.update(settled)
-            log_decision("task_settled", task=task_id[:8], status=settled.status.value)
-        except StoreUnavailable:
-            log.error("task %s settled but not stored; a poll will report it lost", task_id[:8])
+            await self._store_outcome(settled)
         finally:
             self.running.pop(task_id, None)
             self.cancelling.discard(task_id)
+
+    async def _store_outcome(self, settled: TaskRecord) -> None:
+        """Store a task's outcome, retrying while the store is down: while this process lives, every replica
+        sees the task as running, so an outcome that is never stored would leave it ``working`` there."""
+        task_id = settled.task_id
+        for attempt in range(STORE_ATTEMPTS):
+            try:
+                await self.tasks.update(settled)
+            except StoreUnavailable:
+                log.warning("task %s: outcome not stored (attempt %d), retrying", task_id[:8], attempt + 1)
+                await asyncio.sleep(min(5.0, 0.1 * 2**attempt))
+            else:
+                log_decision("task_settled", task=task_id[:8], status=settled.status.value)
+                return
+        log.error("task %s: outcome not stored; once this process ends, polls report it lost", task_id[:8])
 
     async def _task_request(
         self, send: Send, grant: Grant, rid: RequestId, method: str, params: dict[str, Any], declared: bool
     ) -> None:
         if not declared:
-            raise Refused(
-                400,
-                errors.MISSING_REQUIRED_CLIENT_CAPABILITY,
-                "Missing required client capability",
-                {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
-            )
+            raise self._missing_extension()
         task_id: str = params["taskId"]  # checked against Mcp-Name above: a string
         at = now()
         record = await self.tasks.get(task_id)
@@ -461,6 +564,15 @@ class ModernLeg:
             else:  # another replica runs it: record the cancel; its own outcome can then no longer land
                 await self.tasks.update(advance(record, TaskStatus.CANCELLED, at, message="cancelled by its owner"))
         await self._answer(send, rid, {})  # tasks/update: no input is ever outstanding here; acknowledged
+
+    @staticmethod
+    def _missing_extension() -> Refused:
+        return Refused(
+            400,
+            errors.MISSING_REQUIRED_CLIENT_CAPABILITY,
+            "Missing required client capability",
+            {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
+        )
 
     def _deny(self, denied: Denied) -> None:
         self.s.metrics.refusals.labels("insufficient_audience", "task").inc()

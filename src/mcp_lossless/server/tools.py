@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, get_type_hints
+from typing import Any, Literal, Protocol, get_type_hints
 
 import pydantic
 
@@ -20,6 +20,9 @@ from .errors import ServerError
 
 ToolReturn = str | dict[str, Any]
 """What a tool function may return: text, or structured content (the client's ``ToolResult`` is what arrives)."""
+TaskSupport = Literal["optional", "required"]
+"""How a tool runs for 2026-07-28 clients: as a task for those that declared the tasks extension, within the
+request for the others (``optional``), or only as a task, refusing the others with -32021 (``required``)."""
 
 
 class Channel(Protocol):
@@ -130,8 +133,8 @@ class RegisteredTool:
     """OAuth scopes a token must hold, besides covering the resource, to call the tool and receive its events."""
     schema: dict[str, Any] | None = None
     """Published instead of the schema derived from the signature (for JSON Schema type hints cannot express)."""
-    task: bool = False
-    """Runs as a task for 2026-07-28 clients that declared the tasks extension (others: within the request)."""
+    task: TaskSupport | None = None
+    """Whether it runs as a task for 2026-07-28 clients (``None``: always within the request)."""
 
     def input_schema(self) -> dict[str, Any]:
         if self.schema is not None:
@@ -190,13 +193,14 @@ class ToolRegistry:
         read_only: bool | None = None,
         title: str | None = None,
         input_schema: dict[str, Any] | None = None,
-        task: bool = False,
+        task: bool | TaskSupport = False,
     ) -> Callable[[Callable[..., Awaitable[ToolReturn]]], Callable[..., Awaitable[ToolReturn]]]:
         """Register an async function as a tool. Parameters typed :class:`ToolContext` receive the context.
 
         ``input_schema`` replaces the published ``inputSchema``; calls are still validated against the signature.
-        ``task=True``: for long-running or non-idempotent tools, whose result must outlive the request that
-        started them (2026-07-28 clients with the tasks extension poll it with ``tasks/get``).
+        ``task=True`` (``"optional"``) or ``"required"``: for long-running or non-idempotent tools, whose result
+        must outlive the request that started them (2026-07-28 clients with the tasks extension poll it with
+        ``tasks/get``); see :data:`TaskSupport`.
         """
 
         def register(fn: Callable[..., Awaitable[ToolReturn]]) -> Callable[..., Awaitable[ToolReturn]]:
@@ -226,7 +230,7 @@ class ToolRegistry:
                 resource=resource,
                 scopes=tuple(sorted(set(scopes))),
                 schema=input_schema,
-                task=task,
+                task="optional" if task is True else task or None,
             )
             return fn
 
