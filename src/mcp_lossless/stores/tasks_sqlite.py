@@ -4,17 +4,24 @@ Same durability as :mod:`mcp_lossless.stores.sqlite`: every write commits (WAL, 
 before it returns, so a task acknowledged with ``CreateTaskResult`` is on disk as far as a process crash
 goes. A task whose process died stays ``working`` in the file; the server settles it as lost the first
 time it is polled (the event store's ``owner_alive`` knows no other live process for a SQLite file).
+
+Threading: the event store writes the same file from a thread of its own, so a task write may wait for its
+lock; each operation therefore runs on a worker thread (one at a time), never blocking the event loop.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
+
+import anyio
 
 from ..core.tasks import TaskRecord, decode_task, encode_task
 from .base import StoreUnavailable
+
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -34,33 +41,37 @@ class SqliteTaskStore:
     def __init__(self, path: str) -> None:
         self.path = path
         self._conn: sqlite3.Connection | None = None
+        self._one = anyio.CapacityLimiter(1)
 
     async def open(self) -> None:
-        try:
-            conn = sqlite3.connect(self.path, isolation_level=None)
+        def connect() -> sqlite3.Connection:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute("PRAGMA busy_timeout=2000")
+                conn.execute("PRAGMA busy_timeout=5000")
                 conn.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
             except BaseException:
                 conn.close()
                 raise
+            return conn
+
+        try:
+            self._conn = await anyio.to_thread.run_sync(connect, limiter=self._one)
         except sqlite3.DatabaseError as exc:
             raise StoreUnavailable(f"cannot open sqlite task store {self.path!r}: {exc}") from exc
-        self._conn = conn
 
     async def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await anyio.to_thread.run_sync(conn.close, limiter=self._one)
 
-    @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        if self._conn is None:
+    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._conn
+        if conn is None:
             raise RuntimeError("SqliteTaskStore used before open()")
         try:
-            yield self._conn
+            return await anyio.to_thread.run_sync(work, conn, limiter=self._one)
         except sqlite3.OperationalError as exc:
             raise StoreUnavailable(f"sqlite task store {self.path!r} unavailable: {exc}") from exc
 
@@ -70,44 +81,53 @@ class SqliteTaskStore:
         return (record.task_id, terminal, encode_task(record), record.seen_at, record.ttl, record.expires_at)
 
     async def create(self, record: TaskRecord) -> None:
-        with self._db() as db:
-            db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?)", self._row(record))
+        row = self._row(record)
+        await self._run(lambda db: db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?)", row))
 
     async def get(self, task_id: str) -> TaskRecord | None:
-        with self._db() as db:
-            row = db.execute("SELECT record, seen_at FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        def read(db: sqlite3.Connection) -> tuple[bytes, float] | None:
+            found: tuple[bytes, float] | None = db.execute(
+                "SELECT record, seen_at FROM tasks WHERE task_id = ?", (task_id,)
+            ).fetchone()
+            return found
+
+        row = await self._run(read)
         if row is None:
             return None
         record = decode_task(row[0])
         return replace(record, seen_at=max(record.seen_at, row[1]))
 
     async def update(self, record: TaskRecord) -> TaskRecord | None:
-        with self._db() as db:
+        def write(db: sqlite3.Connection) -> None:
             db.execute("BEGIN IMMEDIATE")
             try:
                 row = db.execute("SELECT terminal, seen_at FROM tasks WHERE task_id = ?", (record.task_id,)).fetchone()
                 if row is not None and not row[0]:
-                    record = replace(record, seen_at=max(record.seen_at, row[1]))
+                    fresh = replace(record, seen_at=max(record.seen_at, row[1]))
                     db.execute(
                         "UPDATE tasks SET terminal = ?, record = ?, seen_at = ?, ttl = ?, expires_at = ? "
                         "WHERE task_id = ?",
-                        (*self._row(record)[1:], record.task_id),
+                        (*self._row(fresh)[1:], record.task_id),
                     )
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+
+        await self._run(write)
         return await self.get(record.task_id)
 
     async def touch(self, task_id: str, now: float) -> None:
-        with self._db() as db:
-            # The TTL counts from the later of the last change and the last poll: expiry moves to now + ttl at least.
-            db.execute(
+        # The TTL counts from the later of the last change and the last poll: expiry moves to now + ttl at least.
+        await self._run(
+            lambda db: db.execute(
                 "UPDATE tasks SET seen_at = max(seen_at, ?), "
                 "expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE max(expires_at, ? + ttl) END WHERE task_id = ?",
                 (now, now, task_id),
             )
+        )
 
     async def purge_expired(self, now: float) -> int:
-        with self._db() as db:
-            return db.execute("DELETE FROM tasks WHERE expires_at IS NOT NULL AND expires_at < ?", (now,)).rowcount
+        return await self._run(
+            lambda db: db.execute("DELETE FROM tasks WHERE expires_at IS NOT NULL AND expires_at < ?", (now,)).rowcount
+        )
