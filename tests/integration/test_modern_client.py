@@ -12,7 +12,7 @@ import pytest
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError as ServerToolError
 
-from mcp_lossless.client import Client, OAuth, ToolError, ToolResult
+from mcp_lossless.client import Client, OAuth, ToolFailed, ToolResult
 from mcp_lossless.client.modern import ModernClient, open_client
 from mcp_lossless.core.errors import TASK_DENIED
 from mcp_lossless.server.app import create_app
@@ -157,7 +157,7 @@ async def test_our_client_speaks_2026_07_28_with_the_python_sdk_server() -> None
             assert isinstance(client, ModernClient)
             steps: list[float] = []
             result = await client.call_tool("count", {"n": 3}, on_progress=lambda u: steps.append(u.progress))
-            with pytest.raises(ToolError, match="on purpose"):
+            with pytest.raises(ToolFailed, match="on purpose"):
                 await client.call_tool("broken")
     assert result.text == "counted to 3"
     assert steps == [1, 2, 3], "progress on the request's own SSE stream"

@@ -1,4 +1,4 @@
-"""The 2026-07-28 client: stateless requests, and tasks polled to their one outcome (docs/decisions/0009).
+"""The 2026-07-28 client: stateless requests, and tasks polled to their one outcome (docs/decisions/0010).
 
 Every request is a POST of its own carrying ``_meta`` (version, capabilities with the tasks extension) and the
 mirrored headers. A call whose server answers with a task is polled with ``tasks/get`` (the server's
@@ -241,7 +241,7 @@ class ModernClient:
         timeout: float | None = None,  # noqa: ASYNC109 - a per-call deadline, cancelling the task on the server
         reissue: bool | None = None,
     ) -> ToolResult:
-        """Call ``name``: its result, :class:`~mcp_lossless.client.ToolError`, or another typed outcome.
+        """Call ``name``: its result, :class:`~mcp_lossless.client.ToolFailed`, or another typed outcome.
 
         ``reissue`` as for :meth:`Client.call_tool`: ``None`` re-issues a call whose response broke only for
         idempotent tools.

@@ -15,8 +15,7 @@ import httpx
 from ..asgi import Receive, Scope, Send, headers, respond, respond_json
 from ..core.resources import canonical_resource
 from ..devauth.server import DevAuthServer
-from ..stores import EventStore, open_store
-from ..stores.tasks import TaskStore, task_store_beside
+from ..stores import EventStore, TaskStore, open_store, task_store_beside
 from . import metadata
 from .auth import JwtVerifier, RemoteJwks, StaticJwks, TokenVerifier, discover_jwks_uri
 from .config import LOOPBACK_HOSTS, ServerConfig

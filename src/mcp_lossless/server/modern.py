@@ -1,4 +1,4 @@
-"""The 2026-07-28 leg of the endpoint: stateless requests, and tools that run as tasks (docs/decisions/0009).
+"""The 2026-07-28 leg of the endpoint: stateless requests, and tools that run as tasks (docs/decisions/0010).
 
 A request whose ``_meta`` carries the modern protocol fields is served here, on the same endpoint as the
 legacy sessions (:func:`is_modern`); ``initialize`` keeps selecting the legacy leg, unchanged. Every request
@@ -51,7 +51,7 @@ from ..stores.base import StoreUnavailable
 from ..stores.tasks import TaskLimitReached, TaskStore
 from .observability import log_decision, now
 from .state import ServerState
-from .tools import MethodError, Tool, ToolContext, ToolError, ToolInputError, content_of
+from .tools import MethodError, RegisteredTool, ToolContext, ToolError, ToolInputError, content_of
 from .writer import SSE_HEADERS
 
 log = logging.getLogger("mcp_lossless.modern")
@@ -183,7 +183,7 @@ class _TaskChannel(_RequestChannel):
         return None
 
 
-async def run_tool(tool: Tool, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+async def run_tool(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """A tool's ``CallToolResult``; a :class:`MethodError` for a JSON-RPC error (bad arguments, client input)."""
     try:
         kwargs = tool.bind(params.get("arguments"))
@@ -481,7 +481,13 @@ class ModernLeg:
     # -- tasks ---------------------------------------------------------------------------------------
 
     async def _create_task(
-        self, send: Send, grant: Grant, rid: RequestId, tool: Tool, params: dict[str, Any], channel: _TaskChannel
+        self,
+        send: Send,
+        grant: Grant,
+        rid: RequestId,
+        tool: RegisteredTool,
+        params: dict[str, Any],
+        channel: _TaskChannel,
     ) -> None:
         s = self.s
         at = now()
@@ -501,7 +507,7 @@ class ModernLeg:
         await self._answer(send, rid, task_view(record, self.poll_ms), "task")
 
     async def _run_task(
-        self, record: TaskRecord, tool: Tool, params: dict[str, Any], grant: Grant, channel: _TaskChannel
+        self, record: TaskRecord, tool: RegisteredTool, params: dict[str, Any], grant: Grant, channel: _TaskChannel
     ) -> None:
         ctx = ToolContext(grant, record.task_id, None, channel)
         task_id = record.task_id
