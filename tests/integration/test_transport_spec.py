@@ -103,26 +103,57 @@ async def test_protocol_version_header(peer: Peer) -> None:
     assert (await raw(peer, body=PING, mcp_protocol_version="")).status_code == 200
 
 
-async def test_a_2026_07_28_request_without_a_session_gets_the_unsupported_version_answer(peer: Peer) -> None:
-    """-32022 with only the revisions served in ``data.supported``: what dual-era clients fall back to
-    ``initialize`` on. It comes before the session check: a 2026-07-28 client never has a session."""
+async def test_a_2026_07_28_request_without_a_session_is_answered_by_the_modern_leg(peer: Peer) -> None:
+    """ADR 0011 (superseding 0004): a 2026-07-28 request is served statelessly, before any session check (a
+    2026-07-28 client never has a session), and what it lacks is named with that revision's codes. Its -32022
+    lists the modern revision first, then the served legacy ones. The GET stream exists for legacy sessions only:
+    there 2026-07-28 still gets -32022 with only the revisions a session can speak, which dual-era clients fall
+    back to ``initialize`` on."""
     served = ["2025-11-25", "2025-06-18", "2025-03-26"]
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
     by_header = await raw(peer, body=PING, mcp_protocol_version="2026-07-28", mcp_session_id="")
-    modern = {
+    partial = {
         "jsonrpc": "2.0",
         "id": 7,
         "method": "server/discover",
         "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}},
     }
-    by_meta = await raw(peer, body=orjson.dumps(modern), mcp_protocol_version="", mcp_session_id="")
-    listen = await raw(peer, "GET", accept="text/event-stream", mcp_protocol_version="2026-07-28", mcp_session_id="")
-    for response, request_id in ((by_header, 1), (by_meta, 7), (listen, None)):
-        assert response.status_code == 400
+    by_meta = await raw(peer, body=orjson.dumps(partial), mcp_protocol_version="", mcp_session_id="")
+    for response, request_id in ((by_header, 1), (by_meta, 7)):
+        assert response.status_code == 400 and "mcp-session-id" not in response.headers
         body = response.json()
         assert body["id"] == request_id
-        assert body["error"]["code"] == -32022
-        assert body["error"]["data"] == {"supported": served, "requested": "2026-07-28"}
-        assert "2026-07-28" in body["error"]["message"]
+        assert body["error"]["code"] == -32602, "a modern request without its _meta fields is malformed"
+        assert "_meta" in body["error"]["message"]
+    discover = {"jsonrpc": "2.0", "id": 8, "method": "server/discover", "params": {"_meta": meta}}
+    unheaded = await raw(peer, body=orjson.dumps(discover), mcp_protocol_version="", mcp_session_id="")
+    assert unheaded.status_code == 400 and unheaded.json()["error"]["code"] == -32020, "its headers are required"
+    served_modern = await raw(
+        peer,
+        body=orjson.dumps(discover),
+        mcp_protocol_version="2026-07-28",
+        mcp_method="server/discover",
+        mcp_session_id="",
+    )
+    assert served_modern.status_code == 200 and "mcp-session-id" not in served_modern.headers
+    assert served_modern.json()["result"]["supportedVersions"] == ["2026-07-28", *served]
+    future = {**discover, "params": {"_meta": {**meta, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}}}
+    later = await raw(
+        peer,
+        body=orjson.dumps(future),
+        mcp_protocol_version="2099-01-01",
+        mcp_method="server/discover",
+        mcp_session_id="",
+    )
+    assert later.status_code == 400 and later.json()["id"] == 8
+    assert later.json()["error"]["code"] == -32022
+    assert later.json()["error"]["data"] == {"supported": ["2026-07-28", *served], "requested": "2099-01-01"}
+    listen = await raw(peer, "GET", accept="text/event-stream", mcp_protocol_version="2026-07-28", mcp_session_id="")
+    assert listen.status_code == 400
+    body = listen.json()
+    assert body["id"] is None and body["error"]["code"] == -32022
+    assert body["error"]["data"] == {"supported": served, "requested": "2026-07-28"}
+    assert "2026-07-28" in body["error"]["message"]
     unknown = await raw(peer, body=PING, mcp_protocol_version="1999-01-01", mcp_session_id="no-such-session")
     assert unknown.status_code == 400 and unknown.json()["error"]["data"]["requested"] == "1999-01-01"
 

@@ -13,7 +13,7 @@ decided here against the token of *that* poll (invariant 1), with exactly one of
 Lifetime: a task's TTL counts from the later of its last status change and its owner's last poll, denied
 polls included (:attr:`TaskRecord.expires_at`). An owner that keeps polling while it re-authorizes never
 loses the task; one that walks away loses it a TTL later. The naive rule (``createdAt + ttl``) would expire
-a finished result while its owner fetches a covering token (docs/decisions/0010).
+a finished result while its owner fetches a covering token (docs/decisions/0011).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import orjson
 
 from .errors import TASK_DENIED, TASK_EXECUTION_LOST
 from .principal import Grant, Principal
-from .resources import AudiencePolicy
+from .resources import AudiencePolicy, requirement, resources_in, scopes_in
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 
@@ -187,15 +187,14 @@ Verdict = Unknown | Denied | Deliver
 def authorize(task_id: str, record: TaskRecord | None, grant: Grant, policy: AudiencePolicy, now: float) -> Verdict:
     """The one decision behind every ``tasks/get``, ``tasks/update``, ``tasks/cancel`` (and push).
 
-    Resource coverage is the audience policy's (the same rule as calls and replays); a scope is covered when
-    the token holds it.
+    Coverage, of resources and scopes alike, is the audience policy's: the same rule as calls and replays.
     """
     if record is None or record.task_id != task_id or record.principal != grant.principal or record.expired(now):
         return Unknown(task_id)
-    resources = policy.missing(grant.audience, record.requirement.resources)
-    scopes = record.requirement.scopes - grant.scopes
-    if resources or scopes:
-        return Denied(task_id, tuple(sorted(resources)), tuple(sorted(scopes)))
+    needed = requirement(record.requirement.resources, record.requirement.scopes)
+    gap = policy.missing(grant.audience, needed, grant.scopes)
+    if gap:
+        return Denied(task_id, resources_in(gap), scopes_in(gap))
     return Deliver(record)
 
 

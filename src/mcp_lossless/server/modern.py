@@ -1,4 +1,4 @@
-"""The 2026-07-28 leg of the endpoint: stateless requests, and tools that run as tasks (docs/decisions/0010).
+"""The 2026-07-28 leg of the endpoint: stateless requests, and tools that run as tasks (docs/decisions/0011).
 
 A request whose ``_meta`` carries the modern protocol fields is served here, on the same endpoint as the
 legacy sessions (:func:`is_modern`); ``initialize`` keeps selecting the legacy leg, unchanged. Every request
@@ -20,14 +20,15 @@ import contextlib
 import logging
 import secrets
 from base64 import b64decode
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from .. import __version__
-from ..asgi import Receive, Send, respond, respond_json
+from ..asgi import Receive, Send, respond
 from ..core import errors, frames, protocol
 from ..core.events import RequestId
 from ..core.principal import Grant
+from ..core.resources import describe, requirement, resources_in, scopes_in
 from ..core.tasks import (
     EXTENSION,
     UNKNOWN_MESSAGE,
@@ -49,6 +50,8 @@ from ..core.tasks import (
 )
 from ..stores.base import StoreUnavailable
 from ..stores.tasks import TaskLimitReached, TaskStore
+from . import metadata
+from .errors import Refused
 from .observability import log_decision, now
 from .state import ServerState
 from .tools import MethodError, RegisteredTool, ToolContext, ToolError, ToolInputError, content_of
@@ -110,18 +113,11 @@ def is_modern(message: Any, index: dict[bytes, bytes]) -> bool:
     return version.decode("latin-1") not in protocol.SUPPORTED
 
 
-class Refused(Exception):
-    """A modern request answered with a JSON-RPC error at an HTTP status (raised where found, rendered once)."""
-
-    def __init__(
-        self, status: int, code: int, message: str, data: Any = None, headers: list[tuple[bytes, bytes]] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.data = data
-        self.headers = headers or []
+def _refused(
+    status: int, code: int, message: str, data: Any = None, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> Refused:
+    """A modern request refused with a JSON-RPC error at an HTTP status; :meth:`ModernLeg.serve` adds the id."""
+    return Refused.rpc(status, code, message, data=data, headers=headers)
 
 
 def _header_value(raw: bytes) -> str:
@@ -132,9 +128,9 @@ def _header_value(raw: bytes) -> str:
         try:
             return b64decode(text[9:-2], validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
-            raise Refused(400, errors.HEADER_MISMATCH, "header value is not valid base64 UTF-8") from None
+            raise _refused(400, errors.HEADER_MISMATCH, "header value is not valid base64 UTF-8") from None
     if any(not (0x20 <= ord(c) <= 0x7E or c == "\t") for c in text):
-        raise Refused(400, errors.HEADER_MISMATCH, "header value has characters outside visible ASCII")
+        raise _refused(400, errors.HEADER_MISMATCH, "header value has characters outside visible ASCII")
     return text
 
 
@@ -237,21 +233,28 @@ class ModernLeg:
     async def serve(
         self, receive: Receive, send: Send, grant: Grant, index: dict[bytes, bytes], message: dict[str, Any]
     ) -> None:
+        """Answer one modern request; a refusal goes up to the transport, which renders it (ADR 0010)."""
         rid: RequestId | None = message.get("id")
         try:
             await self._serve(receive, send, grant, index, message)
         except Refused as refused:
-            body = frames.error_message(rid, refused.code, refused.message, refused.data)
-            await respond_json(send, refused.status, body, refused.headers)
+            if isinstance(refused.body, dict) and refused.body.get("id") is None:
+                refused.body["id"] = rid  # raised where found, which need not know the request's id
+            raise
         except StoreUnavailable:
-            body = frames.error_message(rid, errors.INTERNAL_ERROR, "task store unavailable; retry later")
-            await respond_json(send, 503, body, [(b"retry-after", b"1")])
+            raise Refused.rpc(
+                503,
+                errors.INTERNAL_ERROR,
+                "task store unavailable; retry later",
+                request_id=rid,
+                headers=[(b"retry-after", b"1")],
+            ) from None
 
     async def _serve(
         self, receive: Receive, send: Send, grant: Grant, index: dict[bytes, bytes], message: dict[str, Any]
     ) -> None:
         if "method" not in message:
-            raise Refused(400, errors.INVALID_REQUEST, f"clients send no responses on {protocol.STATELESS}")
+            raise _refused(400, errors.INVALID_REQUEST, f"clients send no responses on {protocol.STATELESS}")
         method: str = message["method"]
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
@@ -286,7 +289,7 @@ class ModernLeg:
 
             await self._run_now(receive, send, grant, rid, params, work, channel)
         else:
-            raise Refused(404, errors.METHOD_NOT_FOUND, f"method {method!r} not found on {protocol.STATELESS}")
+            raise _refused(404, errors.METHOD_NOT_FOUND, f"method {method!r} not found on {protocol.STATELESS}")
 
     def _validate(self, index: dict[bytes, bytes], method: str, params: dict[str, Any]) -> dict[str, Any]:
         """The per-request fields (``-32602``), the mirrored headers (``-32020``), the version (``-32022``)."""
@@ -294,20 +297,20 @@ class ModernLeg:
         version = meta.get(META_VERSION) if isinstance(meta, dict) else None
         capabilities = meta.get(META_CAPABILITIES) if isinstance(meta, dict) else None
         if not isinstance(version, str) or not isinstance(capabilities, dict):
-            raise Refused(
+            raise _refused(
                 400,
                 errors.INVALID_PARAMS,
                 f"params._meta must carry {META_VERSION} (a string) and {META_CAPABILITIES} (an object)",
             )
         header = index.get(b"mcp-protocol-version")
         if header is None:
-            raise Refused(400, errors.HEADER_MISMATCH, "MCP-Protocol-Version header required")
+            raise _refused(400, errors.HEADER_MISMATCH, "MCP-Protocol-Version header required")
         if header.decode("latin-1").strip(" \t") != version:
-            raise Refused(
+            raise _refused(
                 400, errors.HEADER_MISMATCH, f"MCP-Protocol-Version header does not match {META_VERSION} {version!r}"
             )
         if version != protocol.STATELESS:
-            raise Refused(
+            raise _refused(
                 400,
                 errors.UNSUPPORTED_PROTOCOL_VERSION,
                 "Unsupported protocol version",
@@ -315,13 +318,13 @@ class ModernLeg:
             )
         named = index.get(b"mcp-method")
         if named is None or _header_value(named) != method:
-            raise Refused(400, errors.HEADER_MISMATCH, f"Mcp-Method header must be present and equal {method!r}")
+            raise _refused(400, errors.HEADER_MISMATCH, f"Mcp-Method header must be present and equal {method!r}")
         field = "taskId" if method in TASK_METHODS else NAMED.get(method)
         if field is not None:
             name = index.get(b"mcp-name")
             value = params.get(field)
             if name is None or not isinstance(value, str) or _header_value(name) != value:
-                raise Refused(400, errors.HEADER_MISMATCH, f"Mcp-Name header must be present and equal params.{field}")
+                raise _refused(400, errors.HEADER_MISMATCH, f"Mcp-Name header must be present and equal params.{field}")
         return capabilities
 
     def _discover(self) -> dict[str, Any]:
@@ -356,17 +359,13 @@ class ModernLeg:
                 send, 200, frames.error(rid, errors.INVALID_PARAMS, f"unknown tool {name!r}"), b"application/json"
             )
             return
-        missing = sorted(s.policy.missing(grant.audience, s.tool_tags[tool.name]))
+        tags = s.tool_tags[tool.name]
+        missing = sorted(s.policy.missing(grant.audience, tags, grant.scopes))
         if missing:
             s.metrics.refusals.labels("insufficient_audience", "call").inc()
-            description = f"token audience does not cover {' '.join(missing)}"
-            raise Refused(
-                403,
-                errors.TOOL_FORBIDDEN,
-                description,
-                {"requiredResources": missing},
-                self._challenge(description, missing),
-            )
+            description = f"token does not cover {describe(missing)}"
+            data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
+            raise _refused(403, errors.TOOL_FORBIDDEN, description, data, self._challenge(description, missing, tags))
         if tool.task is not None and declared:
             await self._create_task(send, grant, rid, tool, params, _TaskChannel(channel.capabilities))
             return
@@ -378,11 +377,9 @@ class ModernLeg:
 
         await self._run_now(receive, send, grant, rid, params, work, channel)
 
-    def _challenge(self, description: str, missing: list[str]) -> list[tuple[bytes, bytes]]:
-        """The challenge a refused call gets: ``insufficient_scope``, naming the resources a new token must cover."""
-        s = self.s
-        prm = s.prm_url_for(missing[0]) if missing else s.prm_url
-        return [(b"www-authenticate", s.challenge("insufficient_scope", description, prm, missing))]
+    def _challenge(self, description: str, missing: Iterable[str], needed: Iterable[str]) -> list[tuple[bytes, bytes]]:
+        """The challenge a refused call gets (:func:`.metadata.insufficient_scope`): what a new token must hold."""
+        return [(b"www-authenticate", metadata.insufficient_scope(description, self.s.prm_url, missing, needed))]
 
     async def _run_now(
         self,
@@ -464,7 +461,7 @@ class ModernLeg:
         if isinstance(wanted, dict) and "taskIds" in wanted and not declared:
             raise self._missing_extension()
         if self.listeners >= MAX_LISTENERS:
-            raise Refused(503, errors.INTERNAL_ERROR, f"{MAX_LISTENERS} listen streams are open, the limit")
+            raise _refused(503, errors.INTERNAL_ERROR, f"{MAX_LISTENERS} listen streams are open, the limit")
         ack = {"notifications": {}, "_meta": {META_SUBSCRIPTION: rid}}
         self.listeners += 1
         gone = self.s.loop.create_task(_disconnected(receive))
@@ -494,14 +491,15 @@ class ModernLeg:
         if at - self._purged_at > PURGE_EVERY_SECONDS:
             self._purged_at = at
             await self.tasks.purge_expired(at)
-        requirement = Requirement(s.tool_tags[tool.name])
+        tags = s.tool_tags[tool.name]
+        requirement = Requirement(frozenset(resources_in(tags)), frozenset(scopes_in(tags)))
         record = new_task(
             secrets.token_urlsafe(24), grant.principal, tool.name, requirement, s.instance, at, self.task_ttl
         )
         try:
             await self.tasks.create(record)  # durable before the client hears of it
         except TaskLimitReached as exc:
-            raise Refused(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"5")]) from None
+            raise _refused(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"5")]) from None
         self.running[record.task_id] = s.loop.create_task(self._run_task(record, tool, params, grant, channel))
         log_decision("task_created", task=record.task_id[:8], tool=tool.name)
         await self._answer(send, rid, task_view(record, self.poll_ms), "task")
@@ -556,7 +554,7 @@ class ModernLeg:
             return
         await self.tasks.touch(task_id, at)  # the owner asked: its TTL restarts, denied or not
         if isinstance(verdict, Denied):
-            self._deny(verdict)
+            self._deny(verdict, record)
         assert isinstance(verdict, Deliver)
         record = await self._settle_if_lost(seen(verdict.record, at), at)
         if method == "tasks/get":
@@ -573,19 +571,21 @@ class ModernLeg:
 
     @staticmethod
     def _missing_extension() -> Refused:
-        return Refused(
+        return _refused(
             400,
             errors.MISSING_REQUIRED_CLIENT_CAPABILITY,
             "Missing required client capability",
             {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
         )
 
-    def _deny(self, denied: Denied) -> None:
+    def _deny(self, denied: Denied, record: TaskRecord | None) -> None:
         self.s.metrics.refusals.labels("insufficient_audience", "task").inc()
         log_decision("task_denied", task=denied.task_id[:8], missing=list(denied.missing_resources))
         error = denial_error(denied)
-        headers = self._challenge(denial_message(denied), list(denied.missing_resources))
-        raise Refused(403, error["code"], error["message"], error["data"], headers)
+        gap = requirement(denied.missing_resources, denied.missing_scopes)
+        needed = requirement(record.requirement.resources, record.requirement.scopes) if record else gap
+        headers = self._challenge(denial_message(denied), gap, needed)
+        raise _refused(403, error["code"], error["message"], error["data"], headers)
 
     async def _settle_if_lost(self, record: TaskRecord, at: float) -> TaskRecord:
         """A live task whose process is gone ends ``failed`` with the execution-lost error, never ``working``."""
