@@ -36,6 +36,12 @@ async def status(http: httpx.AsyncClient, body: bytes, method: str = "POST", **h
 
 PING = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
 NOT_RPC = orjson.dumps([{"jsonrpc": "1.0"}] * 3)
+FUTURE_META = {
+    "io.modelcontextprotocol/protocolVersion": "2099-01-01",
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+FUTURE = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"_meta": FUTURE_META}})
+"""A modern request at a revision nobody serves (ADR 0011: 2026-07-28 itself is served by the modern leg)."""
 
 
 @pytest.mark.parametrize(
@@ -46,7 +52,8 @@ NOT_RPC = orjson.dumps([{"jsonrpc": "1.0"}] * 3)
         (b"{" + b"x" * 5000, {"accept": BOTH, "content_type": JSON}, (413, -32600)),  # then size
         (b"{", {"accept": BOTH, "content_type": JSON, "mcp_protocol_version": "2026-07-28"}, (400, -32700)),
         (NOT_RPC, {"accept": BOTH, "content_type": JSON}, (400, -32600)),  # batch length before shape
-        (PING, {"accept": BOTH, "content_type": JSON, "mcp_protocol_version": "2026-07-28"}, (400, -32022)),
+        (PING, {"accept": BOTH, "content_type": JSON, "mcp_protocol_version": "2026-07-28"}, (400, -32602)),
+        (FUTURE, {"accept": BOTH, "content_type": JSON, "mcp_protocol_version": "2099-01-01"}, (400, -32022)),
         (PING, {"accept": BOTH, "content_type": JSON, "mcp_session_id": "gone"}, (404, -32600)),
     ],
 )
