@@ -41,7 +41,7 @@ FUTURE_META = {
     "io.modelcontextprotocol/clientCapabilities": {},
 }
 FUTURE = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"_meta": FUTURE_META}})
-"""A modern request at a revision nobody serves (ADR 0011: 2026-07-28 itself is served by the modern leg)."""
+"""A modern request at a revision nobody serves (ADR 0012: 2026-07-28 itself is served by the modern leg)."""
 
 
 @pytest.mark.parametrize(

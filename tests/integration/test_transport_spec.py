@@ -104,7 +104,7 @@ async def test_protocol_version_header(peer: Peer) -> None:
 
 
 async def test_a_2026_07_28_request_without_a_session_is_answered_by_the_modern_leg(peer: Peer) -> None:
-    """ADR 0011 (superseding 0004): a 2026-07-28 request is served statelessly, before any session check (a
+    """ADR 0012 (superseding 0004): a 2026-07-28 request is served statelessly, before any session check (a
     2026-07-28 client never has a session), and what it lacks is named with that revision's codes. Its -32022
     lists the modern revision first, then the served legacy ones. The GET stream exists for legacy sessions only:
     there 2026-07-28 still gets -32022 with only the revisions a session can speak, which dual-era clients fall

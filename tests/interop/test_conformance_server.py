@@ -153,7 +153,7 @@ MODERN_NOT_IMPLEMENTED = {
     "tasks-mrtr-composition": "multi round-trip requests before a task are not implemented",
     "http-custom-header-server-validation": "no fixture tool declares x-mcp-header (pending upstream)",
 }
-"""Scenarios of the 2026-07-28 run that fail for a feature this server lacks (docs/decisions/0011); each must
+"""Scenarios of the 2026-07-28 run that fail for a feature this server lacks (docs/decisions/0012); each must
 still fail for that reason only, and any other scenario must pass in full."""
 MODERN_NOT_IMPLEMENTED_CHECKS = {
     "server-stateless": {"sep-2575-http-server-no-independent-requests-on-stream"},

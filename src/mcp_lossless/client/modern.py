@@ -1,4 +1,4 @@
-"""The 2026-07-28 client: stateless requests, and tasks polled to their one outcome (docs/decisions/0011).
+"""The 2026-07-28 client: stateless requests, and tasks polled to their one outcome (docs/decisions/0012).
 
 Every request is a POST of its own carrying ``_meta`` (version, capabilities with the tasks extension) and the
 mirrored headers. A call whose server answers with a task is polled with ``tasks/get`` (the server's

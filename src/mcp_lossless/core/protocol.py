@@ -5,7 +5,7 @@ from __future__ import annotations
 LATEST = "2025-11-25"
 SUPPORTED = ("2025-11-25", "2025-06-18", "2025-03-26")
 STATELESS = "2026-07-28"
-"""The stateless revision: no sessions, no resumption; served by the modern leg beside the legacy ones (ADR 0011)."""
+"""The stateless revision: no sessions, no resumption; served by the modern leg beside the legacy ones (ADR 0012)."""
 BATCHING = "2025-03-26"
 """The one revision with JSON-RPC batches."""
 RESOURCE_META_KEY = "io.github.mcp-lossless/resource"

@@ -13,7 +13,7 @@ decided here against the token of *that* poll (invariant 1), with exactly one of
 Lifetime: a task's TTL counts from the later of its last status change and its owner's last poll, denied
 polls included (:attr:`TaskRecord.expires_at`). An owner that keeps polling while it re-authorizes never
 loses the task; one that walks away loses it a TTL later. The naive rule (``createdAt + ttl``) would expire
-a finished result while its owner fetches a covering token (docs/decisions/0011).
+a finished result while its owner fetches a covering token (docs/decisions/0012).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The 2026-07-28 leg of the endpoint: stateless requests, and tools that run as tasks (docs/decisions/0011).
+"""The 2026-07-28 leg of the endpoint: stateless requests, and tools that run as tasks (docs/decisions/0012).
 
 A request whose ``_meta`` carries the modern protocol fields is served here, on the same endpoint as the
 legacy sessions (:func:`is_modern`); ``initialize`` keeps selecting the legacy leg, unchanged. Every request

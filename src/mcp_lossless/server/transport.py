@@ -65,7 +65,7 @@ class Transport:
         self.dispatcher = Dispatcher(state)
         self.producers = Producers(state.store, state.instance, state.live_stream, state.metrics.lost.inc)
         self.modern = modern
-        """The 2026-07-28 leg: a POST that opens the modern way goes there (docs/decisions/0011)."""
+        """The 2026-07-28 leg: a POST that opens the modern way goes there (docs/decisions/0012)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Route by method; render whatever refusal the checks raise, before any byte of a response."""
