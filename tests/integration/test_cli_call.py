@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
+from mcp_lossless.arguments import ArgumentError, parse_tool_arguments
 from mcp_lossless.client.command import (
     EXIT_AUTHORIZATION,
     EXIT_MAY_HAVE_RUN,
@@ -16,9 +17,7 @@ from mcp_lossless.client.command import (
     EXIT_TOOL_ERROR,
     EXIT_UNREACHED,
     EXIT_USAGE,
-    CallUsageError,
     exit_status,
-    parse_arguments,
 )
 from mcp_lossless.client.errors import (
     AuthorizationFailed,
@@ -57,7 +56,8 @@ def call(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_result_with_client_credentials_as_json_and_progress_on_stderr(authorized: ServerProcess) -> None:
-    done = call(f"{authorized.base}/mcp", "search", "query=lossless", "steps=3", "delay_ms=20", *CREDENTIALS, "--json")
+    url = f"{authorized.base}/mcp"
+    done = call(url, "search", "query=lossless", "steps:=3", "delay_ms:=20", *CREDENTIALS, "--json")
     assert done.returncode == EXIT_RESULT, done.stderr
     document = orjson.loads(done.stdout)
     assert document["outcome"] == "result"
@@ -70,18 +70,25 @@ def test_result_with_client_credentials_as_json_and_progress_on_stderr(authorize
 
 
 def test_no_credentials_needed_when_the_server_asks_for_none(open_server: ServerProcess) -> None:
-    done = call(f"{open_server.base}/mcp", "fetch", "url=https://example.com/x", "steps=1", "delay_ms=0")
+    done = call(f"{open_server.base}/mcp", "fetch", "url=https://example.com/x", "steps:=1", "delay_ms:=0")
     assert done.returncode == EXIT_RESULT, done.stderr
     assert done.stdout.strip() == "contents of https://example.com/x: 21 bytes"
 
 
-def test_values_are_json_when_they_parse(open_server: ServerProcess) -> None:
-    """``query=5`` is the number 5, which the tool refuses; ``query='"5"'`` is the string."""
-    number = call(f"{open_server.base}/mcp", "search", "query=5", "steps=1", "delay_ms=0", "--json")
+def test_arguments_follow_httpie_text_and_raw_json(open_server: ServerProcess) -> None:
+    """``query=5`` is the string "5"; ``query:=5`` is the number 5, which the tool refuses (it wants a string)."""
+    string = call(f"{open_server.base}/mcp", "search", "query=5", "steps:=1", "delay_ms:=0")
+    assert string.returncode == EXIT_RESULT, string.stderr
+    assert string.stdout.strip() == "search results for '5': 3 documents"
+    number = call(f"{open_server.base}/mcp", "search", "query:=5", "steps:=1", "delay_ms:=0", "--json")
     assert number.returncode == EXIT_SERVER
     assert "query" in orjson.loads(number.stdout)["reason"]
-    string = call(f"{open_server.base}/mcp", "search", 'query="5"', "steps=1", "delay_ms=0")
-    assert string.returncode == EXIT_RESULT and string.stdout.strip() == "search results for '5': 3 documents"
+    steps = call(f"{open_server.base}/mcp", "search", "query=x", "steps:=2", "delay_ms:=0")
+    assert steps.returncode == EXIT_RESULT
+    assert [line for line in steps.stderr.splitlines() if line.startswith("progress")] == [
+        "progress 1/2 search step 1/2",
+        "progress 2/2 search step 2/2",
+    ]
 
 
 def test_authorization_needed_but_no_credentials(authorized: ServerProcess) -> None:
@@ -111,27 +118,50 @@ def test_deadline(authorized: ServerProcess) -> None:
         f"{authorized.base}/mcp",
         "fetch",
         "url=u",
-        "steps=5",
-        "delay_ms=1000",
+        "steps:=5",
+        "delay_ms:=1000",
         *CREDENTIALS,
         "--timeout",
         "1.5",
         "--json",
     )
     assert done.returncode == EXIT_UNREACHED
-    assert orjson.loads(done.stdout)["kind"] == "deadline"
+    document = orjson.loads(done.stdout)
+    assert document["kind"] == "deadline"
+    assert document["reason"] == "no outcome within --timeout 1.5 s", "the timeout given, not the time left"
+    url = f"{authorized.base}/mcp"
+    human = call(url, "fetch", "url=u", "steps:=5", "delay_ms:=1000", *CREDENTIALS, "--timeout", "1.5")
+    assert human.returncode == EXIT_UNREACHED
+    assert "no outcome within --timeout 1.5 s" in human.stderr
 
 
-def test_unreachable_server() -> None:
-    done = call(f"http://127.0.0.1:{free_port()}/mcp", "search", "query=x", "--timeout", "5")
-    assert done.returncode == EXIT_UNREACHED
-    assert "cannot reach" in done.stderr
+@pytest.mark.parametrize(
+    "credentials",
+    [[], CREDENTIALS, ["--client-id", "dev-public"]],
+    ids=["none", "client-credentials", "authorization-code"],
+)
+def test_unreachable_server_is_a_connection_error_with_or_without_credentials(credentials: list[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    done = call(url, "search", "query=x", "--timeout", "5", *credentials)
+    assert done.returncode == EXIT_UNREACHED, done.stderr
+    assert f"no outcome (connection): cannot reach {url}" in done.stderr
+    assert "token endpoint" not in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000/mcp", "localhost/mcp", "ftp://127.0.0.1/mcp"])
+@pytest.mark.parametrize("credentials", [[], CREDENTIALS], ids=["none", "credentials"])
+def test_url_without_http_scheme_is_a_usage_error(url: str, credentials: list[str]) -> None:
+    done = call(url, "search", "query=x", *credentials)
+    assert done.returncode == EXIT_USAGE
+    assert f"{url!r} is not an http:// or https:// URL" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
 
 
 @pytest.mark.parametrize(
     "args",
-    [["search", "query"], ["search", "=x"], ["search", "a=1", "a=2"], ["search", "--timeout", "0"],
-     ["search", "--client-secret", "s"], ["search", "--no-such-flag"]],
+    [["search", "query"], ["search", "=x"], ["search", ":=1"], ["search", "a=1", "a=2"], ["search", "a=1", "a:=2"],
+     ["search", "n:=not-json"], ["search", "--timeout", "0"], ["search", "--client-secret", "s"],
+     ["search", "--no-such-flag"]],
 )  # fmt: skip
 def test_usage_errors(args: list[str]) -> None:
     done = call("http://127.0.0.1:9/mcp", *args)
@@ -147,10 +177,17 @@ def test_help_documents_every_exit_status() -> None:
 
 
 def test_argument_values() -> None:
-    parsed = parse_arguments(["n=5", "b=true", "nothing=null", "list=[1,2]", "text=hello world", 'quoted="5"', "e="])
-    assert parsed == {"n": 5, "b": True, "nothing": None, "list": [1, 2], "text": "hello world", "quoted": "5", "e": ""}
-    with pytest.raises(CallUsageError):
-        parse_arguments(["novalue"])
+    parsed = parse_tool_arguments(
+        ["n:=5", "b:=true", "nothing:=null", "list:=[1,2]", 'obj:={"a": "b=c"}', 'quoted:="5"', "text=hello world",
+         "five=5", "t=true", "e=", "eq=a=b", "url=http://x/?q=1"]
+    )  # fmt: skip
+    assert parsed == {
+        "n": 5, "b": True, "nothing": None, "list": [1, 2], "obj": {"a": "b=c"}, "quoted": "5",
+        "text": "hello world", "five": "5", "t": "true", "e": "", "eq": "a=b", "url": "http://x/?q=1",
+    }  # fmt: skip
+    for bad in (["novalue"], ["n:=nope"], [":=1"], ["a=1", "a:=1"]):
+        with pytest.raises(ArgumentError):
+            parse_tool_arguments(bad)
 
 
 def test_exit_status_per_outcome() -> None:

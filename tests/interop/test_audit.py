@@ -17,7 +17,14 @@ import orjson
 import pytest
 
 from mcp_lossless.audit.redact import Redactor
-from mcp_lossless.audit.report import CHECKS, AuditReport, CheckResult, report_document, to_markdown
+from mcp_lossless.audit.report import (
+    CHECKS,
+    EXIT_NOT_RUN,
+    AuditReport,
+    CheckResult,
+    report_document,
+    to_markdown,
+)
 from mcp_lossless.audit.tokens import ClientCredentialsGrant
 from mcp_lossless.audit.wire import Credential, Exchange, Wire, WireEvent, answered, call_message
 from mcp_lossless.cli import main
@@ -26,7 +33,7 @@ from mcp_lossless.server.config import ServerConfig
 from tests.interop.peers.sdk_resumable_server import SdkPeer, sdk_resumable_server
 from tests.support.uvicorn_server import loopback_socket, lossless_server
 
-CALL = ("fetch", "url=https://example.com/report", "steps=4", "delay_ms=150")
+CALL = ("fetch", "url=https://example.com/report", "steps:=4", "delay_ms:=150")
 TIMING = ("--open-seconds", "2", "--read-seconds", "8")
 MINT = Path(__file__).with_name("dev_token_command.py")
 SDK_FINDINGS = {
@@ -256,6 +263,9 @@ def test_report_renders_and_redacts_every_secret() -> None:
     assert "\n````\n" in markdown, "a fence longer than any backtick run in the evidence"
     assert "→ 200 (still open when the audit stopped waiting after 2.0 s)" in markdown
     assert AuditReport("u", "t", {}, [CheckResult("batch_multiplexing", "ok", "fine")]).exit_status == 0
+    skipped = [CheckResult("batch_multiplexing", "ok", "fine"), CheckResult("cross_stream_replay", "not_run", "no")]
+    assert AuditReport("u", "t", {}, skipped).exit_status == EXIT_NOT_RUN
+    assert AuditReport("u", "t", {}, skipped, allow_not_run=True).exit_status == 0
 
 
 def test_unreachable_target_and_bad_usage_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -264,10 +274,33 @@ def test_unreachable_target_and_bad_usage_exit_2(capsys: pytest.CaptureFixture[s
     sock.close()  # nothing listens there now
     for argv, message in (
         (["audit", f"http://127.0.0.1:{port}/mcp", "--call", "fetch"], "did not complete initialize"),
-        (["audit", "http://127.0.0.1:1/mcp", "--call", "fetch", "steps"], "is not NAME=VALUE"),
+        (["audit", "http://127.0.0.1:1/mcp", "--call", "fetch", "steps"], "is neither KEY=TEXT nor KEY:=JSON"),
+        (["audit", "http://127.0.0.1:1/mcp", "--call", "fetch", "steps:=x"], "is not JSON"),
         (["audit", "http://127.0.0.1:1/mcp", "--call", "fetch", "--token-endpoint", "http://x/t"], "needs --client"),
     ):
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_a_check_that_could_not_run_fails_the_audit_unless_allowed(tmp_path: Path) -> None:
+    """Without a second principal the checks that need one cannot run: no finding, yet not a clean pass (3)."""
+    keys = tmp_path / "dev-keys.json"
+
+    def make(port: int) -> object:
+        return create_app(ServerConfig(port=port, store="memory", dev_keys=str(keys)))
+
+    with lossless_server(make) as base:
+        url = f"{base}/mcp"
+        args = (url, "--call", *CALL, "--narrow-resource", f"{url}/tools/search")
+        tokens = ("--token-command", mint_command(keys, f"{base}/dev-as", "dev-client"))
+        status, table, report, markdown = run_audit(tmp_path, *args, *tokens)
+        allowed, _, allowed_report, _ = run_audit(tmp_path, *args, *tokens, "--allow-not-run")
+
+    assert report["findings"] == [] and report["not_run"], table
+    assert status == EXIT_NOT_RUN == report["exit_status"]
+    assert f"not run: {', '.join(report['not_run'])}" in table
+    assert f"Not run: {', '.join(report['not_run'])}. Exit status {EXIT_NOT_RUN}." in markdown
+    assert allowed == 0 == allowed_report["exit_status"]
+    assert allowed_report["not_run"] == report["not_run"] and allowed_report["settings"]["allow_not_run"] is True

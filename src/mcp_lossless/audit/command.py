@@ -1,6 +1,7 @@
 """``mcp-lossless audit URL``: arguments, token sources, outputs and the exit status.
 
-Exit status: 0 no findings, 1 at least one finding, 2 bad usage or a target the audit cannot talk to.
+Exit status: 0 every check ran and none found anything, 1 at least one finding, 2 bad usage or a target the
+audit cannot talk to, 3 no finding but at least one check could not run (0 with ``--allow-not-run``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import httpx
 import orjson
 from rich.console import Console
 
+from ..arguments import ArgumentError, parse_tool_arguments
 from .context import DEFAULT_VERSION, AuditCall, AuditSettings
 from .redact import Redactor
-from .report import render_table, report_document, to_markdown
+from .report import EXIT_CLEAN, EXIT_NOT_RUN, EXIT_USAGE, render_table, report_document, to_markdown
 from .run import AuditError, run_audit
 from .tokens import ClientCredentialsGrant, TokenCommand, TokenSource
 
@@ -30,7 +32,13 @@ The call (--call) should send several progress notifications over a second or mo
 steps=5 delay_ms=200): the audit drops its stream after the first one and resumes it. The narrowed set
 (--narrow-resource) must NOT cover the call, e.g. another tool's resource indicator. Token commands get
 {resources} replaced by the resource indicators, shell-quoted and space-separated, and print one token.
-Exit status: 0 no findings, 1 findings, 2 usage or connection error."""
+Call arguments follow httpie: KEY=TEXT is a string, KEY:=JSON raw JSON (steps:=5).
+
+Exit status:
+  0  every check ran; no findings
+  1  at least one finding
+  2  bad usage, or the target could not be talked to
+  3  no finding, but at least one check could not run (see "not run"); --allow-not-run turns this into 0"""
 
 
 class AuditUsageError(Exception):
@@ -45,8 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--call",
         nargs="+",
         required=True,
-        metavar="TOOL [ARG=VALUE ...]",
-        help="the call to audit with; VALUE is JSON when it parses (5, true, {...}), else a string",
+        metavar="TOOL [KEY=TEXT|KEY:=JSON ...]",
+        help="the call to audit with; KEY=TEXT is a string, KEY:=JSON raw JSON (steps:=5)",
     )
     p.add_argument(
         "--resource",
@@ -82,24 +90,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", dest="json_path", metavar="PATH", help="write the JSON report here")
     p.add_argument("--markdown", dest="markdown_path", metavar="PATH", help="write the Markdown report here")
-
-
-def _argument_value(text: str) -> Any:
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
+    p.add_argument(
+        "--allow-not-run",
+        action="store_true",
+        help=f"exit {EXIT_CLEAN} rather than {EXIT_NOT_RUN} when no finding was made but some check could not run",
+    )
 
 
 def parse_call(words: list[str]) -> AuditCall:
     tool, *pairs = words
-    arguments: dict[str, Any] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise AuditUsageError(f"--call argument {pair!r} is not NAME=VALUE")
-        arguments[name] = _argument_value(value)
-    return AuditCall(tool, arguments)
+    try:
+        return AuditCall(tool, parse_tool_arguments(pairs))
+    except ArgumentError as exc:
+        raise AuditUsageError(f"--call: {exc}") from None
 
 
 def _tool_resources(values: list[str]) -> dict[str, str]:
@@ -134,6 +137,7 @@ def settings_from(args: argparse.Namespace) -> AuditSettings:
         version=args.protocol_version,
         read_seconds=args.read_seconds,
         open_seconds=args.open_seconds,
+        allow_not_run=args.allow_not_run,
     )
 
 
@@ -152,11 +156,11 @@ def run(args: argparse.Namespace) -> int:
         second = _client(args.second_client, SECOND_SECRET_ENV) if args.second_client else None
     except AuditUsageError as exc:
         print(f"mcp-lossless audit: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     outcome = anyio.run(_audit, args, settings, first, second)
     if isinstance(outcome, str):
         print(f"mcp-lossless audit: {outcome}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     document, status = outcome
     render_table(document, Console())
     try:
@@ -166,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             Path(args.markdown_path).write_text(to_markdown(document) + "\n")
     except OSError as exc:
         print(f"mcp-lossless audit: cannot write the report: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     return status
 
 

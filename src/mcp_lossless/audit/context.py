@@ -46,6 +46,8 @@ class AuditSettings:
     """Longest the audit waits on any one stream."""
     open_seconds: float = 5.0
     """How long a resumed, completed stream may stay open before it counts as never ending."""
+    allow_not_run: bool = False
+    """Exit 0 even when a check could not run (else 3: a misconfigured audit must not pass for a clean one)."""
 
 
 @dataclass(slots=True)

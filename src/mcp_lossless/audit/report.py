@@ -20,6 +20,13 @@ from .wire import Exchange
 
 Outcome = Literal["finding", "ok", "not_run"]
 
+EXIT_CLEAN = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+"""Bad usage, or a target the audit cannot talk to."""
+EXIT_NOT_RUN = 3
+"""No finding, but a check could not run: a CI gate must tell a misconfigured audit from a clean one."""
+
 CHECKS: dict[str, str] = {
     "replay_leak_narrowed": "replay leaked to a narrowed token",
     "refusal_clean_end": "refusal expressed as a clean stream end",
@@ -66,14 +73,21 @@ class AuditReport:
     started_at: str
     settings: dict[str, Any]
     results: list[CheckResult]
+    allow_not_run: bool = False
 
     @property
     def findings(self) -> list[CheckResult]:
         return [r for r in self.results if r.outcome == "finding"]
 
     @property
+    def not_run(self) -> list[CheckResult]:
+        return [r for r in self.results if r.outcome == "not_run"]
+
+    @property
     def exit_status(self) -> int:
-        return 1 if self.findings else 0
+        if self.findings:
+            return EXIT_FINDINGS
+        return EXIT_NOT_RUN if self.not_run and not self.allow_not_run else EXIT_CLEAN
 
 
 def exchange_evidence(exchange: Exchange) -> dict[str, Any]:
@@ -108,7 +122,7 @@ def report_document(report: AuditReport, redactor: Redactor) -> dict[str, Any]:
         "settings": report.settings,
         "exit_status": report.exit_status,
         "findings": [r.name for r in report.findings],
-        "not_run": [r.name for r in report.results if r.outcome == "not_run"],
+        "not_run": [r.name for r in report.not_run],
         "checks": [
             {
                 "name": r.name,
@@ -156,7 +170,8 @@ def to_markdown(document: dict[str, Any]) -> str:
         text = OUTCOME_TEXT[check["outcome"]]
         out.append(f"| `{check['name']}` | {text} | {' '.join(check['summary'].replace('|', '/').split())} |")
     verdict = ", ".join(document["findings"]) or "none"
-    out += ["", f"Findings: {verdict}. Exit status {document['exit_status']}.", ""]
+    not_run = ", ".join(document["not_run"]) or "none"
+    out += ["", f"Findings: {verdict}. Not run: {not_run}. Exit status {document['exit_status']}.", ""]
     for check in document["checks"]:
         out += [f"## {check['name']}: {OUTCOME_TEXT[check['outcome']]}", "", f"*{check['title']}*", ""]
         out += [check["summary"], ""]
@@ -178,3 +193,5 @@ def render_table(document: dict[str, Any], console: Console) -> None:
     console.print(table)
     verdict = ", ".join(document["findings"]) or "none"
     console.print(f"findings: {verdict}", markup=False)
+    if document["not_run"]:
+        console.print(f"not run: {', '.join(document['not_run'])}", markup=False)

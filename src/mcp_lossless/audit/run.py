@@ -77,7 +77,8 @@ async def run_audit(
         raise AuditError(f"--narrow-resource includes the call's own resource {resource}: it would not narrow")
     audit = Audit(wire, settings, resource, first_tokens, second_tokens)
     results = [await _run_check(name, audit) for name in PROBES]
-    return AuditReport(settings.url, started, _settings_summary(settings, resource, origin, principal, second), results)
+    summary = _settings_summary(settings, resource, origin, principal, second)
+    return AuditReport(settings.url, started, summary, results, allow_not_run=settings.allow_not_run)
 
 
 async def _run_check(name: str, audit: Audit) -> CheckResult:
@@ -94,7 +95,7 @@ async def _run_check(name: str, audit: Audit) -> CheckResult:
 def _settings_summary(
     settings: AuditSettings, resource: str, origin: str, principal: TokenSource | None, second: TokenSource | None
 ) -> dict[str, Any]:
-    arguments = " ".join(f"{k}={v}" for k, v in settings.call.arguments.items())
+    arguments = " ".join(f"{k}={v}" if isinstance(v, str) else f"{k}:={v}" for k, v in settings.call.arguments.items())
     return {
         "protocol_version": settings.version,
         "call": f"{settings.call.tool} {arguments}".strip(),
@@ -106,4 +107,5 @@ def _settings_summary(
         "second_principal": second.description if second is not None else "none",
         "read_seconds": settings.read_seconds,
         "open_seconds": settings.open_seconds,
+        "allow_not_run": settings.allow_not_run,
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,6 +18,7 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from ..arguments import ArgumentError, parse_tool_arguments
 from .client import Client, ToolResult
 from .errors import (
     AuthorizationFailed,
@@ -42,7 +43,7 @@ SAFETY_MARGIN = 5.0
 MINIMUM_WAIT = 0.001
 
 EPILOG = """\
-VALUE is parsed as JSON when it parses (5, true, null, [1], {"a": 1}, "quoted"), else taken as a string.
+Arguments follow httpie: KEY=TEXT is the string TEXT, KEY:=JSON is raw JSON (n:=5, on:=true, tags:='["a"]').
 Without --client-id no credentials are sent (enough for servers that ask for none). With --client-id and
 --client-secret the client_credentials grant is used; with --client-id alone, authorization code + PKCE:
 open the printed URL in a browser, which redirects back to a listener on 127.0.0.1.
@@ -64,30 +65,14 @@ class CallUsageError(Exception):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("url", help="the MCP endpoint, e.g. http://127.0.0.1:8000/mcp")
+    p.add_argument("url", help="the MCP endpoint with its scheme, e.g. http://127.0.0.1:8000/mcp")
     p.add_argument("tool", help="the tool to call")
-    p.add_argument("arguments", nargs="*", metavar="KEY=VALUE", help="the tool's arguments")
+    p.add_argument("arguments", nargs="*", metavar="KEY=TEXT|KEY:=JSON", help="the tool's arguments")
     p.add_argument("--client-id", help="OAuth client id (client_credentials with --client-secret, else code + PKCE)")
     p.add_argument("--client-secret", help="OAuth client secret")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="deadline of the call (default 60)")
     p.add_argument("--json", action="store_true", help="print one JSON document: the outcome, for machines")
     p.add_argument("-v", "--verbose", action="store_true", help="log the client's recovery decisions to stderr")
-
-
-def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
-    """``key=value`` pairs; each value is JSON when it parses, else the string as written."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise CallUsageError(f"argument {pair!r} is not KEY=VALUE")
-        if key in out:
-            raise CallUsageError(f"argument {key!r} given twice")
-        try:
-            out[key] = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            out[key] = raw
-    return out
 
 
 def exit_status(error: BaseException) -> int:
@@ -110,12 +95,14 @@ def run(args: argparse.Namespace) -> int:
     client_log.addHandler(handler)
     client_log.setLevel(logging.INFO if args.verbose else logging.CRITICAL)
     try:
-        arguments = parse_arguments(args.arguments)
+        if not args.url.startswith(("http://", "https://")):
+            raise CallUsageError(f"{args.url!r} is not an http:// or https:// URL")
+        arguments = parse_tool_arguments(args.arguments)
         if args.timeout <= 0:
             raise CallUsageError("--timeout must be positive")
         if args.client_secret is not None and args.client_id is None:
             raise CallUsageError("--client-secret needs --client-id")
-    except CallUsageError as exc:
+    except (CallUsageError, ArgumentError) as exc:
         err.print(f"mcp-lossless call: {exc}", markup=False)
         return EXIT_USAGE
     try:
@@ -177,7 +164,10 @@ def _progress_display(err: Console, tool: str) -> Iterator[Callable[[ProgressUpd
 def _failed(args: argparse.Namespace, error: BaseException, err: Console) -> int:
     status = exit_status(error)
     kind = error.kind if isinstance(error, McpClientError) else "deadline"
-    reason = error.reason if isinstance(error, McpClientError) else f"no answer within {args.timeout:g} s"
+    if isinstance(error, TimeoutError):  # the client's own DeadlineExceeded too: name the budget the user gave
+        reason = f"no outcome within --timeout {args.timeout:g} s"
+    else:
+        reason = error.reason if isinstance(error, McpClientError) else str(error)
     if args.json:
         document: dict[str, Any] = {"outcome": "error", "kind": kind, "reason": reason, "exit": status}
         if isinstance(error, ToolFailed) and isinstance(error.result, ToolResult):

@@ -47,7 +47,7 @@ import orjson
 from anyio.abc import ByteStream, SocketAttribute, SocketListener
 
 from ..core.resources import InvalidResource, audience_of, canonical_resource
-from .errors import AuthorizationFailed
+from .errors import AuthorizationFailed, ConnectionFailed
 from .registration import ClientCredentials, ClientRegistration, choose_auth_method, json_object, register_client
 from .scopes import ScopeSelection
 
@@ -567,6 +567,12 @@ class OAuth(Auth):
     async def _get_json(self, url: str) -> dict[str, Any] | None:
         try:
             response = await self._client().get(url, headers={"Accept": "application/json"})
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            if urlsplit(url).netloc != urlsplit(self._server_url).netloc:
+                log.info("metadata at %s unreachable: %r", url, exc)
+                return None
+            # The MCP server's own origin is down: no token can help, and saying so is the honest outcome.
+            raise ConnectionFailed(f"cannot reach {self._server_url}: {exc!r}") from exc
         except httpx.HTTPError as exc:
             log.info("metadata at %s unreachable: %r", url, exc)
             return None
