@@ -88,6 +88,13 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
     p.add_argument(
         "--auth", choices=["jwt", "none"], help="'none' disables auth: loopback conformance runs only (default: jwt)"
     )
+    from .server.auth import PROFILES
+
+    p.add_argument(
+        "--token-profile",
+        choices=list(PROFILES),
+        help=f"how --issuer shapes its access tokens, docs/deploy.md {default(d.token_profile)}",
+    )
     p.add_argument(
         "--dev-client",
         action="append",

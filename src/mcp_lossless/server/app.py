@@ -17,7 +17,18 @@ from ..core.resources import canonical_resource
 from ..devauth.server import DevAuthServer
 from ..stores import EventStore, TaskStore, open_store, task_store_beside
 from . import metadata
-from .auth import JwtVerifier, RemoteJwks, StaticJwks, TokenVerifier, discover_jwks_uri
+from .auth import (
+    INTROSPECTION_AUTH_METHODS,
+    PROFILES,
+    DiscoveryError,
+    IntrospectionVerifier,
+    JwtVerifier,
+    RemoteJwks,
+    RoutingVerifier,
+    StaticJwks,
+    TokenVerifier,
+    discover_jwks_uri,
+)
 from .config import LOOPBACK_HOSTS, ServerConfig
 from .demo import demo_tools
 from .modern import ModernLeg
@@ -186,11 +197,42 @@ class LosslessApp:
         issuer = self.config.issuer
         if state.verifier is None and issuer is not None and issuer != "dev":
             self._http = httpx.AsyncClient(timeout=10)
-            jwks_uri = await discover_jwks_uri(issuer, self._http)
-            state.verifier = JwtVerifier(
-                issuer, RemoteJwks(jwks_uri, http=self._http), leeway=self.config.leeway_seconds
-            )
+            state.verifier = await self._provider_verifier(issuer, self._http)
         self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _provider_verifier(self, issuer: str, http: httpx.AsyncClient) -> TokenVerifier:
+        """JWTs checked against the issuer's JWKS, shaped as ``token_profile`` says; opaque tokens introspected
+        when an introspection endpoint is configured (then an issuer without a JWKS is fine)."""
+        config = self.config
+        profile = PROFILES[config.token_profile]
+        aliases = {config.token_audience: self.state.canonical} if config.token_audience else {}
+        opaque = None
+        if config.introspection_endpoint is not None:
+            assert config.introspection_client_id is not None and config.introspection_client_secret is not None
+            opaque = IntrospectionVerifier(
+                issuer,
+                config.introspection_endpoint,
+                config.introspection_client_id,
+                config.introspection_client_secret,
+                http=http,
+                auth_method=config.introspection_auth,
+                profile=profile,
+                audience_aliases=aliases,
+                leeway=config.leeway_seconds,
+                cache_seconds=config.introspection_cache_seconds,
+            )
+        try:
+            jwks_uri = await discover_jwks_uri(issuer, http)
+        except DiscoveryError:
+            if opaque is None:
+                raise
+            log.warning("no JWKS for %s: every token goes to introspection", issuer)
+            return opaque
+        jwt = JwtVerifier(
+            issuer, RemoteJwks(jwks_uri, http=http), leeway=config.leeway_seconds, profile=profile,
+            audience_aliases=aliases,
+        )  # fmt: skip
+        return jwt if opaque is None else RoutingVerifier(jwt, opaque)
 
     async def shutdown(self) -> None:
         if self._sweeper is not None:
@@ -230,6 +272,14 @@ def create_app(
     Tasks (2026-07-28) are kept beside the events (:func:`~mcp_lossless.stores.tasks.task_store_beside`)
     unless ``task_store`` says otherwise.
     """
+    if config.token_profile not in PROFILES:
+        raise ValueError(f"token_profile {config.token_profile!r} is not one of {', '.join(PROFILES)}")
+    if config.introspection_endpoint is not None and not (
+        config.introspection_client_id and config.introspection_client_secret
+    ):
+        raise ValueError("introspection_endpoint needs introspection_client_id and introspection_client_secret")
+    if config.introspection_auth not in INTROSPECTION_AUTH_METHODS:
+        raise ValueError(f"introspection_auth {config.introspection_auth!r} is not one of {INTROSPECTION_AUTH_METHODS}")
     registry = tools if tools is not None else demo_tools()
     store = store if store is not None else open_store(config.store)
     dev_as = None

@@ -1,9 +1,12 @@
-"""Bearer token verification: RFC 9068 JWT access tokens, signature checked with joserfc.
+"""Bearer token verification: JWT access tokens (signature checked with joserfc) and opaque tokens (RFC 7662
+introspection).
 
-Only *who* the token speaks for and *which* resources it names are decided here; whether that audience
-covers a given call is the audience policy's job. A verified token is cached by its SHA-256 digest (never
-the token itself) until it expires, so a client that repeats its token pays a dict lookup, not a
-signature check.
+Only *who* the token speaks for, *which* resources it names and *which* scopes it carries are decided here;
+whether that covers a given call is the audience policy's job. Real providers shape their access tokens
+differently (a ``typ`` of ``JWT`` or ``at+jwt``, the client in ``client_id``, ``azp``, ``appid`` or ``cid``, scopes
+in ``scope`` or ``scp``, as a string or a list): a :class:`TokenProfile` names one shape, chosen in config.
+A verified token is cached by its SHA-256 digest (never the token itself) until it expires, so a client that
+repeats its token pays a dict lookup, not a signature check or a round trip.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import time
 from base64 import urlsafe_b64decode
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote_plus, urlsplit, urlunsplit
 
 import anyio
 import httpx
@@ -49,6 +53,47 @@ class InvalidToken(ServerError):
     def __init__(self, description: str) -> None:
         super().__init__(description)
         self.description = description
+
+
+class VerifierUnavailable(Exception):
+    """The token could not be judged (the introspection endpoint is down or refuses us): 503, not the
+    client's fault, so no ``invalid_token`` that would send it to re-authorize for nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenProfile:
+    """How one provider shapes its access tokens.
+
+    ``header_types``: the JOSE ``typ`` values that mark an access token (lowercase; ``None``: no ``typ``).
+    Where that is the generic ``JWT``, ``payload_type`` (Keycloak's ``typ: Bearer`` claim) or the audience
+    check is what keeps an ID token out. ``client_claims`` and ``scope_claims`` are read in order; the
+    scopes of every present scope claim are united. ``scope_lists``: a scope claim may be a JSON list.
+    """
+
+    name: str
+    header_types: frozenset[str | None]
+    client_claims: tuple[str, ...]
+    scope_claims: tuple[str, ...]
+    scope_lists: bool = True
+    payload_type: str | None = None
+
+
+PROFILES: dict[str, TokenProfile] = {
+    # RFC 9068 as oidc-provider, our dev AS and Auth0's "RFC 9068" dialect issue it.
+    "rfc9068": TokenProfile("rfc9068", ACCESS_TOKEN_TYPES, ("client_id", "azp"), ("scope",), scope_lists=False),
+    # Keycloak: typ JWT (at+jwt when the client opts in), azp always, client_id on service-account tokens.
+    "keycloak": TokenProfile(
+        "keycloak", ACCESS_TOKEN_TYPES | {"jwt"}, ("client_id", "azp"), ("scope",), payload_type="Bearer"
+    ),
+    # Auth0's default dialect: typ JWT, azp, aud often a list (the API and /userinfo).
+    "auth0": TokenProfile("auth0", ACCESS_TOKEN_TYPES | {"jwt"}, ("client_id", "azp"), ("scope",)),
+    # Microsoft Entra ID: typ JWT; v2.0 tokens name the client in azp, v1.0 in appid; delegated permissions
+    # in scp (a space-separated string), application permissions (client credentials) in roles (a list).
+    "entra": TokenProfile("entra", frozenset({"jwt"}), ("azp", "appid"), ("scp", "roles")),
+    # Okta custom authorization servers: no typ at all, the client in cid, scp as a list.
+    "okta": TokenProfile("okta", ACCESS_TOKEN_TYPES | {"jwt", None}, ("cid", "client_id"), ("scp", "scope")),
+}
+"""Every profile by the name ``token_profile`` selects."""
 
 
 class TokenVerifier(Protocol):
@@ -213,8 +258,120 @@ def _required_string(claims: Mapping[str, Any], name: str) -> str:
     return value
 
 
+def _client_id(claims: Mapping[str, Any], profile: TokenProfile) -> str:
+    for name in profile.client_claims:
+        value = claims.get(name)
+        if value is not None:
+            if not isinstance(value, str) or not value:
+                raise InvalidToken(f"claim {name!r} is not a string")
+            return value
+    raise InvalidToken(f"claim {profile.client_claims[0]!r} is missing or not a string")
+
+
+def _scopes(claims: Mapping[str, Any], profile: TokenProfile) -> frozenset[str]:
+    out: set[str] = set()
+    for name in profile.scope_claims:
+        value = claims.get(name)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            out.update(value.split())
+        elif profile.scope_lists and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            out.update(v for v in value if v)
+        else:
+            kind = "a string or a list of strings" if profile.scope_lists else "a string"
+            raise InvalidToken(f"claim {name!r} is not {kind}")
+    return frozenset(out)
+
+
+def _audience(claims: Mapping[str, Any], aliases: Mapping[str, str]) -> frozenset[str]:
+    aud = claims.get("aud")
+    if not ((isinstance(aud, str) and aud) or (isinstance(aud, list) and aud and all(isinstance(a, str) for a in aud))):
+        raise InvalidToken("claim 'aud' is missing or not a string or list of strings")
+    values = [aud] if isinstance(aud, str) else aud
+    return audience_of([aliases.get(value, value) for value in values])
+
+
+def grant_from_claims(
+    claims: Mapping[str, Any],
+    *,
+    issuer: str,
+    profile: TokenProfile,
+    now: float,
+    leeway: float,
+    audience_aliases: Mapping[str, str] | None = None,
+    introspected: bool = False,
+) -> Grant:
+    """The one place a token's claims (a JWT payload or an introspection answer) become a :class:`Grant`.
+
+    An introspection answer (RFC 7662 §2.2) may leave out ``iss``, ``exp`` and ``sub``; a JWT may not. A JWT's
+    ``typ`` claim is checked where the profile needs it to tell an access token from an ID token; an
+    introspection answer is about an access token already (``token_type_hint``, ``active``).
+    """
+    if claims.get("iss", issuer if introspected else None) != issuer:
+        raise InvalidToken("wrong issuer")
+    if not introspected and profile.payload_type is not None and claims.get("typ") != profile.payload_type:
+        raise InvalidToken(f"claim 'typ' must be {profile.payload_type!r} (an access token, not an ID token)")
+    exp = _numeric_date(claims, "exp")
+    if exp is None and not introspected:
+        raise InvalidToken("claim 'exp' is missing")
+    if exp is not None and now >= exp + leeway:
+        raise InvalidToken("token expired")
+    nbf = _numeric_date(claims, "nbf")
+    if nbf is not None and nbf > now + leeway:
+        raise InvalidToken("token not yet valid (nbf)")
+    iat = _numeric_date(claims, "iat")
+    if iat is not None and iat > now + leeway:
+        raise InvalidToken("token issued in the future (iat)")
+    audience = _audience(claims, audience_aliases or {})
+    client_id = _client_id(claims, profile)
+    # RFC 9068 §2.2: for a client acting on its own behalf ``sub`` is the client; introspection may omit it.
+    subject = client_id if introspected and "sub" not in claims else _required_string(claims, "sub")
+    return Grant(
+        principal=Principal(issuer=issuer, subject=subject, client_id=client_id),
+        audience=audience,
+        expires_at=exp,
+        scopes=_scopes(claims, profile),
+    )
+
+
+class GrantCache:
+    """Verified grants by the SHA-256 digest of their token, least recently used evicted past ``size``."""
+
+    def __init__(self, size: int, clock: Callable[[], float]) -> None:
+        self._size = size
+        self._clock = clock
+        self._entries: OrderedDict[bytes, tuple[Grant, float]] = OrderedDict()
+
+    @staticmethod
+    def key(token: str) -> bytes:
+        return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+    def get(self, key: bytes) -> tuple[Grant, bool] | None:
+        """The cached grant and whether its entry still lives; an entry past its time is dropped."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if self._clock() >= entry[1]:
+            del self._entries[key]
+            return entry[0], False
+        self._entries.move_to_end(key)
+        return entry[0], True
+
+    def put(self, key: bytes, grant: Grant, until: float) -> None:
+        self._entries[key] = (grant, until)
+        self._entries.move_to_end(key)
+        if len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class JwtVerifier:
-    """RFC 9068 access tokens from one issuer, keys from ``keys``, verified results cached by digest."""
+    """JWT access tokens from one issuer, shaped as ``profile`` says (RFC 9068 by default), keys from ``keys``,
+    verified results cached by digest. ``audience_aliases`` maps an ``aud`` value that is not a resource URI
+    (Entra's application id, a Keycloak client) to the resource it stands for."""
 
     def __init__(
         self,
@@ -225,6 +382,8 @@ class JwtVerifier:
         leeway: float = 30.0,
         cache_size: int = 10_000,
         clock: Callable[[], float] = time.time,
+        profile: TokenProfile = PROFILES["rfc9068"],
+        audience_aliases: Mapping[str, str] | None = None,
     ) -> None:
         unsupported = set(algorithms) - SUPPORTED_ALGORITHMS
         if unsupported or not algorithms:
@@ -234,29 +393,25 @@ class JwtVerifier:
         self._algorithms = frozenset(algorithms)
         self._registry = jws.JWSRegistry(algorithms=sorted(self._algorithms), strict_check_header=False)
         self._leeway = leeway
-        self._cache_size = cache_size
-        self._cache: OrderedDict[bytes, Grant] = OrderedDict()
+        self._cache = GrantCache(cache_size, clock)
         self._clock = clock
+        self.profile = profile
+        self._aliases = dict(audience_aliases or {})
 
     async def verify(self, token: str) -> Grant:
         if not isinstance(token, str) or len(token) > MAX_TOKEN_LENGTH:
             raise InvalidToken("token is not a string of at most 16 KiB")
-        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+        digest = GrantCache.key(token)
         cached = self._cache.get(digest)
         if cached is not None:
-            if self._expired(cached.expires_at):
-                del self._cache[digest]
+            grant, live = cached
+            if not live:
                 raise InvalidToken("token expired")
-            self._cache.move_to_end(digest)
-            return cached
+            return grant
         grant = await self._verify_uncached(token)
-        self._cache[digest] = grant
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        until = math.inf if grant.expires_at is None else grant.expires_at + self._leeway
+        self._cache.put(digest, grant, until)
         return grant
-
-    def _expired(self, exp: float | None) -> bool:
-        return exp is not None and self._clock() >= exp + self._leeway
 
     async def _verify_uncached(self, token: str) -> Grant:
         header = self._parse_header(token)
@@ -291,43 +446,144 @@ class JwtVerifier:
         if not isinstance(header, dict):
             raise InvalidToken("JOSE header is not a JSON object")
         typ = header.get("typ")
-        if not isinstance(typ, str) or typ.lower() not in ACCESS_TOKEN_TYPES:
-            raise InvalidToken("header 'typ' must be 'at+jwt' (RFC 9068)")
+        if typ is not None and not isinstance(typ, str):
+            raise InvalidToken("header 'typ' is not a string")
+        if (typ.lower() if typ is not None else None) not in self.profile.header_types:
+            if self.profile.header_types == ACCESS_TOKEN_TYPES:
+                raise InvalidToken("header 'typ' must be 'at+jwt' (RFC 9068)")
+            raise InvalidToken(f"header 'typ' {typ!r} is not an access token type of profile {self.profile.name!r}")
         alg = header.get("alg")
         if alg not in self._algorithms:
             raise InvalidToken(f"algorithm {alg!r} is not allowed")
         return header
 
     def _grant_from(self, claims: dict[str, Any]) -> Grant:
-        if claims.get("iss") != self.issuer:
-            raise InvalidToken("wrong issuer")
-        now = self._clock()
-        exp = _numeric_date(claims, "exp")
-        if exp is None:
-            raise InvalidToken("claim 'exp' is missing")
-        if self._expired(exp):
-            raise InvalidToken("token expired")
-        nbf = _numeric_date(claims, "nbf")
-        if nbf is not None and nbf > now + self._leeway:
-            raise InvalidToken("token not yet valid (nbf)")
-        iat = _numeric_date(claims, "iat")
-        if iat is not None and iat > now + self._leeway:
-            raise InvalidToken("token issued in the future (iat)")
-        aud = claims.get("aud")
-        if not (
-            (isinstance(aud, str) and aud) or (isinstance(aud, list) and aud and all(isinstance(a, str) for a in aud))
-        ):
-            raise InvalidToken("claim 'aud' is missing or not a string or list of strings")
-        subject = _required_string(claims, "sub")
-        client_id = claims.get("client_id", claims.get("azp"))
-        if not isinstance(client_id, str) or not client_id:
-            raise InvalidToken("claim 'client_id' is missing or not a string")
-        scope = claims.get("scope", "")
-        if not isinstance(scope, str):
-            raise InvalidToken("claim 'scope' is not a string")
-        return Grant(
-            principal=Principal(issuer=self.issuer, subject=subject, client_id=client_id),
-            audience=audience_of(aud),
-            expires_at=exp,
-            scopes=frozenset(scope.split()),
+        return grant_from_claims(
+            claims,
+            issuer=self.issuer,
+            profile=self.profile,
+            now=self._clock(),
+            leeway=self._leeway,
+            audience_aliases=self._aliases,
         )
+
+
+INTROSPECTION_AUTH_METHODS = ("client_secret_basic", "client_secret_post")
+
+
+class IntrospectionVerifier:
+    """Opaque access tokens judged by the authorization server's RFC 7662 introspection endpoint.
+
+    The server authenticates to the endpoint as a client of its own (``client_secret_basic`` or
+    ``client_secret_post``). An active answer is cached by the token's digest until the token's ``exp`` or
+    ``cache_seconds``, whichever is sooner: a revoked token is refused within ``cache_seconds``. At most
+    ``concurrency`` introspections run at once, so a flood of made-up tokens cannot turn the server into an
+    amplifier against its authorization server. An endpoint that is down or refuses our credentials makes
+    the request 503 (:class:`VerifierUnavailable`), not 401.
+    """
+
+    def __init__(
+        self,
+        issuer: str,
+        endpoint: str,
+        client_id: str,
+        client_secret: str,
+        *,
+        http: httpx.AsyncClient,
+        auth_method: str = "client_secret_basic",
+        profile: TokenProfile = PROFILES["rfc9068"],
+        audience_aliases: Mapping[str, str] | None = None,
+        leeway: float = 30.0,
+        cache_seconds: float = 60.0,
+        cache_size: int = 10_000,
+        concurrency: int = 16,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if auth_method not in INTROSPECTION_AUTH_METHODS:
+            raise ValueError(f"introspection auth method must be one of {', '.join(INTROSPECTION_AUTH_METHODS)}")
+        self.issuer = issuer
+        self.endpoint = endpoint
+        self._client = (client_id, client_secret)
+        self._auth_method = auth_method
+        self._http = http
+        self.profile = profile
+        self._aliases = dict(audience_aliases or {})
+        self._leeway = leeway
+        self._cache_seconds = cache_seconds
+        self._cache = GrantCache(cache_size, clock)
+        self._limit = anyio.Semaphore(concurrency)
+        self._clock = clock
+        self.calls = 0
+        """Introspection requests sent: the cache's effect, observable."""
+
+    async def verify(self, token: str) -> Grant:
+        if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
+            raise InvalidToken("token is not a string of at most 16 KiB")
+        digest = GrantCache.key(token)
+        cached = self._cache.get(digest)
+        if cached is not None and cached[1]:
+            return cached[0]
+        answer = await self._introspect(token)
+        if answer.get("active") is not True:
+            raise InvalidToken("token is not active (introspection)")
+        now = self._clock()
+        grant = grant_from_claims(
+            answer,
+            issuer=self.issuer,
+            profile=self.profile,
+            now=now,
+            leeway=self._leeway,
+            audience_aliases=self._aliases,
+            introspected=True,
+        )
+        until = now + self._cache_seconds
+        if grant.expires_at is not None:
+            until = min(until, grant.expires_at + self._leeway)
+        self._cache.put(digest, grant, until)
+        return grant
+
+    async def _introspect(self, token: str) -> Mapping[str, Any]:
+        form = {"token": token, "token_type_hint": "access_token"}
+        client_id, secret = self._client
+        auth: httpx.BasicAuth | None = None
+        if self._auth_method == "client_secret_basic":
+            # RFC 6749 §2.3.1: both parts form-urlencoded before base64 (httpx encodes the pair as given).
+            auth = httpx.BasicAuth(quote_plus(client_id), quote_plus(secret))
+        else:
+            form |= {"client_id": client_id, "client_secret": secret}
+        async with self._limit:
+            self.calls += 1
+            try:
+                response = await self._http.post(
+                    self.endpoint, data=form, auth=auth if auth is not None else httpx.USE_CLIENT_DEFAULT,
+                    headers={"accept": "application/json"},
+                )  # fmt: skip
+            except httpx.HTTPError as exc:
+                logger.warning("introspection at %s failed: %s", self.endpoint, type(exc).__name__)
+                raise VerifierUnavailable(f"introspection endpoint unreachable ({type(exc).__name__})") from None
+        if response.status_code != 200 or len(response.content) > MAX_JWKS_BYTES:
+            logger.warning("introspection at %s answered HTTP %d", self.endpoint, response.status_code)
+            raise VerifierUnavailable(f"introspection endpoint answered HTTP {response.status_code}")
+        try:
+            answer = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise VerifierUnavailable("introspection endpoint answered something other than a JSON object")
+        return answer
+
+
+class RoutingVerifier:
+    """JWT-shaped tokens to ``jwt`` (checked locally), every other token to ``opaque`` (introspection).
+
+    Providers that issue both keep one verifier each; oidc-provider, for one, refuses to introspect a JWT.
+    """
+
+    def __init__(self, jwt: TokenVerifier, opaque: TokenVerifier) -> None:
+        self._jwt = jwt
+        self._opaque = opaque
+
+    async def verify(self, token: str) -> Grant:
+        if token.count(".") == 2 and token.startswith("eyJ"):
+            return await self._jwt.verify(token)
+        return await self._opaque.verify(token)

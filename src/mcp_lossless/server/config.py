@@ -45,6 +45,20 @@ class ServerConfig:
     token_ttl: int = 600
     dev_keys: str | None = None
     """Private JWKS file of the embedded AS, created if missing: replicas given one file accept each other's tokens."""
+    token_profile: str = "rfc9068"
+    """How the issuer shapes its access tokens: rfc9068 (oidc-provider, Auth0's RFC 9068 dialect), keycloak,
+    auth0, entra or okta (``mcp_lossless.server.auth.PROFILES``; docs/deploy.md)."""
+    token_audience: str | None = None
+    """An ``aud`` value the issuer puts in tokens for this server when it is not the canonical URI (Entra's
+    ``api://…`` or application id, a Keycloak client id): it counts as naming the canonical URI."""
+    introspection_endpoint: str | None = None
+    """RFC 7662 endpoint for opaque (non-JWT) tokens; JWTs are still verified locally."""
+    introspection_client_id: str | None = None
+    introspection_client_secret: str | None = None
+    introspection_auth: str = "client_secret_basic"
+    """How this server authenticates to the introspection endpoint: client_secret_basic or client_secret_post."""
+    introspection_cache_seconds: float = 60.0
+    """Longest an introspection answer is reused (never past the token's ``exp``): how late a revocation bites."""
     leeway_seconds: float = 30.0
     """Clock skew allowed on ``exp``/``nbf``, at verification and for tokens expiring mid-stream."""
     json_response: bool = False

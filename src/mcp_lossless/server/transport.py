@@ -36,7 +36,7 @@ from ..core.resume import (
 )
 from ..stores.base import EventsEvicted, StoreUnavailable
 from . import checks, metadata
-from .auth import InvalidToken
+from .auth import InvalidToken, VerifierUnavailable
 from .dispatch import Dispatcher
 from .errors import Refused, rpc_error
 from .keys import stream_key
@@ -424,6 +424,8 @@ class Transport:
             grant = await state.verifier.verify(raw[7:].strip())
         except InvalidToken as exc:
             raise self._invalid_token(exc.description) from None
+        except VerifierUnavailable as exc:  # the token could not be judged: not the client's fault, no challenge
+            raise Refused.rpc(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"1")]) from None
         if not state.policy.admits(grant.audience):
             raise self._invalid_token("token audience does not include this server or any of its tools")
         return grant
