@@ -60,7 +60,7 @@ def body_bytes(sent: list[dict[str, Any]]) -> bytes:
 
 async def measure(rounds: int) -> dict[str, Any]:
     app = create_app(ServerConfig(store="memory", issuer=None))
-    await app.state.start()
+    await app.startup()  # what a lifespan does: the app serves only once started
     init = {
         "jsonrpc": "2.0",
         "id": 0,

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,8 +49,20 @@ def _host_of(value: str) -> str:
     return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
 
 
+NOT_STARTED = (
+    "mcp-lossless app not started: its lifespan did not run. Mounted in Starlette or FastAPI, pass "
+    "lifespan=app.lifespan (or enter `async with app.lifespan():` in your own); see docs/deploy.md"
+)
+
+
 class LosslessApp:
-    """Build with :func:`create_app`; serve with any ASGI server (the CLI uses uvicorn)."""
+    """Build with :func:`create_app`; serve with any ASGI server (the CLI uses uvicorn).
+
+    The server must be started before it serves (the store opens, the event-id secret loads): an ASGI server
+    does it through the lifespan protocol; an app that mounts this one (Starlette, FastAPI: a mounted app
+    gets no lifespan events) passes :meth:`lifespan` as its own. Until then every request gets a 503 that
+    says so.
+    """
 
     def __init__(
         self, state: ServerState, dev_as: DevAuthServer | None = None, modern: ModernLeg | None = None
@@ -64,6 +76,16 @@ class LosslessApp:
         self._sweeper: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
         self._verdicts: dict[tuple[bytes | None, bytes | None], str | None] = {}
+        self.started = False
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
+        """Start the server for the duration of the block: ``Starlette(..., lifespan=app.lifespan)``."""
+        await self.startup()
+        try:
+            yield
+        finally:
+            await self.shutdown()
 
     def tools_changed(self) -> None:
         """The registry changed (a gateway's upstream): re-derive what is published from it."""
@@ -73,6 +95,9 @@ class LosslessApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
+            if not self.started:
+                await respond_json(send, 503, {"error": "not_started", "error_description": NOT_STARTED})
+                return
             try:
                 await self._http_request(scope, receive, send)
             except Exception:
@@ -199,6 +224,7 @@ class LosslessApp:
             self._http = httpx.AsyncClient(timeout=10)
             state.verifier = await self._provider_verifier(issuer, self._http)
         self._sweeper = asyncio.create_task(self._sweep())
+        self.started = True
 
     async def _provider_verifier(self, issuer: str, http: httpx.AsyncClient) -> TokenVerifier:
         """JWTs checked against the issuer's JWKS, shaped as ``token_profile`` says; opaque tokens introspected
@@ -235,6 +261,7 @@ class LosslessApp:
         return jwt if opaque is None else RoutingVerifier(jwt, opaque)
 
     async def shutdown(self) -> None:
+        self.started = False
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
