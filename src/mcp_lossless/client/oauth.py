@@ -568,11 +568,12 @@ class OAuth(Auth):
         try:
             response = await self._client().get(url, headers={"Accept": "application/json"})
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            if urlsplit(url).netloc != urlsplit(self._server_url).netloc:
-                log.info("metadata at %s unreachable: %r", url, exc)
-                return None
-            # The MCP server's own origin is down: no token can help, and saying so is the honest outcome.
-            raise ConnectionFailed(f"cannot reach {self._server_url}: {exc!r}") from exc
+            if self._issuer_url is None and urlsplit(url).netloc == urlsplit(self._server_url).netloc:
+                # First contact (the handshake's discovery) and the MCP server's own origin is down: no token can
+                # help, and saying so is the honest outcome. Later rediscoveries keep the metadata they knew.
+                raise ConnectionFailed(f"cannot reach {self._server_url}: {exc!r}") from exc
+            log.info("metadata at %s unreachable: %r", url, exc)
+            return None
         except httpx.HTTPError as exc:
             log.info("metadata at %s unreachable: %r", url, exc)
             return None
