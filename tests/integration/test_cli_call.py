@@ -8,7 +8,6 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from mcp_lossless.arguments import ArgumentError, parse_tool_arguments
 from mcp_lossless.client.command import (
     EXIT_AUTHORIZATION,
     EXIT_MAY_HAVE_RUN,
@@ -29,6 +28,7 @@ from mcp_lossless.client.errors import (
     SessionLost,
     ToolFailed,
 )
+from mcp_lossless.core.arguments import ArgumentError, parse_tool_arguments
 from tests.support.processes import CLI, ServerProcess, cli_server, free_port
 
 CREDENTIALS = ["--client-id", "dev-client", "--client-secret", "dev-secret"]

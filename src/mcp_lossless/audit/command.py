@@ -17,7 +17,7 @@ import httpx
 import orjson
 from rich.console import Console
 
-from ..arguments import ArgumentError, parse_tool_arguments
+from ..core.arguments import ArgumentError, parse_tool_arguments
 from .context import DEFAULT_VERSION, AuditCall, AuditSettings
 from .redact import Redactor
 from .report import EXIT_CLEAN, EXIT_NOT_RUN, EXIT_USAGE, render_table, report_document, to_markdown

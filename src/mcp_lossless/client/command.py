@@ -18,7 +18,7 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from ..arguments import ArgumentError, parse_tool_arguments
+from ..core.arguments import ArgumentError, parse_tool_arguments
 from .client import Client, ToolResult
 from .errors import (
     AuthorizationFailed,
