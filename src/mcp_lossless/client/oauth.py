@@ -460,8 +460,15 @@ class OAuth(Auth):
             form.append(("client_id", client.client_id))
             if client.client_secret is not None and client.auth_method == "client_secret_post":
                 form.append(("client_secret", client.client_secret))
+        body_bytes = urlencode(form)
         try:
-            response = await self._client().post(endpoint, content=urlencode(form), headers=headers)
+            try:
+                response = await self._client().post(endpoint, content=body_bytes, headers=headers)
+            except _STALE_CONNECTION:
+                # A pooled connection the server (or a proxy in front of it, across a restart) closed while idle
+                # fails the first request sent on it. Sent once more on a fresh connection: a code or refresh token
+                # the server did consume is then refused (invalid_grant), explicitly; it is never used twice.
+                response = await self._client().post(endpoint, content=body_bytes, headers=headers)
         except httpx.HTTPError as exc:
             raise AuthorizationFailed(f"cannot reach the token endpoint: {exc!r}") from exc
         body = json_object(response.content)
@@ -589,6 +596,8 @@ class OAuth(Auth):
 
 
 _FORM_HEADERS = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
+_STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""What a request sent on a connection the peer had already closed fails with."""
 
 
 def _names(resources: Iterable[str]) -> str:
