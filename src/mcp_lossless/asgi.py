@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
@@ -71,3 +72,23 @@ async def respond(
 
 async def respond_json(send: Send, status: int, value: Any, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     await respond(send, status, orjson.dumps(value), b"application/json", headers)
+
+
+async def run_lifespan(
+    receive: Receive, send: Send, startup: Callable[[], Awaitable[None]], shutdown: Callable[[], Awaitable[None]]
+) -> None:
+    """Answer an ASGI lifespan scope: ``startup`` on start (a failure is reported, and logged), ``shutdown`` on stop."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            try:
+                await startup()
+            except Exception as exc:
+                logging.getLogger("mcp_lossless").exception("startup failed")
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await shutdown()
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -17,7 +17,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ..asgi import Receive, Scope, Send
+from ..asgi import Receive, Scope, Send, run_lifespan
 from ..core import errors
 from ..server.app import LosslessApp, create_app
 from ..server.auth import TokenVerifier
@@ -93,25 +93,9 @@ class Gateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await run_lifespan(receive, send, self.startup, self.shutdown)
         else:
             await self.app(scope, receive, send)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:
-                    log.exception("gateway startup failed")
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     async def startup(self) -> None:
         """The server first (store, keys), then every upstream once; one that is down is retried in the background."""

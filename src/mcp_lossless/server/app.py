@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..asgi import Receive, Scope, Send, headers, respond, respond_json
+from ..asgi import Receive, Scope, Send, headers, respond, respond_json, run_lifespan
 from ..core.resources import canonical_resource
 from ..devauth.server import DevAuthServer
 from ..stores import EventStore, TaskStore, open_store, task_store_beside
@@ -106,7 +106,7 @@ class LosslessApp:
                 with contextlib.suppress(Exception):
                     await respond_json(send, 500, rpc_error(-32603, "internal error"))
         elif kind == "lifespan":
-            await self._lifespan(receive, send)
+            await run_lifespan(receive, send, self.startup, self.shutdown)
 
     async def _http_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -196,22 +196,6 @@ class LosslessApp:
         if config.loopback and config.public_url is None and host is not None and _host_of(host) not in LOOPBACK_HOSTS:
             return f"host {host!r} is not allowed for a loopback server"
         return None
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:
-                    log.exception("startup failed")
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     async def startup(self) -> None:
         state = self.state
