@@ -9,8 +9,6 @@ acknowledged write.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,49 +17,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.debian import installed_binary
 from tests.support.processes import free_port
 
 PACKAGE = "redis-server"
 
 
-def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    if os.geteuid() != 0:
-        sudo = shutil.which("sudo")
-        if sudo is None:
-            raise RuntimeError(
-                f"redis-server is missing and so is sudo: install it as root: apt-get install -y {PACKAGE}"
-            )
-        command = [sudo, "-n", *command]
-    return subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        check=False,
-        timeout=600,
-    )
-
-
 def redis_server_binary() -> str:
     """The path of ``redis-server``, installing Debian's package first when it is not there."""
-    found = shutil.which("redis-server") or shutil.which("redis-server", path="/usr/bin:/usr/sbin")
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
-        raise RuntimeError("redis-server is not installed and apt-get is not available: install Redis >= 6.2 by hand")
-    install = _run(["apt-get", "install", "-y", "--no-install-recommends", PACKAGE])
-    if install.returncode != 0:
-        update = _run(["apt-get", "update"])
-        install = _run(["apt-get", "install", "-y", "--no-install-recommends", PACKAGE])
-        if install.returncode != 0:
-            raise RuntimeError(
-                f"could not install {PACKAGE} (apt-get update: rc {update.returncode}; install: rc "
-                f"{install.returncode}):\n{update.stderr[-2000:]}\n{install.stderr[-2000:]}"
-            )
-    found = shutil.which("redis-server") or shutil.which("redis-server", path="/usr/bin:/usr/sbin")
-    if not found:
-        raise RuntimeError(f"apt-get installed {PACKAGE} but redis-server is not on PATH")
-    return found
+    return installed_binary("redis-server", PACKAGE)
 
 
 class RedisServer:

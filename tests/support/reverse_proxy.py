@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -20,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.debian import installed_binary
 from tests.support.processes import free_port
 
 DEPLOY = Path(__file__).resolve().parents[2] / "docs" / "deploy"
@@ -27,44 +27,9 @@ TEMPLATES = {"nginx": DEPLOY / "nginx.conf", "caddy": DEPLOY / "Caddyfile"}
 PACKAGES = {"nginx": "nginx", "caddy": "caddy"}
 
 
-def _as_root(command: list[str]) -> subprocess.CompletedProcess[str]:
-    if os.geteuid() != 0:
-        sudo = shutil.which("sudo")
-        if sudo is None:
-            raise RuntimeError(f"{command[-1]} is missing and so is sudo: install it as root: {' '.join(command)}")
-        command = [sudo, "-n", *command]
-    return subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        check=False,
-        timeout=600,
-    )
-
-
 def binary(name: str) -> str:
     """The path of ``nginx`` or ``caddy``, installing Debian's package first when it is not there."""
-    search = f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/bin"
-    found = shutil.which(name, path=search)
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
-        raise RuntimeError(f"{name} is not installed and apt-get is not available: install {name} by hand")
-    package = PACKAGES[name]
-    install = _as_root(["apt-get", "install", "-y", "--no-install-recommends", package])
-    if install.returncode != 0:
-        update = _as_root(["apt-get", "update"])
-        install = _as_root(["apt-get", "install", "-y", "--no-install-recommends", package])
-        if install.returncode != 0:
-            raise RuntimeError(
-                f"could not install {package} (apt-get update: rc {update.returncode}; install: rc "
-                f"{install.returncode}):\n{update.stderr[-2000:]}\n{install.stderr[-2000:]}"
-            )
-    found = shutil.which(name, path=search)
-    if not found:
-        raise RuntimeError(f"apt-get installed {package} but {name} is not on PATH")
-    return found
+    return installed_binary(name, PACKAGES[name])
 
 
 def render(name: str, listen: str, upstream: str) -> str:
