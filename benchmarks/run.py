@@ -4,6 +4,10 @@
     .venv/bin/python benchmarks/run.py --quick    # smoke run: a few seconds per workload, 1 rep
     .venv/bin/python benchmarks/run.py --only sdk-sse,ours-none --reps 5
     .venv/bin/python benchmarks/run.py --render benchmarks/results/<timestamp>.json   # report only
+    .venv/bin/python benchmarks/run.py --baseline ../old   # adds base-none, base-sqlite: that checkout's server
+
+`--baseline` measures a regression where it can be seen: an older checkout (with its own `.venv`) runs as
+`base-none` and `base-sqlite`, interleaved with this one in the same run, so both face the same box.
 
 `floor` (`bare_server.py`) is the physical floor: a bare ASGI app on the same uvicorn stack, echo and sessions
 only. Each (config, rep) window gets a fresh server for echo/stream/replay and another fresh one for the idle
@@ -59,9 +63,9 @@ class Config:
     dev_auth: bool = False  # needs a bearer token from the embedded dev authorization server
 
 
-def _ours(port: int, *extra: str) -> list[str]:
+def _ours(port: int, *extra: str, binary: str = OURS) -> list[str]:
     """`--log-level warning` matches the SDK server's `log_level="WARNING"` (both log each session at info)."""
-    return [OURS, "serve", "--host", HOST, "--port", str(port), "--log-level", "warning", *extra]
+    return [binary, "serve", "--host", HOST, "--port", str(port), "--log-level", "warning", *extra]
 
 
 def _sdk(port: int, *extra: str) -> list[str]:
@@ -81,6 +85,19 @@ CONFIGS: dict[str, Config] = {
     "sdk-json": Config(lambda port, _: _sdk(port, "--json-response"), sse=False),
     "floor": Config(lambda port, _: [*FLOOR_SERVER, "--host", HOST, "--port", str(port)], sse=False),
 }
+
+
+def add_baseline(checkout: Path) -> None:
+    """Register `base-none` and `base-sqlite`: ours-none and ours-sqlite served by another checkout's install."""
+    binary = str(checkout.resolve() / ".venv" / "bin" / "mcp-lossless")
+    if not Path(binary).is_file():
+        raise SystemExit(f"--baseline: no {binary} (run `make install` in that checkout)")
+    CONFIGS["base-none"] = Config(lambda port, _: _ours(port, "--store", "memory", "--auth", "none", binary=binary))
+    CONFIGS["base-sqlite"] = Config(
+        lambda port, workdir: _ours(
+            port, "--store", f"sqlite:{workdir}/base-{port}.db", "--auth", "none", binary=binary
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -276,6 +293,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help=f"comma-separated config names or prefixes of {list(CONFIGS)}")
     parser.add_argument("--max-wait", type=float, help="seconds to wait for a quiet box before each phase")
     parser.add_argument("--render", type=Path, help="only rewrite the report from an earlier results JSON")
+    parser.add_argument("--baseline", type=Path, help="another checkout to run as base-none and base-sqlite")
     parser.add_argument("--results-dir", type=Path, default=BENCH_DIR / "results")
     parser.add_argument("--report", type=Path, default=BENCH_DIR / "RESULTS.md")
     args = parser.parse_args()
@@ -283,6 +301,8 @@ def main() -> None:
         render(args.render, args.report)
         return
 
+    if args.baseline:
+        add_baseline(args.baseline)
     plan = QUICK if args.quick else FULL
     if args.reps:
         plan = dataclasses.replace(plan, reps=args.reps)

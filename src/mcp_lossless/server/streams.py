@@ -43,9 +43,10 @@ async def _append_with_retry(store: EventStore, event: StoredEvent, completes: b
             delay = min(delay * 2, 1.0)
 
 
-async def _store_durably(store: EventStore, event: StoredEvent, completes: bool) -> None:
+async def _store_durably(store: EventStore, event: StoredEvent, completes: bool, first: asyncio.Future[None]) -> None:
+    """Wait for ``first`` (the event handed to the store), storing it again through a short outage."""
     try:
-        await store.append(event, completes)
+        await first
     except StoreUnavailable:
         await _append_with_retry(store, event, completes)
 
@@ -231,20 +232,24 @@ class LiveStream:
                 answers = request_id in waiting  # a batch may repeat an id: only its first answer counts
                 completes = answers and len(waiting) == 1
                 started = perf_counter()
-                write = asyncio.ensure_future(_store_durably(store, event, completes))
-                try:
-                    await asyncio.shield(write)
-                except asyncio.CancelledError:
-                    # A write once handed to the store happens whatever becomes of this task: learn its outcome
-                    # before the lock goes, so a stored answer is published and the next append takes the next
-                    # position (not this one again, which the store would refuse as a rewrite).
-                    while not write.done():
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await asyncio.wait((write,))
-                    if write.exception() is None:
-                        self._answer_stored(event, answers, completes)
-                        self.notify()
-                    raise
+                write = store.enqueue(event, completes)  # handed over: it happens whatever becomes of this task
+                # Stored at once (memory): no task and no turn of the loop, so the writer's one yield finds the
+                # answer and sends the whole response in one write.
+                if not write.done() or write.cancelled() or write.exception() is not None:
+                    write = asyncio.ensure_future(_store_durably(store, event, completes, write))
+                    try:
+                        await asyncio.shield(write)
+                    except asyncio.CancelledError:
+                        # A write once handed to the store happens whatever becomes of this task: learn its
+                        # outcome before the lock goes, so a stored answer is published and the next append
+                        # takes the next position (not this one again, which the store would refuse as a rewrite).
+                        while not write.done():
+                            with contextlib.suppress(asyncio.CancelledError):
+                                await asyncio.wait((write,))
+                        if write.exception() is None:
+                            self._answer_stored(event, answers, completes)
+                            self.notify()
+                        raise
                 self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
                 self._answer_stored(event, answers, completes)
         finally:
