@@ -1,9 +1,10 @@
 """A bounded in-memory store: fast, lost on restart, evicts oldest events explicitly when full.
 
-The bound is honest: each event is held as one compact ``bytes`` (its id, request id, tool, tag-set index
-and terminal flag as a short JSON header, then the payload copied to its exact size), and what counts
-against ``max_bytes`` is ``sys.getsizeof`` of that object plus its two deque slots. A payload straight from
-``orjson.dumps`` would keep the ~4 KiB buffer orjson allocated for it; the copy keeps only its length.
+The bound is honest: each event is held as its :class:`StoredEvent` with the payload copied to its exact
+size, and what counts against ``max_bytes`` is what that allocates (:func:`_held_size`: the tuple, its id,
+its position, its payload, two deque slots). A payload straight from ``orjson.dumps`` would keep the ~4 KiB
+buffer orjson allocated for it; the copy keeps only its length. Held as events, a replay is a slice: no
+decoding per event (an encoded form was ~2x smaller and made replay ~100x slower).
 
 The bound is partitioned by principal (the session's issuer, subject and client): each principal's
 events are evicted only to bring it under ``max_bytes_per_principal`` / ``max_events_per_principal``, or,
@@ -21,15 +22,23 @@ import sys
 from collections import deque
 from itertools import islice
 
-import orjson
-
-from ..core.events import RequestId, StoredEvent, StreamRecord
+from ..core.events import StoredEvent, StreamRecord
 from ..core.principal import Principal
-from ._codec import compact_event_id, full_event_id
 from .base import EventsEvicted, SessionRecord
 
 _SLOT_BYTES = 16
 """Two deque slots per held event (its stream's and its principal's eviction order), on top of its bytes."""
+
+
+def _held_size(event: StoredEvent) -> int:
+    """What holding ``event`` allocates: the strings and sets it shares with its stream's record are not its own."""
+    return (
+        sys.getsizeof(event)
+        + sys.getsizeof(event.event_id)
+        + sys.getsizeof(event.seq)
+        + sys.getsizeof(event.data)
+        + _SLOT_BYTES
+    )
 
 
 class _Partition:
@@ -45,19 +54,17 @@ class _Partition:
 
 
 class _Stream:
-    __slots__ = ("answered", "blobs", "first_seq", "gone", "partition", "record", "tags")
+    __slots__ = ("answered", "events", "first_seq", "gone", "partition", "record")
 
     def __init__(self, record: StreamRecord, partition: _Partition) -> None:
         self.record = record
         self.answered = set(record.answered)
         """The record's answers, kept here: a frozenset rebuilt per answer made a batch quadratic."""
         self.partition = partition
-        self.blobs: deque[bytes] = deque()
-        """The retained events, encoded, positions ``record.last_seq - len(blobs) + 1`` to ``record.last_seq``."""
+        self.events: deque[StoredEvent] = deque()
+        """The retained events, positions ``record.last_seq - len(events) + 1`` to ``record.last_seq``."""
         self.first_seq = 0
         """Lowest position still retained; anything below it was evicted."""
-        self.tags: list[frozenset[str]] = []
-        """The distinct tag sets of this stream's events (its requests'), which events name by index."""
         self.gone = False
 
 
@@ -122,12 +129,12 @@ class MemoryStore:
     def _drop(self, stream: _Stream) -> None:
         stream.gone = True
         partition = stream.partition
-        held = sum(map(sys.getsizeof, stream.blobs)) + _SLOT_BYTES * len(stream.blobs)
+        held = sum(map(_held_size, stream.events))
         partition.bytes -= held
-        partition.count -= len(stream.blobs)
+        partition.count -= len(stream.events)
         self._bytes -= held
-        self._count -= len(stream.blobs)
-        stream.blobs.clear()
+        self._count -= len(stream.events)
+        stream.events.clear()
         if len(partition.order) > 2 * partition.count + 1024:
             partition.order = deque(entry for entry in partition.order if not entry.gone)
 
@@ -183,29 +190,14 @@ class MemoryStore:
             if event.seq <= record.last_seq and self._holds(stream, event):
                 return  # a retry of a stored append (its outcome was lost to a cancel): already done
             raise ValueError(f"append of position {event.seq} to stream {event.stream} after {record.last_seq}")
-        tags = stream.tags
-        try:
-            tag_index = tags.index(event.resources)
-        except ValueError:
-            tag_index = len(tags)
-            tags.append(event.resources)
-        header = orjson.dumps(
-            (
-                compact_event_id(event.stream, event.seq, event.event_id),
-                event.request_id,
-                event.tool,
-                tag_index,
-                event.terminal,
-            )
-        )
-        blob = b"".join((header, b"\n", event.data))  # one exact-size object: the header JSON has no raw newline
-        stream.blobs.append(blob)
+        held = event._replace(data=bytes(memoryview(event.data))) if event.data else event  # an exact-size copy
+        stream.events.append(held)
         record.last_seq = event.seq
         if event.terminal and event.request_id is not None:
             stream.answered.add(event.request_id)
         if completes:
             record.completed = True
-        size = sys.getsizeof(blob) + _SLOT_BYTES
+        size = _held_size(held)
         partition = stream.partition
         partition.order.append(stream)
         partition.count += 1
@@ -221,13 +213,8 @@ class MemoryStore:
             self._evict(partition)
 
     def _holds(self, stream: _Stream, event: StoredEvent) -> bool:
-        first = stream.record.last_seq - len(stream.blobs) + 1
-        if event.seq < first:
-            return False
-        blob = stream.blobs[event.seq - first]
-        split = blob.index(b"\n")
-        compact = orjson.loads(memoryview(blob)[:split])[0]
-        return full_event_id(event.stream, event.seq, compact) == event.event_id and blob[split + 1 :] == event.data
+        first = stream.record.last_seq - len(stream.events) + 1
+        return event.seq >= first and stream.events[event.seq - first] == event
 
     def _evict(self, own: _Partition) -> None:
         while own.count and (own.bytes > self.max_bytes_per_principal or own.count > self.max_events_per_principal):
@@ -242,11 +229,10 @@ class MemoryStore:
     def _evict_oldest(self, partition: _Partition) -> None:
         while True:
             stream = partition.order.popleft()
-            if not stream.gone and stream.blobs:
+            if not stream.gone and stream.events:
                 break
-        blob = stream.blobs.popleft()
-        stream.first_seq = stream.record.last_seq - len(stream.blobs) + 1
-        size = sys.getsizeof(blob) + _SLOT_BYTES
+        size = _held_size(stream.events.popleft())
+        stream.first_seq = stream.record.last_seq - len(stream.events) + 1
         partition.count -= 1
         partition.bytes -= size
         self._count -= 1
@@ -263,29 +249,11 @@ class MemoryStore:
             return []
         if seq + 1 < found.first_seq:
             raise EventsEvicted(f"events {seq + 1}..{found.first_seq - 1} of stream {stream} were evicted")
-        blobs, record = found.blobs, found.record
-        first = record.last_seq - len(blobs) + 1
-        if not blobs or record.last_seq <= seq:
+        events, record = found.events, found.record
+        if not events or record.last_seq <= seq:
             return []
-        start = max(0, seq + 1 - first)
-        tags, session = found.tags, record.session_id
-        headers: dict[bytes, tuple[str, RequestId | None, str | None, int, bool]] = {}
-        """Decoded headers: a stream's events mostly share one (its id suffix is the stream's MAC)."""
-        events = []
-        for position, blob in enumerate(islice(blobs, start, None), first + start):
-            split = blob.index(b"\n")
-            raw = blob[:split]
-            header = headers.get(raw)
-            if header is None:
-                header = headers[raw] = tuple(orjson.loads(raw))
-            compact, rid, tool, tag_index, terminal = header
-            event_id = full_event_id(stream, position, compact)
-            events.append(
-                StoredEvent(
-                    session, stream, position, event_id, blob[split + 1 :], rid, tool, tags[tag_index], terminal
-                )
-            )
-        return events
+        start = max(0, seq + 1 - (record.last_seq - len(events) + 1))
+        return list(islice(events, start, None))
 
     async def owner_alive(self, owner: str) -> bool:
         return False
