@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/gateway.py            # 3 interleaved reps, c=1 and c=16 (a few minutes)
     .venv/bin/python benchmarks/gateway.py --quick    # smoke run: 1 rep, short windows
+    .venv/bin/python benchmarks/gateway.py --era legacy          # the gateway's era towards the SDK (default auto)
+    .venv/bin/python benchmarks/gateway.py --profile gw.prof     # c=16, one window: cProfile of the gateway
 
 The upstream is `sdk_server.py` (the official `mcp` SDK, stateful Streamable HTTP with an event store), the
 gateway is `mcp-lossless gateway` with the SDK as its one upstream (`prefix = ""`, so both expose the same
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import socket
 import statistics
@@ -51,6 +54,10 @@ class Plan:
     concurrency: tuple[int, ...] = (1, 16)
     warmup_s: float = 1.0
     duration_s: float = 5.0
+    era: str = "auto"
+    """The gateway's ``era`` towards the SDK server (``auto`` negotiates 2026-07-28, which the SDK speaks)."""
+    profile: str | None = None
+    """Run the gateway under cProfile, writing its stats here (the figures are then not the gateway's own)."""
 
 
 QUICK = Plan(reps=1, warmup_s=0.3, duration_s=1.5)
@@ -157,9 +164,11 @@ async def window(kind: str, plan: Plan, workdir: Path) -> list[dict[str, Any]]:
         config = workdir / f"gateway-{port}.toml"
         config.write_text(
             f'[[upstream]]\nname = "sdk"\nurl = "http://{HOST}:{sdk_port}/mcp"\nprefix = ""\nsessions = {SESSIONS}\n'
+            f'era = "{plan.era}"\n'
         )
+        profiler = [sys.executable, "-m", "cProfile", "-o", plan.profile] if plan.profile else []
         command = [
-            OURS, "gateway", "--config", str(config), "--host", HOST, "--port", str(port),
+            *profiler, OURS, "gateway", "--config", str(config), "--host", HOST, "--port", str(port),
             "--store", "memory", "--auth", "none", "--log-level", "warning",
         ]  # fmt: skip
         async with process(command, port, workdir / f"gateway-{port}.log") as gateway:
@@ -203,8 +212,8 @@ def render(rows: list[dict[str, Any]], plan: Plan, stamp: str, raw: Path) -> str
         "",
         f"`benchmarks/gateway.py`, {stamp}, {plan.reps} interleaved reps of {plan.duration_s:g} s windows (medians);",
         f"raw results: `{raw.relative_to(ROOT)}`. Closed loop of `search(steps=0)`, one session per worker, memory",
-        f"stores, auth off, the gateway keeping {SESSIONS} sessions with the SDK server; gateway and SDK server share",
-        "the 2-core box (with other jobs), CPU measured per process (schedstat).",
+        f"stores, auth off, the gateway speaking era `{plan.era}` to the SDK server ({SESSIONS} sessions when legacy);",
+        "gateway and SDK server share the 2-core box (with other jobs), CPU measured per process (schedstat).",
         "",
         "| c | direct rps | via gateway rps | throughput kept | p50 direct / gateway (ms) | added p50 | "
         "p99 direct / gateway (ms) | added p99 | SDK CPU/call (µs) | gateway CPU/call (µs) | gateway / SDK CPU |",
@@ -229,9 +238,13 @@ async def main_async(plan: Plan, write: bool) -> None:
     runs: dict[str, list[list[dict[str, Any]]]] = {"direct": [], "gateway": []}
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         for rep in range(plan.reps):
-            for kind in ("direct", "gateway"):
+            for kind in ("gateway",) if plan.profile else ("direct", "gateway"):
                 print(f"rep {rep + 1}/{plan.reps}: {kind}", file=sys.stderr, flush=True)
                 runs[kind].append(await window(kind, plan, Path(tmp)))
+    if plan.profile:
+        print(orjson.dumps(runs["gateway"], option=orjson.OPT_INDENT_2).decode())
+        print(f"gateway profile: {plan.profile}", file=sys.stderr)
+        return
     rows = summarize(runs, plan)
     raw = BENCH_DIR / "results" / f"gateway-{stamp}.json"
     text = render(rows, plan, stamp, raw)
@@ -246,11 +259,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 rep, short windows, results not written")
     parser.add_argument("--reps", type=int)
+    parser.add_argument("--era", choices=("auto", "modern", "legacy"), default="auto")
+    parser.add_argument("--profile", metavar="FILE", help="cProfile the gateway at c=16 (one window, not written)")
     args = parser.parse_args()
-    plan = QUICK if args.quick else FULL
+    plan = dataclasses.replace(QUICK if args.quick else FULL, era=args.era)
     if args.reps:
-        plan = Plan(reps=args.reps, concurrency=plan.concurrency, warmup_s=plan.warmup_s, duration_s=plan.duration_s)
-    uvloop.run(main_async(plan, write=not args.quick))
+        plan = dataclasses.replace(plan, reps=args.reps)
+    if args.profile:
+        plan = dataclasses.replace(plan, reps=1, concurrency=(16,), profile=str(Path(args.profile).resolve()))
+    uvloop.run(main_async(plan, write=not (args.quick or args.profile)))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 BASELINE = "sdk-sse"
 FLOOR = "floor"
 TARGETS = {"echo_ratio": 10.0, "replay_ratio": 10.0, "kb_per_session": 4.0, "auth_replay_pct": 5.0}
@@ -290,6 +292,34 @@ def _echo_notes(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _gateway(results: Path) -> list[str]:
+    """The newest ``benchmarks/gateway.py`` run (issue 14: the gateway in front of the SDK server), if any."""
+    runs = sorted(results.glob("gateway-*.json"))
+    if not runs:
+        return []
+    rows = orjson.loads(runs[-1].read_bytes())["rows"]
+    lines = [
+        f"## gateway: `mcp-lossless gateway` in front of the SDK server vs the SDK direct (`{runs[-1].name}`)",
+        "",
+        "Goal: the gateway's own CPU per call under 10 % of the SDK server's (so under 10 % of throughput at",
+        "c=16). Gateway and SDK share the box; CPU per process. Details: [`RESULTS-gateway.md`](RESULTS-gateway.md).",
+        "",
+        "| c | rps direct / via gateway | kept | added p50 / p99 ms | SDK CPU/call µs | gateway CPU/call µs | "
+        "gateway ÷ SDK CPU | met? |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        share = r["gateway_cpu_us"] / max(r["sdk_cpu_us_behind_gateway"], 1e-9)
+        lines.append(
+            f"| {r['concurrency']} | {r['direct_rps']:.0f} / {r['gateway_rps']:.0f} | "
+            f"{100 * r['gateway_rps'] / max(r['direct_rps'], 1e-9):.0f} % | "
+            f"{r['gateway_p50_ms'] - r['direct_p50_ms']:+.2f} / {r['gateway_p99_ms'] - r['direct_p99_ms']:+.2f} | "
+            f"{r['sdk_cpu_us_behind_gateway']:.0f} | {r['gateway_cpu_us']:.0f} | {100 * share:.0f} % | "
+            f"{'yes' if share < 0.10 else '**no**'} |"
+        )
+    return [*lines, ""]
+
+
 def markdown(document: dict[str, Any], json_path: Path) -> str:
     summary, plan, machine = document["summary"], document["plan"], document["machine"]
     concurrency = [str(c) for c in plan["concurrency"]]
@@ -329,6 +359,7 @@ def markdown(document: dict[str, Any], json_path: Path) -> str:
         out += [f"- `{name}`: {msg[:600]}" for name, msgs in failures.items() for msg in msgs]
         out.append("")
     out += ["## Targets", "", *_targets(summary), ""]
+    out += _gateway(json_path.parent)
     out += [
         f"## echo: `tools/call search(steps=0, delay_ms=0)`, closed loop, one session per worker, "
         f"{plan['duration_s']:g} s window after {plan['warmup_s']:g} s warm-up",

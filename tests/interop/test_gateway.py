@@ -16,14 +16,17 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import anyio
 import httpx
 import orjson
 import pytest
 
+from mcp_lossless.client import BearerToken
+from mcp_lossless.client.modern import ModernClient
 from mcp_lossless.core.errors import DELIVERY_REFUSED, EXECUTION_LOST, REQUEST_CANCELLED, UPSTREAM_FAILED
-from mcp_lossless.core.protocol import RESOURCE_META_KEY
+from mcp_lossless.core.protocol import RESOURCE_META_KEY, SCOPES_META_KEY
 from mcp_lossless.gateway import BearerFromEnv, Gateway, UpstreamConfig, create_gateway
 from mcp_lossless.server.config import ServerConfig
 from tests.interop.peers.fastmcp_upstream import build_fastmcp_app
@@ -37,6 +40,7 @@ pytestmark = pytest.mark.anyio
 
 UPSTREAM_TOKEN = "gateway-own-upstream-credential"
 TOKEN_ENV = "MCP_LOSSLESS_TEST_UPSTREAM_TOKEN"
+MODERN_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 SDK_STDIO = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio"]
 
 
@@ -61,11 +65,23 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     os.environ[TOKEN_ENV] = UPSTREAM_TOKEN
     fast_sock = loopback_socket()
     fast_url = f"{base_url(fast_sock)}/mcp"
+    auth = BearerFromEnv(TOKEN_ENV)
     upstreams = [
-        UpstreamConfig(name="sdk", url=sdk.url, auth=BearerFromEnv(TOKEN_ENV), deny=frozenset({"hang"}), timeout=60),
+        # The SDK's legacy leg (its event store, resumable streams, notifications/cancelled), by configuration.
+        UpstreamConfig(name="sdk", url=sdk.url, auth=auth, deny=frozenset({"hang"}), timeout=60, era="legacy"),
+        # The same server negotiated (modern first): its 2026-07-28 leg.
+        UpstreamConfig(name="modern", url=sdk.url, auth=auth, deny=frozenset({"hang"}), timeout=30, sessions=1),
+        # A server that predates 2026-07-28 (the SDK's legacy leg alone): the negotiation falls back.
+        UpstreamConfig(name="old", url=sdk.legacy_url, auth=auth, allow=frozenset({"work"}), timeout=30, sessions=1),
         UpstreamConfig(
-            name="stuck", url=sdk.url, auth=BearerFromEnv(TOKEN_ENV), allow=frozenset({"hang"}), timeout=1.5
+            name="guarded",
+            url=sdk.url,
+            auth=auth,
+            allow=frozenset({"work", "lookup"}),
+            scopes={"*": ("docs:read",), "work": ("docs:write",)},
+            sessions=1,
         ),
+        UpstreamConfig(name="stuck", url=sdk.url, auth=auth, allow=frozenset({"hang"}), timeout=1.5, era="legacy"),
         UpstreamConfig(name="pysdk", command=(*SDK_STDIO,), deny=frozenset({"hang"}), timeout=30),
         UpstreamConfig(name="fast", url=fast_url, timeout=8),
         UpstreamConfig(
@@ -263,6 +279,167 @@ async def test_stdio_list_changed_refreshes_the_exposed_list(deployment: Deploym
         call(3, "pysdk_sprout"), token=await dev_token(http, deployment.url, deployment.resource("pysdk_sprout"))
     )
     assert answer(sprout, 3)["result"]["content"][0]["text"] == "sprout grown"  # type: ignore[index]
+
+
+async def test_upstream_eras_are_negotiated_modern_first_with_legacy_fallback(deployment: Deployment, http) -> None:
+    d = deployment
+    assert d.gateway.upstreams["modern"].era == "modern", "the SDK's 2026-07-28 leg, found by server/discover"
+    assert d.gateway.upstreams["old"].era == "legacy", "a server that predates 2026-07-28: the handshake instead"
+    assert d.gateway.upstreams["sdk"].era == "legacy", "configured"
+    peer = await session(http, d)
+    listed = await peer.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    tools = {t["name"]: t for t in answer(listed, 1)["result"]["tools"]}  # type: ignore[index]
+    assert {"modern_work", "modern_lookup", "modern_grow", "old_work"} <= set(tools)
+    assert "modern_hang" not in tools and "old_lookup" not in tools
+    for name in ("modern_work", "modern_lookup", "old_work"):
+        assert tools[name]["_meta"][RESOURCE_META_KEY] == d.resource(name)
+    assert tools["modern_work"]["inputSchema"]["properties"]["label"]["type"] == "string"
+
+    done = await peer.post(call(2, "modern_work", progress="m", label="m", steps=3, delay_ms=20))
+    assert answer(done, 2)["result"]["content"][0]["text"] == "work m done"  # type: ignore[index]
+    assert progress_of(done, "m") == [1, 2, 3], "the modern upstream's progress, on the client's stream"
+    old = await peer.post(call(3, "old_work", progress="o", label="o", steps=2, delay_ms=10))
+    assert answer(old, 3)["result"]["content"][0]["text"] == "work o done"  # type: ignore[index]
+    assert progress_of(old, "o") == [1, 2]
+
+    def upstream_call(label: str) -> dict[str, Any]:
+        calls = [
+            m
+            for m in d.sdk.messages()
+            if m["method"] == "tools/call" and m["params"]["arguments"].get("label") == label
+        ]
+        assert len(calls) == 1, calls
+        return calls[0]["params"]
+
+    assert upstream_call("m")["_meta"][MODERN_VERSION_META] == "2026-07-28", "sent as a 2026-07-28 request"
+    assert MODERN_VERSION_META not in upstream_call("o").get("_meta", {}), "sent on a legacy session"
+    methods = [m["method"] for m in d.sdk.messages()]
+    assert "server/discover" in methods and "initialize" in methods
+
+
+async def test_the_gateways_own_modern_leg_lists_and_calls_with_tasks_and_progress(
+    deployment: Deployment, http
+) -> None:
+    d = deployment
+    tasks: list[tuple[str, str]] = []
+    token = await dev_token(http, d.url, d.mcp)
+    async with ModernClient(
+        d.mcp, auth=BearerToken(token), http=http, on_task=lambda task_id, name: tasks.append((task_id, name))
+    ) as client:
+        await client.discover()
+        tools = {t.name: t for t in await client.list_tools()}
+        assert tools["modern_work"].resource == d.resource("modern_work")
+        assert tools["sdk_lookup"].resource == d.resource("sdk_lookup")
+        seen: list[float] = []
+        looked = await client.call_tool(
+            "sdk_lookup", {"key": "z", "steps": 3, "delay_ms": 10}, on_progress=lambda u: seen.append(u.progress)
+        )
+        assert looked.text == "value of z" and seen == [1, 2, 3], "idempotent: within the request, with progress"
+        assert tasks == []
+        worked = await client.call_tool("modern_work", {"label": "t", "steps": 2, "delay_ms": 10})
+        assert worked.text == "work t done"
+        assert [name for _, name in tasks] == ["modern_work"], "not idempotent: it ran as a task, polled to its end"
+
+
+async def test_http_upstream_list_changed_refreshes_and_the_gateway_tells_its_clients_on_both_eras(
+    deployment: Deployment, http
+) -> None:
+    d = deployment
+    peer = await session(http, d)
+    token = await dev_token(http, d.url, d.mcp)
+    legacy_open, legacy_told = anyio.Event(), anyio.Event()
+    modern_open, modern_told = anyio.Event(), anyio.Event()
+
+    async def legacy_listener() -> None:
+        headers = peer.headers(accept="text/event-stream")
+        headers.pop("content-type")
+        async with http.stream("GET", peer.url, headers=headers, timeout=30) as response:
+            assert response.status_code == 200
+            legacy_open.set()
+            buffer = ""
+            async for chunk in response.aiter_text():
+                buffer += chunk
+                if "notifications/tools/list_changed" in buffer:
+                    legacy_told.set()
+                    return
+
+    def on_modern(note: dict[str, Any]) -> None:
+        if note["method"] == "notifications/tools/list_changed":
+            modern_told.set()
+
+    async with ModernClient(d.mcp, auth=BearerToken(token), http=http) as client, anyio.create_task_group() as tg:
+        tg.start_soon(legacy_listener)
+        tg.start_soon(client.listen, {"toolsListChanged": True}, on_modern, modern_open.set)
+        with anyio.fail_after(10):
+            await legacy_open.wait()
+            await modern_open.wait()
+        grown = await peer.post(call(1, "sdk_grow", name="leaf"))
+        assert answer(grown, 1)["result"]["content"][0]["text"] == "added leaf"  # type: ignore[index]
+        with anyio.fail_after(10):
+            await legacy_told.wait()
+            await modern_told.wait()
+        tg.cancel_scope.cancel()
+
+    async def listed() -> dict[str, dict[str, Any]]:
+        read = await peer.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        tools = {t["name"]: t for t in answer(read, 2)["result"]["tools"]}  # type: ignore[index]
+        return tools if {"sdk_leaf", "modern_leaf"} <= set(tools) else {}
+
+    tools = await eventually(listed)  # the legacy session's GET stream and the modern listen stream, each
+    for name in ("sdk_leaf", "modern_leaf"):
+        assert tools[name]["_meta"][RESOURCE_META_KEY] == d.resource(name)
+        leaf = await peer.post(call(3, name), token=await dev_token(http, d.url, d.resource(name)))
+        assert answer(leaf, 3)["result"]["content"][0]["text"] == "leaf grown"  # type: ignore[index]
+
+
+async def scoped_token(http: httpx.AsyncClient, d: Deployment, scope: str) -> str:
+    """A real signed JWT of the gateway's dev AS for the whole gateway, holding ``scope``."""
+    form = [("grant_type", "client_credentials"), ("resource", d.mcp)] + ([("scope", scope)] if scope else [])
+    response = await http.post(
+        f"{d.url}/dev-as/token",
+        content=urlencode(form),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+        auth=("dev-client", "dev-secret"),
+    )
+    assert response.status_code == 200, response.text
+    value: str = response.json()["access_token"]
+    return value
+
+
+async def test_config_scopes_per_exposed_tool_are_required_of_the_token(deployment: Deployment, http) -> None:
+    d = deployment
+    reader = await scoped_token(http, d, "docs:read")
+    peer = Peer(http, d.url, reader)
+    await peer.initialize()
+    listed = await peer.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    tools = {t["name"]: t for t in answer(listed, 1)["result"]["tools"]}  # type: ignore[index]
+    assert tools["guarded_lookup"]["_meta"][SCOPES_META_KEY] == ["docs:read"]
+    assert tools["guarded_work"]["_meta"][SCOPES_META_KEY] == ["docs:read", "docs:write"]
+    assert SCOPES_META_KEY not in tools["sdk_work"]["_meta"]
+
+    looked = await peer.post(call(2, "guarded_lookup", key="g", steps=0))
+    assert answer(looked, 2)["result"]["content"][0]["text"] == "value of g"  # type: ignore[index]
+    before = len(d.sdk.messages())
+    refused = await peer.post(call(3, "guarded_work", label="g", steps=0))
+    assert refused.status == 403
+    error = refused.json()["error"]
+    assert error["data"] == {"requiredResources": [], "requiredScopes": ["docs:write"]}
+    assert error["message"] == "token lacks scope docs:write"
+    challenge = refused.headers["www-authenticate"]
+    assert 'error="insufficient_scope"' in challenge and 'scope="docs:read docs:write"' in challenge
+
+    bare = await scoped_token(http, d, "")
+    unscoped = await peer.post(call(4, "guarded_lookup", key="h", steps=0), token=bare)
+    assert unscoped.status == 403 and unscoped.json()["error"]["data"]["requiredScopes"] == ["docs:read"]
+    assert not any(
+        m["method"] == "tools/call" and m["params"]["arguments"].get("label") == "g" for m in d.sdk.messages()[before:]
+    ), "a refused call never reaches the upstream"
+
+    writer = await scoped_token(http, d, "docs:read docs:write")
+    worked = await peer.post(call(5, "guarded_work", label="w", steps=0), token=writer)
+    assert answer(worked, 5)["result"]["content"][0]["text"] == "work w done"  # type: ignore[index]
+    prm = (await http.get(f"{d.url}/.well-known/oauth-protected-resource/mcp/tools/guarded_work")).json()
+    assert prm["scopes_supported"] == ["docs:read", "docs:write"]
 
 
 async def test_stdio_child_killed_mid_call(deployment: Deployment, http) -> None:

@@ -22,6 +22,8 @@ class SdkHttpUpstream:
     def __init__(self, port: int, headers_file: Path, token: str) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}/mcp"
+        self.legacy_url = f"http://127.0.0.1:{port}/legacy/mcp"
+        """The same server as one that predates 2026-07-28 answers (``sdk_gateway_upstream``'s fence)."""
         self.headers_file = headers_file
         self.token = token
         self.proc: subprocess.Popen[str] | None = None

@@ -55,6 +55,12 @@ def test_a_full_upstream_parses() -> None:
         ({"name": "a", "url": "http://x", "prefix": "a/b"}, "prefix may hold"),
         ({"name": "a", "url": "http://x", "typo": 1}, "unknown keys typo"),
         ({"name": "a", "url": "http://x", "sessions": 0}, "sessions must be"),
+        ({"name": "a", "url": "http://x", "scopes": ["docs:read"]}, "scopes must be a table"),
+        ({"name": "a", "url": "http://x", "scopes": {"t": "docs:read"}}, "scopes.t must be a list"),
+        ({"name": "a", "url": "http://x", "scopes": {"t": ["two words"]}}, "scope tokens"),
+        ({"name": "a", "url": "http://x", "scopes": {"t": ['q"uote']}}, "scope tokens"),
+        ({"name": "a", "url": "http://x", "era": "2026"}, "era must be one of auto, modern, legacy"),
+        ({"name": "a", "command": ["x"], "era": "modern"}, "era applies to HTTP upstreams only"),
     ],
 )
 def test_mistakes_are_named(raw: dict[str, object], problem: str) -> None:
@@ -91,3 +97,14 @@ def test_exposed_names_filters_collisions_and_idempotence() -> None:
         ("up_same", "same", True),
     ], "denied and colliding names are left out; annotations or the config make a tool idempotent"
     assert expose(config, [tool("post", idempotentHint=False)])[0].idempotent is False
+
+
+def test_scopes_per_tool_add_the_upstreams_own_and_reach_the_table() -> None:
+    config = parse_upstream(
+        {"name": "up", "url": "http://x", "scopes": {"*": ["up:use"], "put": ["up:write", "up:use"]}, "era": "legacy"}
+    )
+    assert config.era == "legacy" and parse_upstream({"name": "b", "url": "http://x"}).era == "auto"
+    assert config.scopes_of("put") == ("up:use", "up:write") and config.scopes_of("get") == ("up:use",)
+    exposed = {e.name: e.scopes for e in expose(config, [tool("get"), tool("put")])}
+    assert exposed == {"up_get": ("up:use",), "up_put": ("up:use", "up:write")}
+    assert parse_upstream({"name": "c", "url": "http://x"}).scopes_of("any") == ()

@@ -22,6 +22,7 @@ from .errors import (
     SessionLost,
     ToolFailed,
 )
+from .lean import LeanHttp, LeanResponse
 from .oauth import Auth, AuthorizationCodeGrant, BearerToken, Challenge, LoopbackRedirect, OAuth
 from .registration import ClientRegistration
 from .session import ProgressUpdate, ServerInfo
@@ -41,6 +42,8 @@ __all__ = [
     "ClientRegistration",
     "ConnectionFailed",
     "DeadlineExceeded",
+    "LeanHttp",
+    "LeanResponse",
     "LoopbackRedirect",
     "McpClientError",
     "OAuth",

@@ -12,7 +12,7 @@ with one fails with :class:`ProtocolViolation` naming the revision it offered.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -20,14 +20,16 @@ from typing import Any
 
 import anyio
 import httpx
+import orjson
 
 from ..core import protocol
 from ..core.actions import CallSpec, RecoveryPolicy
 from ..core.protocol import RESOURCE_META_KEY
-from .errors import McpClientError, ToolFailed
+from .errors import McpClientError, RequestRejected, ToolFailed
+from .lean import LeanHttp
 from .oauth import Auth
 from .session import MessageCallback, ProgressCallback, ServerInfo, Session
-from .transport import Backoff, HttpTransport
+from .transport import Backoff, HttpTransport, media_type
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -98,7 +100,8 @@ class Client:
     ``timeout`` is the default per-call deadline in seconds (``math.inf`` for none). ``policy`` says how
     hard to try before failing a call; re-issuing is automatic only for idempotent tools unless a call
     says otherwise. ``protocol_version`` is the revision offered in ``initialize`` (default the newest;
-    offer ``"2025-03-26"`` to let :meth:`call_tools` send JSON-RPC batches).
+    offer ``"2025-03-26"`` to let :meth:`call_tools` send JSON-RPC batches). ``lean`` (a
+    :class:`~.lean.LeanHttp` pool, as a gateway keeps) carries the MCP requests instead of ``http``.
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class Client:
         idle_timeout: float = 300.0,
         client_info: Mapping[str, Any] | None = None,
         protocol_version: str = protocol.LATEST,
+        lean: LeanHttp | None = None,
     ) -> None:
         if protocol_version not in protocol.SUPPORTED:
             raise ValueError(
@@ -127,6 +131,7 @@ class Client:
         self._http = http
         self._idle_timeout = idle_timeout
         self._client_info = client_info
+        self._lean = lean
         self._stack: AsyncExitStack | None = None
         self._session: Session | None = None
         self._tools: dict[str, Tool] | None = None
@@ -141,7 +146,7 @@ class Client:
                 http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, follow_redirects=False))
             self._auth.bind(http, self.url)
             session = Session(
-                HttpTransport(self.url, http),
+                HttpTransport(self.url, http, lean=self._lean),
                 self._auth,
                 policy=self._policy,
                 backoff=self._backoff,
@@ -217,6 +222,31 @@ class Client:
         spec = self._spec(ToolCall(name, arguments or {}, on_progress, reissue))
         answer = await self._require().request(spec, self._deadline(timeout), on_progress, on_message)
         return _tool_result(name, answer)
+
+    async def listen(self, on_message: MessageCallback, on_open: Callable[[], None] | None = None) -> None:
+        """Read the session's standalone GET stream, calling ``on_message`` with each server notification on it
+        (``notifications/tools/list_changed``…), ``on_open`` once it is open; returns when the server ends it.
+
+        A refusal (the server offers no such stream, or no longer knows the session) raises
+        :class:`RequestRejected`; a broken connection, ``httpx.TransportError``. Either way notifications sent
+        meanwhile are gone (the stream has no request to resume it by): a caller that re-listens re-reads the
+        lists it cares about. The session itself is re-established by its next request, not by this one.
+        """
+        session = self._require()
+        transport = session.transport
+        async with transport.listen(await session.auth.token(frozenset())) as response:
+            if response.status_code != 200 or media_type(response) != "text/event-stream":
+                raise RequestRejected(f"no standalone stream: HTTP {response.status_code} on GET {transport.url}")
+            if on_open is not None:
+                on_open()
+            async for events, _ in transport.events(response):
+                for event in events:
+                    try:
+                        message = orjson.loads(event.data) if event.data else None
+                    except orjson.JSONDecodeError:
+                        continue  # not JSON-RPC: nothing a notification callback could take
+                    if isinstance(message, dict) and isinstance(message.get("method"), str) and "id" not in message:
+                        on_message(message)
 
     async def call_tools(
         self,

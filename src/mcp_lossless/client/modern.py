@@ -19,7 +19,7 @@ import itertools
 import math
 from base64 import b64encode
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,6 +41,7 @@ from .errors import (
     RemoteError,
     RequestRejected,
 )
+from .lean import LeanHttp, Response
 from .oauth import Auth, parse_challenge
 from .session import ProgressCallback, ProgressUpdate
 from .transport import ACCEPT_POST, VERSION_HEADER, media_type
@@ -73,6 +74,18 @@ def _header_safe(value: str) -> str:
     return "=?base64?" + b64encode(value.encode()).decode() + "?="
 
 
+def _headers(message: Mapping[str, Any], token: str | None) -> dict[str, str]:
+    """The headers of a POST of ``message``: the revision and the mirrored method and name (SEP-2243)."""
+    headers = {"accept": ACCEPT_POST, "content-type": "application/json", VERSION_HEADER: MODERN}
+    headers["mcp-method"] = message["method"]
+    field = NAMED.get(message["method"])
+    if field is not None:
+        headers["mcp-name"] = _header_safe(str(message["params"][field]))
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    return headers
+
+
 class NotModern(Exception):
     """The server's answer to a modern request was not a modern one: it speaks a legacy revision."""
 
@@ -89,8 +102,11 @@ class ModernClient:
         http: httpx.AsyncClient | None = None,
         client_info: Mapping[str, Any] | None = None,
         on_task: TaskHook | None = None,
+        lean: LeanHttp | None = None,
     ) -> None:
         self.url = url
+        self._lean = lean
+        """Where requests go when given (a gateway's pool); ``http`` still serves OAuth."""
         self.timeout = timeout
         self._auth = auth or Auth()
         self._http = http
@@ -126,19 +142,19 @@ class ModernClient:
         body = {**params, "_meta": {**meta, **params.get("_meta", {})}}
         return {"jsonrpc": "2.0", "id": f"m-{next(self._ids)}", "method": method, "params": body}
 
+    def _stream(self, message: dict[str, Any], token: str | None) -> AbstractAsyncContextManager[Response]:
+        """POST ``message``: the response, open for reading inside the block."""
+        content, headers = orjson.dumps(message), _headers(message, token)
+        if self._lean is not None:
+            return self._lean.stream("POST", self.url, content=content, headers=headers)
+        assert self._http is not None, "use the client inside 'async with'"
+        return self._http.stream("POST", self.url, content=content, headers=headers)
+
     async def _post(
         self, message: dict[str, Any], token: str | None, on_progress: ProgressCallback | None
-    ) -> tuple[httpx.Response, dict[str, Any] | None]:
+    ) -> tuple[Response, dict[str, Any] | None]:
         """One POST; the response and its JSON-RPC answer (JSON, or the last message of its SSE stream)."""
-        assert self._http is not None, "use the client inside 'async with'"
-        headers = {"accept": ACCEPT_POST, "content-type": "application/json", VERSION_HEADER: MODERN}
-        headers["mcp-method"] = message["method"]
-        field = NAMED.get(message["method"])
-        if field is not None:
-            headers["mcp-name"] = _header_safe(str(message["params"][field]))
-        if token is not None:
-            headers["authorization"] = f"Bearer {token}"
-        async with self._http.stream("POST", self.url, content=orjson.dumps(message), headers=headers) as response:
+        async with self._stream(message, token) as response:
             if media_type(response) != "text/event-stream":
                 raw = await response.aread()
                 try:
@@ -217,6 +233,42 @@ class ModernClient:
         if MODERN not in result.get("supportedVersions", []):
             raise NotModern("the server does not list 2026-07-28")
         return result
+
+    async def listen(
+        self,
+        notifications: Mapping[str, Any],
+        on_message: Callable[[dict[str, Any]], None],
+        on_open: Callable[[], None] | None = None,
+    ) -> None:
+        """``subscriptions/listen`` for ``notifications`` (e.g. ``{"toolsListChanged": True}``): ``on_open`` once
+        the server acknowledged every one of them, then ``on_message`` with each notification on the stream;
+        returns when the server ends it. :class:`RequestRejected` when the server refuses the stream or will
+        not send one of them; a broken connection raises ``httpx.TransportError``. The stream has no
+        resumption: what was sent while it was down is gone, so a caller that listens again re-reads.
+        """
+        message = self._message("subscriptions/listen", {"notifications": dict(notifications)})
+        async with self._stream(message, await self._auth.token(frozenset())) as response:
+            if response.status_code != 200 or media_type(response) != "text/event-stream":
+                raise RequestRejected(f"subscriptions/listen refused: HTTP {response.status_code}")
+            decoder = SseDecoder()
+            async for chunk in response.aiter_bytes():
+                for event in decoder.feed(chunk):
+                    frame = orjson.loads(event.data) if event.data else None
+                    if not isinstance(frame, dict):
+                        continue
+                    if frame.get("id") == message["id"]:
+                        return  # the server closed the subscription on purpose (its final result or error)
+                    params = frame.get("params")
+                    if frame.get("method") == "notifications/subscriptions/acknowledged":
+                        honored = params.get("notifications") if isinstance(params, dict) else None
+                        granted = honored if isinstance(honored, dict) else {}
+                        refused = [k for k in notifications if granted.get(k) in (None, False)]
+                        if refused:
+                            raise RequestRejected(f"subscriptions/listen: the server will not send {refused}")
+                        if on_open is not None:
+                            on_open()
+                    elif isinstance(frame.get("method"), str) and "id" not in frame:
+                        on_message(frame)
 
     # -- tools ---------------------------------------------------------------------------------------
 

@@ -58,6 +58,7 @@ from .errors import (
     RequestRejected,
     SessionLost,
 )
+from .lean import Response
 from .oauth import Auth, parse_challenge
 from .transport import Backoff, HttpTransport, ResponseTooLarge, media_type
 
@@ -219,7 +220,7 @@ class Session:
                 raise ProtocolViolation(f"{message['method']} failed on the wire: {exc!r}") from exc
         raise AuthorizationFailed(f"{message['method']}: the server kept refusing new tokens")
 
-    async def _single_response(self, response: httpx.Response, wire_id: object) -> dict[str, Any]:
+    async def _single_response(self, response: Response, wire_id: object) -> dict[str, Any]:
         kind = media_type(response)
         if kind == "application/json":
             parsed = _json(await self.transport.body(response))
@@ -455,7 +456,7 @@ class Session:
                 self._apply(self.ledger.lost(link, repr(exc)))
         self._release(link.stream, scope)
 
-    async def _consume(self, link: Link, response: httpx.Response, sent_on: str | None, resuming: bool) -> None:
+    async def _consume(self, link: Link, response: Response, sent_on: str | None, resuming: bool) -> None:
         """Turn one HTTP response into ledger inputs."""
         status = response.status_code
         kind = media_type(response)
@@ -494,7 +495,7 @@ class Session:
         else:
             self._apply(self.ledger.server_failed(link, detail))
 
-    async def _read_stream(self, link: Link, response: httpx.Response) -> None:
+    async def _read_stream(self, link: Link, response: Response) -> None:
         try:
             async for events, last_event_id in self.transport.events(response):
                 if not self.ledger.is_current(link):

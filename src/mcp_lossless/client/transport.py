@@ -7,7 +7,7 @@ by the ledger (see :mod:`mcp_lossless.client.session`).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,7 @@ import httpx
 import orjson
 
 from ..core.sse import DEFAULT_MAX_EVENT_BYTES, SseDecoder, SseEvent
+from .lean import LeanHttp, Response
 
 ACCEPT_POST = "application/json, text/event-stream"
 ACCEPT_SSE = "text/event-stream"
@@ -49,7 +50,7 @@ class Backoff:
         return max(base, grown * (1 - self.jitter * rand))
 
 
-def media_type(response: httpx.Response) -> str:
+def media_type(response: Response) -> str:
     return str(response.headers.get("content-type", "")).split(";", 1)[0].strip().lower()
 
 
@@ -63,9 +64,12 @@ class HttpTransport:
         *,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        lean: LeanHttp | None = None,
     ) -> None:
         self.url = url
         self.http = http
+        self.lean = lean
+        """Where POSTs and GETs go when given (a gateway's pool, :mod:`.lean`); ``http`` serves the rest."""
         self.max_event_bytes = max_event_bytes
         self.max_body_bytes = max_body_bytes
         self.session_id: str | None = None
@@ -86,33 +90,38 @@ class HttpTransport:
     @asynccontextmanager
     async def post(
         self, message: Mapping[str, Any] | Sequence[Mapping[str, Any]], token: str | None
-    ) -> AsyncIterator[httpx.Response]:
+    ) -> AsyncIterator[Response]:
         """POST one JSON-RPC message (or a batch: a list); the response is open for streaming inside the block."""
         headers = self.headers(token, ACCEPT_POST)
         headers["Content-Type"] = "application/json"
-        request = self.http.build_request("POST", self.url, content=orjson.dumps(message), headers=headers)
-        response = await self.http.send(request, stream=True)
-        try:
+        async with self._stream("POST", headers, orjson.dumps(message)) as response:
             yield response
-        finally:
-            await response.aclose()
 
     @asynccontextmanager
-    async def resume(self, last_event_id: str, token: str | None) -> AsyncIterator[httpx.Response]:
+    async def resume(self, last_event_id: str, token: str | None) -> AsyncIterator[Response]:
         """GET the stream again from ``last_event_id`` (resumption is always a GET)."""
-        request = self.http.build_request("GET", self.url, headers=self.headers(token, ACCEPT_SSE, last_event_id))
-        response = await self.http.send(request, stream=True)
-        try:
+        async with self._stream("GET", self.headers(token, ACCEPT_SSE, last_event_id)) as response:
             yield response
-        finally:
-            await response.aclose()
+
+    @asynccontextmanager
+    async def listen(self, token: str | None) -> AsyncIterator[Response]:
+        """GET the session's standalone stream: server messages that belong to no request (``list_changed``)."""
+        async with self._stream("GET", self.headers(token, ACCEPT_SSE)) as response:
+            yield response
+
+    def _stream(
+        self, method: str, headers: dict[str, str], content: bytes | None = None
+    ) -> AbstractAsyncContextManager[Response]:
+        if self.lean is not None:
+            return self.lean.stream(method, self.url, content=content, headers=headers)
+        return self.http.stream(method, self.url, content=content, headers=headers)
 
     async def delete(self, token: str | None) -> int:
         """End the session on the server; returns the status (405: the server does not allow it)."""
         response = await self.http.delete(self.url, headers=self.headers(token, ACCEPT_POST))
         return response.status_code
 
-    async def body(self, response: httpx.Response) -> bytes:
+    async def body(self, response: Response) -> bytes:
         """The whole body, refusing to buffer more than the bound."""
         chunks: list[bytes] = []
         size = 0
@@ -123,7 +132,7 @@ class HttpTransport:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def events(self, response: httpx.Response) -> AsyncIterator[tuple[list[SseEvent], str | None]]:
+    async def events(self, response: Response) -> AsyncIterator[tuple[list[SseEvent], str | None]]:
         """Decoded events per received chunk, with the id buffer after them (a fresh decoder per connection)."""
         decoder = SseDecoder(self.max_event_bytes)
         async for chunk in response.aiter_bytes():

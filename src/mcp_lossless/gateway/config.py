@@ -10,6 +10,7 @@
     prefix = "ev_"                                   # exposed names: prefix + upstream tool (default "<name>_")
     allow = ["echo", "trigger-long-running-operation"]                  # or deny = [...]
     idempotent = ["echo"]                            # safe to re-issue when the answer is lost
+    scopes = { echo = ["echo:run"], "*" = ["ev"] }   # OAuth scopes a client's token needs per tool ("*": all)
 
 The credentials of an upstream are its own: a client's token never travels on (no token passthrough).
 """
@@ -20,7 +21,9 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from ..server.tools import scope_tokens
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _KNOWN = frozenset(
@@ -37,6 +40,8 @@ _KNOWN = frozenset(
         "timeout",
         "sessions",
         "max_restarts",
+        "scopes",
+        "era",
     }
 )
 
@@ -76,6 +81,10 @@ class ClientCredentialsFromEnv:
 
 
 UpstreamAuth = BearerFromEnv | ClientCredentialsFromEnv | None
+Era = Literal["auto", "modern", "legacy"]
+"""Which protocol era to speak to an HTTP upstream: ``auto`` tries 2026-07-28 first and falls back to the legacy
+handshake revisions."""
+ERAS: tuple[Era, ...] = ("auto", "modern", "legacy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +106,9 @@ class UpstreamConfig:
     """HTTP: sessions kept with the upstream (calls go to the least busy one)."""
     max_restarts: int = 5
     """A stdio child that keeps dying is given up after this many restarts in a row without a successful call."""
+    scopes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """OAuth scopes a client's token must hold per upstream tool name (``"*"``: every tool of the upstream)."""
+    era: Era = "auto"
 
     @property
     def exposed_prefix(self) -> str:
@@ -104,6 +116,10 @@ class UpstreamConfig:
 
     def exposes(self, tool: str) -> bool:
         return (self.allow is None or tool in self.allow) and tool not in self.deny
+
+    def scopes_of(self, tool: str) -> tuple[str, ...]:
+        """What a token must hold to call ``tool`` here (and to receive its events): its own and the ``"*"`` ones."""
+        return tuple(sorted({*self.scopes.get("*", ()), *self.scopes.get(tool, ())}))
 
 
 def _strings(where: str, key: str, value: object) -> tuple[str, ...]:
@@ -164,6 +180,20 @@ def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
     restarts = raw.get("max_restarts", 5)
     if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
         raise GatewayConfigError(f"{where}: max_restarts must be a non-negative integer")
+    scopes = raw.get("scopes", {})
+    if not isinstance(scopes, dict):
+        raise GatewayConfigError(f'{where}: scopes must be a table of tool name = ["scope", ...] ("*": every tool)')
+    required: dict[str, tuple[str, ...]] = {}
+    for tool, listed in scopes.items():
+        try:
+            required[tool] = scope_tokens(f"{where}: scopes.{tool}", _strings(where, f"scopes.{tool}", listed))
+        except ValueError as exc:
+            raise GatewayConfigError(str(exc)) from None
+    era = raw.get("era", "auto")
+    if era not in ERAS:
+        raise GatewayConfigError(f"{where}: era must be one of {', '.join(ERAS)} (got {era!r})")
+    if era != "auto" and url is None:
+        raise GatewayConfigError(f"{where}: era applies to HTTP upstreams only")
     return UpstreamConfig(
         name=name,
         url=url,
@@ -177,6 +207,8 @@ def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
         timeout=float(timeout),
         sessions=sessions,
         max_restarts=restarts,
+        scopes=required,
+        era=era,
     )
 
 

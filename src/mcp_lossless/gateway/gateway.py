@@ -79,7 +79,9 @@ class Gateway:
         verifier: TokenVerifier | None = None,
     ) -> None:
         self.registry = ToolRegistry()
-        self.app = create_app(server, self.registry, store=store, verifier=verifier)
+        # Its tools change with its upstreams': clients are told (``tools.listChanged``, both eras).
+        capabilities = {"tools": {"listChanged": True}}
+        self.app = create_app(server, self.registry, store=store, verifier=verifier, capabilities=capabilities)
         self.state = self.app.state
         self.configs = {u.name: u for u in upstreams}
         self.upstreams: dict[str, HttpUpstream | StdioUpstream] = {u.name: open_upstream(u) for u in upstreams}
@@ -152,6 +154,9 @@ class Gateway:
                 dict(exposed.tool.input_schema),
                 description=exposed.tool.description,
                 annotations=annotations,
+                scopes=exposed.scopes,
+                # What may not run twice must outlive its request: 2026-07-28 clients get it as a task.
+                task=None if exposed.idempotent else "optional",
             )
             self.exposed[exposed.name] = exposed
         self.app.tools_changed()

@@ -16,10 +16,11 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
+from .. import __version__
 from ..client import (
     Auth,
     AuthorizationFailed,
@@ -36,6 +37,8 @@ from ..client import (
     RequestRejected,
     ToolFailed,
 )
+from ..client.lean import LeanHttp
+from ..client.modern import ModernClient, NotModern
 from ..client.transport import Backoff
 from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
 from .upstream import FailureReason, Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
@@ -43,6 +46,16 @@ from .upstream import FailureReason, Relay, Reporter, UpstreamFailure, UpstreamR
 log = logging.getLogger("mcp_lossless.gateway")
 BACKOFF = Backoff(initial=0.2, maximum=2.0)
 """Reconnects and re-issues to an upstream that is coming back: prompt, since each call has a deadline."""
+WATCH_MAX_SECONDS = 30.0
+"""Longest pause before the list-change stream is opened again."""
+CLIENT_INFO = {"name": "mcp-lossless-gateway", "version": __version__}
+
+
+async def _listed(client: Client | ModernClient) -> list[UpstreamTool]:
+    return [
+        UpstreamTool(t.name, t.description or "", dict(t.input_schema), dict(t.annotations))
+        for t in await client.list_tools()
+    ]
 
 
 def client_auth(config: UpstreamConfig) -> Auth:
@@ -75,35 +88,45 @@ def _failure(exc: McpClientError) -> UpstreamFailure:
 
 
 class HttpUpstream:
-    """``sessions`` sessions with the upstream over one pooled HTTP client, owned by a task of their own (so any
-    task may start or close them). A call goes to the session with the fewest calls in flight: upstream servers
-    serialize work per session (the official SDK's one-session throughput is well under half its 16-session one).
+    """Connections to one upstream over one pooled HTTP client, owned by a task of their own (so any task may
+    start or close them). The era is negotiated at start (``era = "auto"``: ``server/discover`` first, the
+    legacy handshake when the answer is not a modern one). A 2026-07-28 upstream is stateless: one client
+    serves every call. A legacy one gets ``sessions`` sessions, and a call goes to the one with the fewest
+    calls in flight: upstream servers serialize work per session (the official SDK's one-session throughput
+    is well under half its 16-session one).
+
+    The upstream's tool list is watched: on each session's standalone GET stream (legacy: a server announces
+    a change on the session it happened in) or a ``subscriptions/listen`` stream (2026-07-28). A
+    ``notifications/tools/list_changed`` there, and every (re)opening of such a stream (what was announced
+    while it was down is gone), re-lists the tools; a list that differs is published.
     """
 
     def __init__(self, config: UpstreamConfig) -> None:
         assert config.url is not None
         self.name = config.name
         self.config = config
-        self._clients: list[Client] = []
+        self.era: Literal["modern", "legacy"] | None = None
+        """The era negotiated at the last start."""
+        self._clients: list[Client | ModernClient] = []
         self._in_flight: list[int] = []
         self._owner: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
+        self._stale = asyncio.Event()
         self._tools: list[UpstreamTool] = []
 
     async def start(self, on_tools_changed: Callable[[], None]) -> None:
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closed = asyncio.Event()
-        self._owner = asyncio.create_task(self._own(ready))
+        self._owner = asyncio.create_task(self._own(ready, on_tools_changed))
         try:
             await ready
         except BaseException:
             await self.close()
             raise
-        log.info("upstream %s: %d sessions, %d tools", self.name, len(self._clients), len(self._tools))
+        log.info("upstream %s: %s era, %d clients, %d tools", self.name, self.era, len(self._clients), len(self._tools))
 
-    async def _own(self, ready: asyncio.Future[None]) -> None:
+    async def _own(self, ready: asyncio.Future[None], on_tools_changed: Callable[[], None]) -> None:
         config = self.config
-        assert config.url is not None
         try:
             async with contextlib.AsyncExitStack() as stack:
                 limits = httpx.Limits(
@@ -112,34 +135,119 @@ class HttpUpstream:
                 http = await stack.enter_async_context(
                     httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=300.0), limits=limits, follow_redirects=False)
                 )
-                clients = []
-                for _ in range(config.sessions):
-                    client = Client(
-                        config.url,
-                        auth=client_auth(config),
-                        timeout=config.timeout,
-                        backoff=BACKOFF,
-                        http=http,
-                        client_info={"name": "mcp-lossless-gateway", "version": "0.1.0"},
-                    )
-                    clients.append(await stack.enter_async_context(client))
-                listed = await asyncio.gather(*(client.list_tools() for client in clients))
-                self._tools = [
-                    UpstreamTool(t.name, t.description or "", dict(t.input_schema), dict(t.annotations))
-                    for t in listed[0]
-                ]
+                lean = await stack.enter_async_context(
+                    LeanHttp(max_connections=32 * config.sessions, max_keepalive_connections=4 * config.sessions)
+                )
+                clients = await self._connect(stack, http, lean)
+                self._tools = (await asyncio.gather(*(_listed(c) for c in clients)))[0]  # each learns annotations
                 self._clients, self._in_flight = clients, [0] * len(clients)
                 ready.set_result(None)
-                await self._closed.wait()
+                watchers = [asyncio.create_task(self._watch(client)) for client in clients]
+                watchers.append(asyncio.create_task(self._refresh(clients[0], on_tools_changed)))
+                try:
+                    await self._closed.wait()
+                finally:
+                    for watcher in watchers:
+                        watcher.cancel()
+                    await asyncio.gather(*watchers, return_exceptions=True)
         except McpClientError as exc:
             if not ready.done():
                 ready.set_exception(_failure(exc))
+        except httpx.TransportError as exc:  # the modern client's discovery and listing pass these on
+            if not ready.done():
+                ready.set_exception(UpstreamFailure("unreachable", repr(exc), may_have_run=False))
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
             raise
         finally:
             self._clients, self._in_flight = [], []
+
+    async def _connect(
+        self, stack: contextlib.AsyncExitStack, http: httpx.AsyncClient, lean: LeanHttp
+    ) -> list[Client | ModernClient]:
+        """The clients for the upstream's era: 2026-07-28 first unless the config says ``legacy``. Calls go over
+        ``lean`` (httpcore's pool: httpx's request path cost as much CPU as the rest of a call), OAuth over
+        ``http``."""
+        config = self.config
+        assert config.url is not None
+        if config.era != "legacy":
+            modern = ModernClient(
+                config.url,
+                auth=client_auth(config),
+                timeout=config.timeout,
+                http=http,
+                client_info=CLIENT_INFO,
+                lean=lean,
+            )
+            await stack.enter_async_context(modern)
+            try:
+                await modern.discover()
+            except NotModern as exc:
+                if config.era == "modern":
+                    raise UpstreamFailure("protocol", f"not a 2026-07-28 server: {exc}", may_have_run=False) from None
+                log.info("upstream %s does not speak 2026-07-28 (%s); using the legacy handshake", self.name, exc)
+            else:
+                self.era = "modern"
+                return [modern]
+        clients: list[Client | ModernClient] = []
+        for _ in range(config.sessions):
+            client = Client(
+                config.url,
+                auth=client_auth(config),
+                timeout=config.timeout,
+                backoff=BACKOFF,
+                http=http,
+                client_info=CLIENT_INFO,
+                lean=lean,
+            )
+            clients.append(await stack.enter_async_context(client))
+        self.era = "legacy"
+        return clients
+
+    async def _watch(self, client: Client | ModernClient) -> None:
+        """Keep a stream open on which the upstream announces list changes; each opening re-lists the tools."""
+        attempt = 0
+
+        def opened() -> None:
+            nonlocal attempt
+            attempt = 0
+            self._stale.set()
+
+        def message(note: Mapping[str, Any]) -> None:
+            if note.get("method") == "notifications/tools/list_changed":
+                self._stale.set()
+
+        while True:
+            try:
+                if isinstance(client, ModernClient):
+                    await client.listen({"toolsListChanged": True}, message, opened)
+                else:
+                    await client.listen(message, opened)
+                detail = "the upstream ended it"
+            except (McpClientError, httpx.TransportError) as exc:
+                detail = repr(exc)
+            attempt += 1
+            pause = min(WATCH_MAX_SECONDS, 0.25 * 2**attempt)
+            log.info("upstream %s: list-change stream closed (%s); again in %.2g s", self.name, detail, pause)
+            await asyncio.sleep(pause)
+            with contextlib.suppress(McpClientError, httpx.TransportError):
+                await client.list_tools()  # a request: re-establishes a legacy session the upstream lost
+
+    async def _refresh(self, client: Client | ModernClient, on_tools_changed: Callable[[], None]) -> None:
+        """Re-list whenever the list may have changed (announcements coalesce); publish a list that differs."""
+        while True:
+            await self._stale.wait()
+            self._stale.clear()
+            try:
+                tools = await _listed(client)
+            except (McpClientError, httpx.TransportError) as exc:
+                log.warning("upstream %s: cannot re-list its tools: %r", self.name, exc)
+                continue
+            if tools != self._tools:
+                self._tools = tools
+                log.info("upstream %s: its tool list changed", self.name)
+                on_tools_changed()
 
     def tools(self) -> list[UpstreamTool]:
         return list(self._tools)
@@ -158,7 +266,13 @@ class HttpUpstream:
                 self._in_flight[index] -= 1
 
     async def _call(
-        self, client: Client, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool
+        self,
+        client: Client | ModernClient,
+        tool: str,
+        arguments: dict[str, Any],
+        reporter: Reporter,
+        *,
+        idempotent: bool,
     ) -> dict[str, Any]:
         relay = Relay()
 
@@ -171,19 +285,26 @@ class HttpUpstream:
                 level, data, logger = str(params["level"]), params.get("data"), params.get("logger")
                 relay.put(lambda: reporter.log(level, data, logger if isinstance(logger, str) else None))
 
+        on_progress = progress if reporter.wants_progress else None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeout
         for attempt in itertools.count():
             try:
                 async with relay.running():
-                    result = await client.call_tool(
-                        tool,
-                        arguments,
-                        on_progress=progress,
-                        on_message=message,
-                        timeout=max(0.0, deadline - loop.time()),
-                        reissue=idempotent or None,
-                    )
+                    timeout = max(0.0, deadline - loop.time())
+                    if isinstance(client, ModernClient):  # logs of its stream are not read
+                        result = await client.call_tool(
+                            tool, arguments, on_progress=on_progress, timeout=timeout, reissue=idempotent or None
+                        )
+                    else:
+                        result = await client.call_tool(
+                            tool,
+                            arguments,
+                            on_progress=on_progress,
+                            on_message=message,
+                            timeout=timeout,
+                            reissue=idempotent or None,
+                        )
             except ToolFailed as exc:
                 return dict(exc.result.raw)
             except RemoteError as exc:
@@ -200,6 +321,8 @@ class HttpUpstream:
                 continue
             except McpClientError as exc:
                 raise _failure(exc) from None
+            except httpx.TransportError as exc:  # the modern client passes on what it cannot classify
+                raise UpstreamFailure("protocol", repr(exc), may_have_run=True) from None
             return dict(result.raw)
         raise AssertionError("unreachable")
 

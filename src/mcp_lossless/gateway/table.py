@@ -2,8 +2,8 @@
 
 An upstream tool ``t`` of upstream ``u`` is exposed as ``<prefix><t>`` (prefix ``"<u>_"`` unless configured),
 filtered by the upstream's allow and deny lists. Each exposed tool is then an ordinary tool of the
-gateway's server, with its own resource indicator ``<canonical>/tools/<exposed name>``: authorization of
-calls, replays and live events is the server's, unchanged.
+gateway's server, with its own resource indicator ``<canonical>/tools/<exposed name>`` and the scopes the
+config requires for it: authorization of calls, replays and live events is the server's, unchanged.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class ExposedTool:
     tool: UpstreamTool
     idempotent: bool
     """Safe to re-issue: annotated ``idempotentHint``/``readOnlyHint`` upstream, or listed in the config."""
+    scopes: tuple[str, ...] = ()
+    """OAuth scopes a client's token must hold for it (the config's ``scopes``), besides covering its resource."""
 
 
 def expose(config: UpstreamConfig, tools: Iterable[UpstreamTool], taken: Iterable[str] = ()) -> list[ExposedTool]:
@@ -42,5 +44,5 @@ def expose(config: UpstreamConfig, tools: Iterable[UpstreamTool], taken: Iterabl
             continue
         used.add(name)
         idempotent = tool.annotated_idempotent or tool.name in config.idempotent
-        out.append(ExposedTool(name, config.name, tool, idempotent))
+        out.append(ExposedTool(name, config.name, tool, idempotent, config.scopes_of(tool.name)))
     return out

@@ -69,6 +69,11 @@ class UpstreamRpcError(Exception):
 class Reporter(Protocol):
     """Where a call's upstream notifications go: the client's stream (a :class:`~..server.tools.ToolContext`)."""
 
+    @property
+    def wants_progress(self) -> bool:
+        """Whether the client asked for progress: an upstream is asked for it only then."""
+        ...
+
     async def report_progress(
         self, progress: float, total: float | None = None, message: str | None = None
     ) -> None: ...
@@ -97,17 +102,21 @@ class Relay:
     """Upstream notifications, forwarded to the client's stream in the order they came.
 
     Upstream callbacks are synchronous (the client's ``on_progress``, the stdio reader); each puts a
-    coroutine *factory* here, and one task awaits them one after another. ``running`` drains what is
-    queued before the block ends, so every progress event precedes the call's answer.
+    coroutine *factory* here, and one task, started at the first, awaits them one after another (a call
+    without notifications starts none). ``running`` drains what is queued before the block ends, so every
+    progress event precedes the call's answer.
     """
 
-    __slots__ = ("_queue",)
+    __slots__ = ("_queue", "_task")
 
     def __init__(self) -> None:
         self._queue: asyncio.Queue[Callable[[], Awaitable[None]] | None] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
 
     def put(self, send: Callable[[], Awaitable[None]]) -> None:
         self._queue.put_nowait(send)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._forward())
 
     async def _forward(self) -> None:
         while (send := await self._queue.get()) is not None:
@@ -116,17 +125,20 @@ class Relay:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Relay]:
         """Forward while the block runs; then drain (also when it fails), unless it was cancelled."""
-        task = asyncio.create_task(self._forward())
         try:
             yield self
         except Exception:
-            self._queue.put_nowait(None)
-            await task
+            await self._drain()
             raise
         except BaseException:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
             raise
-        self._queue.put_nowait(None)
-        await task
+        await self._drain()
+
+    async def _drain(self) -> None:
+        if self._task is not None:
+            self._queue.put_nowait(None)
+            await self._task

@@ -76,6 +76,7 @@ class LosslessApp:
         self._sweeper: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
         self._verdicts: dict[tuple[bytes | None, bytes | None], str | None] = {}
+        self._announcing: set[asyncio.Task[None]] = set()
         self.started = False
 
     @contextlib.asynccontextmanager
@@ -88,9 +89,17 @@ class LosslessApp:
             await self.shutdown()
 
     def tools_changed(self) -> None:
-        """The registry changed (a gateway's upstream): re-derive what is published from it."""
+        """The registry changed (a gateway's upstream): re-derive what is published from it; when the server
+        announces ``tools.listChanged``, tell its clients (legacy sessions on their standalone GET stream,
+        2026-07-28 clients on their ``subscriptions/listen`` streams)."""
         self.state.index_tools()
         self._prm = {metadata.metadata_path(r): r for r in self.state.resources()}
+        if self.started and self.state.capabilities.get("tools", {}).get("listChanged") is True:
+            if self.modern is not None:
+                self.modern.tools_changed()
+            task = asyncio.get_running_loop().create_task(self.transport.announce("notifications/tools/list_changed"))
+            self._announcing.add(task)
+            task.add_done_callback(self._announcing.discard)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]

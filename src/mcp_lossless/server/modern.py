@@ -211,6 +211,8 @@ class ModernLeg:
         """Tasks this process runs, by task id: a live task of this instance missing here was lost."""
         self.cancelling: set[str] = set()
         self.listeners = 0
+        self._tool_listeners: set[asyncio.Event] = set()
+        """Open listen streams that asked for ``toolsListChanged`` (only honoured when tools may change)."""
         self._purged_at = 0.0
         capabilities = {k: v for k, v in state.capabilities.items() if k != "logging"}
         self.capabilities = {**capabilities, "extensions": {**capabilities.get("extensions", {}), EXTENSION: {}}}
@@ -454,26 +456,54 @@ class ModernLeg:
     ) -> None:
         """``subscriptions/listen``: the acknowledgement, then an open stream until the client leaves.
 
-        This server's tools, prompts and resources never change while it runs, and it pushes no task state
-        (clients poll ``tasks/get``), so it agrees to send nothing and the stream carries keep-alives only.
+        It pushes no task state (clients poll ``tasks/get``). A server whose tools change (a gateway, which
+        announces ``tools.listChanged``) honours ``toolsListChanged``: each change is one
+        ``notifications/tools/list_changed`` on the stream (changes while one is being written coalesce).
+        Anything else it agrees not to send, and the stream carries keep-alives only.
         """
         wanted = params.get("notifications")
         if isinstance(wanted, dict) and "taskIds" in wanted and not declared:
             raise self._missing_extension()
         if self.listeners >= MAX_LISTENERS:
             raise _refused(503, errors.INTERNAL_ERROR, f"{MAX_LISTENERS} listen streams are open, the limit")
-        ack = {"notifications": {}, "_meta": {META_SUBSCRIPTION: rid}}
+        meta = {META_SUBSCRIPTION: rid}
+        tools = self.capabilities.get("tools", {}).get("listChanged") is True
+        tools = tools and isinstance(wanted, dict) and wanted.get("toolsListChanged") is True
+        ack = {"notifications": {"toolsListChanged": True} if tools else {}, "_meta": meta}
+        changed = asyncio.Event()
+        if tools:
+            self._tool_listeners.add(changed)
         self.listeners += 1
         gone = self.s.loop.create_task(_disconnected(receive))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             body = frames.sse(None, frames.notification("notifications/subscriptions/acknowledged", ack))
             await send({"type": "http.response.body", "body": body, "more_body": True})
-            while not (await asyncio.wait({gone}, timeout=KEEPALIVE_SECONDS))[0]:
-                await send({"type": "http.response.body", "body": b":\n\n", "more_body": True})
+            while True:
+                woken = self.s.loop.create_task(changed.wait())
+                try:
+                    done, _ = await asyncio.wait(
+                        {gone, woken}, timeout=KEEPALIVE_SECONDS, return_when="FIRST_COMPLETED"
+                    )
+                finally:
+                    woken.cancel()
+                if gone in done:
+                    break
+                if changed.is_set():
+                    changed.clear()
+                    note = frames.notification("notifications/tools/list_changed", {"_meta": meta})
+                    await send({"type": "http.response.body", "body": frames.sse(None, note), "more_body": True})
+                else:
+                    await send({"type": "http.response.body", "body": b":\n\n", "more_body": True})
         finally:
             gone.cancel()
+            self._tool_listeners.discard(changed)
             self.listeners -= 1
+
+    def tools_changed(self) -> None:
+        """The tool list changed: every listener that asked for ``toolsListChanged`` is told."""
+        for changed in self._tool_listeners:
+            changed.set()
 
     # -- tasks ---------------------------------------------------------------------------------------
 

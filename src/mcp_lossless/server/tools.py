@@ -50,6 +50,11 @@ class ToolContext:
     def principal(self) -> Principal:
         return self.grant.principal
 
+    @property
+    def wants_progress(self) -> bool:
+        """Whether the caller asked for progress (a request ``progressToken``): else it is not sent."""
+        return self._progress_token is not None
+
     async def report_progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Send ``notifications/progress`` when the caller asked for it (a request ``progressToken``)."""
         if self._progress_token is None:
@@ -160,6 +165,14 @@ class RegisteredTool:
         return model.__dict__.copy()  # the fields, and only them (``extra="forbid"``)
 
 
+def scope_tokens(owner: str, scopes: tuple[str, ...]) -> tuple[str, ...]:
+    """``scopes`` sorted and deduplicated; ``ValueError`` naming ``owner`` unless each is an RFC 6749 scope token."""
+    bad = [s for s in scopes if not isinstance(s, str) or not s or any(c <= " " or c in '"\\' or c > "~" for c in s)]
+    if isinstance(scopes, str) or bad:
+        raise ValueError(f"{owner}: scopes must be a tuple of RFC 6749 scope tokens, got {scopes!r}")
+    return tuple(sorted(set(scopes)))
+
+
 def _arguments_model(name: str, fn: Callable[..., Any]) -> tuple[type[pydantic.BaseModel], str | None]:
     hints = get_type_hints(fn)
     fields: dict[str, Any] = {}
@@ -209,9 +222,7 @@ class ToolRegistry:
                 raise ValueError(f"tool {tool_name!r} declared twice")
             if not inspect.iscoroutinefunction(fn):
                 raise TypeError(f"tool {tool_name!r} must be an async function")
-            bad = [s for s in scopes if not s or any(c <= " " or c in '"\\' or c > "~" for c in s)]
-            if isinstance(scopes, str) or bad:
-                raise ValueError(f"tool {tool_name!r}: scopes must be a tuple of RFC 6749 scope tokens, got {scopes!r}")
+            checked = scope_tokens(f"tool {tool_name!r}", scopes)
             arguments, context_param = _arguments_model(tool_name, fn)
             annotations: dict[str, Any] = {}
             if title is not None:
@@ -228,7 +239,7 @@ class ToolRegistry:
                 context_param=context_param,
                 annotations=annotations,
                 resource=resource,
-                scopes=tuple(sorted(set(scopes))),
+                scopes=checked,
                 schema=input_schema,
                 task="optional" if task is True else task or None,
             )
@@ -245,10 +256,14 @@ class ToolRegistry:
         description: str = "",
         annotations: dict[str, Any] | None = None,
         resource: str | None = None,
+        scopes: tuple[str, ...] = (),
+        task: TaskSupport | None = None,
     ) -> None:
-        """Register a tool by its raw JSON ``input_schema``; ``handler(ctx, arguments)`` runs each call."""
+        """Register a tool by its raw JSON ``input_schema``; ``handler(ctx, arguments)`` runs each call
+        (``scopes`` and ``task`` as for :meth:`tool`)."""
         if name in self.tools:
             raise ValueError(f"tool {name!r} declared twice")
+        checked = scope_tokens(f"tool {name!r}", scopes)
 
         async def fn(arguments: dict[str, Any], ctx: ToolContext) -> ToolReturn:
             return await handler(ctx, arguments)
@@ -261,7 +276,9 @@ class ToolRegistry:
             context_param="ctx",
             annotations=dict(annotations or {}),
             resource=resource,
+            scopes=checked,
             schema=input_schema,
+            task=task,
         )
 
     def remove(self, name: str) -> None:

@@ -52,6 +52,11 @@ __all__ = ["Transport", "rpc_error"]
 log = logging.getLogger("mcp_lossless.transport")
 
 
+STANDALONE = PendingRequest("", "standalone")
+"""The request a standalone GET stream's messages are stored under: that stream carries no request, so the id
+is nobody's, and no resource tags them."""
+
+
 class Transport:
     """The MCP endpoint: the protocol's checks in the protocol's order, then a stream per POST or GET.
 
@@ -66,6 +71,19 @@ class Transport:
         self.producers = Producers(state.store, state.instance, state.live_stream, state.metrics.lost.inc)
         self.modern = modern
         """The 2026-07-28 leg: a POST that opens the modern way goes there (docs/decisions/0012)."""
+
+    async def announce(self, method: str) -> None:
+        """A notification that belongs to no request (``notifications/tools/list_changed``) on the standalone
+        GET stream of every session of this process that opened one: stored, so a client that resumes that
+        stream gets it. Untagged: every token of the session may receive it."""
+        data = frames.notification(method, {})
+        for session in self.state.sessions.all():
+            live = session.live.get(session.get_stream) if session.get_stream else None
+            if live is not None and not session.closing:
+                try:
+                    await live.append(data, STANDALONE)
+                except Exception as exc:  # a store that is down, a stream that ended: the next session goes on
+                    log.warning("cannot announce %s to session %s: %r", method, session.id, exc)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Route by method; render whatever refusal the checks raise, before any byte of a response."""

@@ -29,6 +29,8 @@ from mcp_types import ToolAnnotations
 from tests.interop.peers.sdk_resumable_server import ExampleShapedEventStore
 
 RETRY_MS = 200
+LEGACY_PATH = "/legacy/mcp"
+LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 
 
 def build_server() -> MCPServer:
@@ -76,7 +78,8 @@ def build_server() -> MCPServer:
             return f"{name} grown"
 
         server.add_tool(grown, name=name, description=f"grown as {name}")
-        await ctx.session.send_tool_list_changed()  # the legacy notification (notify_tools_changed is 2026-era)
+        await ctx.session.send_tool_list_changed()  # legacy: on this session's standalone GET stream
+        await ctx.notify_tools_changed()  # 2026-07-28: on every subscriptions/listen stream that asked for it
         return f"added {name}"
 
     return server
@@ -88,12 +91,30 @@ def record(headers_file: str, entry: dict[str, Any]) -> None:
 
 
 def bearer_guard(app: Any, token: str, headers_file: str) -> Any:
-    """ASGI middleware: log every request's Authorization header and JSON-RPC method; refuse any but the token."""
+    """ASGI middleware: log every request's Authorization header and JSON-RPC method; refuse any but the token.
+
+    ``/legacy/mcp`` is the same server as a 2025-11-25 server that predates 2026-07-28 answers there: a request
+    at that revision gets 400 with the unsupported-version error (the SDK serves both eras on one endpoint).
+    """
 
     async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
+        if scope["path"] == LEGACY_PATH:
+            version = dict(scope["headers"]).get(b"mcp-protocol-version", b"").decode()
+            if version and version not in LEGACY_VERSIONS:
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": -32600, "message": f"Unsupported protocol version: {version}"},
+                }
+                await send(
+                    {"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]}
+                )
+                await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+                return
+            scope = {**scope, "path": "/mcp", "raw_path": b"/mcp"}
         raw = dict(scope["headers"]).get(b"authorization")
         resume = dict(scope["headers"]).get(b"last-event-id")
         record(
