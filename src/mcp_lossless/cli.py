@@ -33,6 +33,8 @@ LIMIT_FLAGS: dict[str, tuple[type, str]] = {
     "sessions_per_principal": (int, "sessions one principal holds at once (429)"),
     "calls_per_principal": (int, "requests of one principal running at once (429)"),
     "streams_per_session": (int, "streams one session holds: POST streams still running and its GET stream (429)"),
+    "stream_backlog": (int, "events of one stream not yet sent to its client; past it the tool's next progress waits"),
+    "stream_backlog_bytes": (int, "payload bytes of that backlog; past it the tool's next progress waits"),
 }
 """Every :class:`~mcp_lossless.core.limits.Limits` field as a flag ``--max-header-bytes`` (docs/limits.md)."""
 

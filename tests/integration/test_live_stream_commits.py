@@ -13,6 +13,7 @@ import pytest
 
 from mcp_lossless.core.eventids import EventIdCodec
 from mcp_lossless.core.events import PendingRequest, StreamKind, StreamRecord
+from mcp_lossless.core.limits import Limits
 from mcp_lossless.server.streams import UNCOMMITTED_LIMIT, LiveStream
 from mcp_lossless.stores import EventStore, StoreUnavailable
 from mcp_lossless.stores.memory import MemoryStore
@@ -106,6 +107,14 @@ async def test_progress_appends_return_before_their_commit(tmp_path: Path) -> No
         await store.close()
 
 
+async def reader(live: LiveStream) -> None:
+    """A writer's part for a client that reads: each published event is sent as soon as it is seen."""
+    while not live.done:
+        await live.waiter()
+        if live.events:
+            live.deliver(live.events[-1].seq)
+
+
 async def test_a_tight_progress_loop_gives_other_tasks_their_turn(store: EventStore) -> None:
     live = await live_stream(store)
     turns = 0
@@ -118,12 +127,39 @@ async def test_a_tight_progress_loop_gives_other_tasks_their_turn(store: EventSt
             turns += 1
 
     other = asyncio.create_task(other_client())
+    reading = asyncio.create_task(reader(live))  # 5,000 is past the backlog bound: someone must read
     await asyncio.sleep(0)
     for n in range(1, 5_001):
         await live.append(progress(n), REQUEST)
     flooding = False
     await other
     assert turns >= 5_000 // 32, f"the other task ran {turns} times while 5,000 events were appended"
+    await live.append(b'{"jsonrpc":"2.0","id":1,"result":{}}', REQUEST, terminal=True)
+    await reading
+    assert [e.seq for e in await store.read_after("live-1", 0)] == list(range(1, 5_002))
+
+
+async def test_a_full_backlog_holds_the_tool_until_half_of_it_is_sent(store: EventStore) -> None:
+    """Past ``stream_backlog`` unsent events the next progress append waits; memory holds only the unsent
+    events; sending half lets it go on; an earlier position is then read from the store, not from memory."""
+    record = StreamRecord("s1", "live-1", StreamKind.POST, "instance-1", (REQUEST,), 0)
+    await store.open_stream(record)
+    codec = EventIdCodec(await store.secret())
+    live = LiveStream(record.copy(), store, codec, lambda _seconds: None, Limits(stream_backlog=100))
+    for n in range(1, 100):
+        await live.append(progress(n), REQUEST)
+    full = asyncio.create_task(live.append(progress(100), REQUEST))
+    while len(live.events) < 100:  # published once stored: at once in memory, after its commit in SQLite
+        await live.waiter()
+    assert live.backlog == 100 and not full.done()  # the 100th was appended: its call waits for a reader
+    assert [e.seq for e in live.events] == list(range(1, 101))
+    live.deliver(40)  # not yet half
+    await asyncio.sleep(0)
+    assert not full.done() and [e.seq for e in live.events] == list(range(41, 101))
+    live.deliver(50)
+    await asyncio.wait_for(full, 5)
+    assert live.after(30) is None and live.after(50) == live.events
+    assert [e.seq for e in await live.catch_up(30)] == list(range(31, 101))
 
 
 async def test_a_commit_that_fails_is_stored_again_before_anything_after_it(tmp_path: Path) -> None:

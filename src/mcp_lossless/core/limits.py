@@ -40,6 +40,12 @@ class Limits:
     """Requests of one principal running at once, across its sessions (429 beyond)."""
     streams_per_session: int = 1000
     """Streams of one session whose requests still run (429 beyond)."""
+    stream_backlog: int = 1024
+    """Events of one stream stored and not yet sent to its client (none reading, or one reading slower than its
+    tool writes): past it the tool's next progress or notification waits until the client has read half of them
+    (or resumes). What bounds a stream's memory; the events themselves are safe in the store meanwhile."""
+    stream_backlog_bytes: int = 8 * 1024 * 1024
+    """The same backlog's payload bytes: whichever of the two is reached first makes the tool wait."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

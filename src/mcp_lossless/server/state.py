@@ -87,8 +87,9 @@ class ServerState:
         await self.store.open()
         self._codec = EventIdCodec(await self.store.secret())
 
-    def live_stream(self, record: StreamRecord) -> LiveStream:
-        return LiveStream(record, self.store, self.codec, self.metrics.append_latency.observe)
+    def live_stream(self, record: StreamRecord, *, answers_only: bool = False) -> LiveStream:
+        observe = self.metrics.append_latency.observe
+        return LiveStream(record, self.store, self.codec, observe, self.config.limits, answers_only=answers_only)
 
     def index_tools(self) -> None:
         """Derive resources, tags, policy and the ``tools/list`` answer from the registry (again, after it changed:

@@ -12,7 +12,8 @@ from time import perf_counter
 from ..core import frames
 from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamRecord
-from ..stores.base import EventStore, StoreUnavailable, StreamTakenOver
+from ..core.limits import Limits
+from ..stores.base import EventsEvicted, EventStore, StoreUnavailable, StreamTakenOver
 from .observability import log_decision
 
 _request_id = itemgetter(0)
@@ -56,21 +57,33 @@ class LiveStream:
 
     Events are stored before they are published here, and published in position order, so any writer
     that sends what it finds here never sends an event a resume could not find again.
+
+    Memory holds only the backlog: events published and not yet sent by a writer (:meth:`deliver` drops the
+    sent ones; a resume from an earlier cursor reads them from the store). A tool whose stream's backlog
+    reaches ``limits.stream_backlog`` events or ``limits.stream_backlog_bytes`` waits at its next progress
+    event until a writer has sent half of it: a client that does not read holds the tool, not the server's
+    memory (docs/limits.md).
     """
 
     __slots__ = (
         "_appends",
+        "_backlog_bytes",
+        "_drained",
         "_lock",
         "_lost",
         "_mac",
+        "_max_bytes",
+        "_max_events",
         "_observe",
         "_queued",
         "_repair",
         "_store",
         "_waiters",
         "_waiting",
+        "answers_only",
         "broken",
         "close_generation",
+        "delivered",
         "done",
         "events",
         "generation",
@@ -79,7 +92,14 @@ class LiveStream:
     )
 
     def __init__(
-        self, record: StreamRecord, store: EventStore, codec: EventIdCodec, observe: Callable[[float], None]
+        self,
+        record: StreamRecord,
+        store: EventStore,
+        codec: EventIdCodec,
+        observe: Callable[[float], None],
+        limits: Limits | None = None,
+        *,
+        answers_only: bool = False,
     ) -> None:
         self.record = record
         self._store = store
@@ -87,6 +107,19 @@ class LiveStream:
         self._observe = observe
         """Records the store latency of each answer's append (a metrics histogram)."""
         self.events: list[StoredEvent] = []
+        """Published events no writer has sent yet (positions ``delivered + 1`` on), in order."""
+        self.delivered = record.last_seq
+        """The highest position a writer has handed to its connection: memory holds nothing up to it."""
+        self.answers_only = answers_only
+        """The response carries answers only (JSON response mode): no writer ever sends progress, so it is
+        stored and not held, and the tool never waits for a reader."""
+        limits = limits or Limits()
+        self._max_events = limits.stream_backlog
+        self._max_bytes = limits.stream_backlog_bytes
+        self._backlog_bytes = 0
+        """Payload bytes of the events appended after ``delivered`` (published or queued for the store)."""
+        self._drained: asyncio.Future[None] | None = None
+        """What a tool waiting on a full backlog awaits: resolved once a writer has sent half of it."""
         self.done = False
         self.broken = False
         """An answer could not be stored: the stream cannot end normally and must say so."""
@@ -121,12 +154,69 @@ class LiveStream:
         """The id of position ``seq`` of this stream (the priming event names position 0 this way)."""
         return EventIdCodec.encode(self.record.stream, seq, self._mac)
 
-    def after(self, seq: int) -> list[StoredEvent]:
+    @property
+    def backlog(self) -> int:
+        """Events stored (or queued for the store) that no writer has sent yet."""
+        return self.record.last_seq - self.delivered
+
+    def after(self, seq: int) -> list[StoredEvent] | None:
+        """The published events after position ``seq``; ``None`` when memory no longer holds them all (a writer
+        sent some already: the store has them, see :meth:`catch_up`)."""
+        if seq < self.delivered or self.answers_only:
+            return None
         events = self.events
         if not events:
             return []
-        start = max(0, seq + 1 - events[0].seq)
+        start = seq + 1 - events[0].seq
         return events[start:] if start < len(events) else []
+
+    async def catch_up(self, seq: int) -> list[StoredEvent]:
+        """The events after ``seq`` that memory no longer holds, from the store (which holds whatever was
+        published); a writer whose client resumed from an earlier position than was last sent reads them here."""
+        try:
+            events = await self._store.read_after(self.record.stream, seq)
+        except EventsEvicted as exc:  # the store's own bound took them: explicit, as a resume's 410 is
+            raise StoreUnavailable(str(exc)) from None
+        if not events:
+            raise StoreUnavailable(f"the store holds no event of stream {self.record.stream} after {seq}")
+        return events
+
+    def deliver(self, seq: int) -> None:
+        """A writer handed every event up to ``seq`` to its connection: drop them from memory, and let a tool
+        waiting on a full backlog go on once half of it is sent."""
+        if seq <= self.delivered:
+            return
+        events = self.events
+        sent = min(len(events), seq - events[0].seq + 1) if events else 0
+        if sent:
+            self._backlog_bytes -= sum(len(event.data) for event in events[:sent])
+            del events[:sent]
+        self.delivered = seq
+        if (
+            self._drained is not None
+            and self.backlog <= self._max_events // 2
+            and self._backlog_bytes <= self._max_bytes // 2
+        ):
+            self._release()
+
+    def _over(self) -> bool:
+        """Whether the backlog is full: the next progress append waits."""
+        return self.backlog >= self._max_events or self._backlog_bytes >= self._max_bytes
+
+    def _publish(self, event: StoredEvent) -> None:
+        """Make a stored event visible to writers (or not at all: sent already from the store, or progress of
+        an answers-only response)."""
+        if event.seq <= self.delivered or (self.answers_only and not event.terminal):
+            self._backlog_bytes -= len(event.data)
+            return
+        self.events.append(event)
+
+    async def _wait_for_reader(self) -> None:
+        """The backlog is full: wait until a writer sent half of it (a session closing cancels the wait)."""
+        drained = self._drained
+        if drained is None or drained.done():
+            drained = self._drained = asyncio.get_running_loop().create_future()
+        await asyncio.wait((drained,))  # not ``await drained``: one tool's cancel must not cancel it for another
 
     def notify(self) -> None:
         waiters = self._waiters
@@ -177,10 +267,18 @@ class LiveStream:
         """No more events will come from this process (its session is closing): writers finish what they have."""
         self.done = True
         self.notify()
+        self._release()
 
     def fail(self) -> None:
         self.broken = True
         self.notify()
+        self._release()
+
+    def _release(self) -> None:
+        """A tool waiting on a full backlog goes on: half of it was sent, or no writer will send it any more."""
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
 
     async def append(self, data: bytes, request: PendingRequest, terminal: bool = False) -> StoredEvent:
         """Store one event of ``request``, then publish it. The answer to the last request completes the stream
@@ -221,8 +319,9 @@ class LiveStream:
             if not terminal:
                 committed = store.enqueue(event)
                 record.last_seq = seq
+                self._backlog_bytes += len(data)
                 if not queued and committed.done() and not committed.cancelled() and committed.exception() is None:
-                    self.events.append(event)  # stored at once (memory): publish without a turn of the loop
+                    self._publish(event)  # stored at once (memory): publish without a turn of the loop
                 else:
                     queued.append((event, committed))
                     committed.add_done_callback(self._committed)
@@ -257,15 +356,19 @@ class LiveStream:
         if published:
             self.notify()
         if not terminal:
-            self._appends += 1
-            if self._appends % YIELD_EVERY == 0:
-                await asyncio.sleep(0)  # give other tasks their turn: nothing else may suspend a tight progress loop
+            if not (self.answers_only or self.done or self.broken) and self._over():
+                await self._wait_for_reader()
+            else:
+                self._appends += 1
+                if self._appends % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # give other tasks their turn: nothing else may suspend a tight loop
         return event
 
     def _answer_stored(self, event: StoredEvent, answers: bool, completes: bool) -> None:
         record = self.record
         record.last_seq = event.seq
-        self.events.append(event)
+        self._backlog_bytes += len(event.data)
+        self._publish(event)
         if answers:
             self._waiting.discard(event.request_id)
             if completes:
@@ -285,7 +388,7 @@ class LiveStream:
                     self._repair = asyncio.ensure_future(self._repair_queued())
                 break
             queued.popleft()
-            self.events.append(event)
+            self._publish(event)
             published = True
         if published:
             self.notify()
@@ -309,7 +412,7 @@ class LiveStream:
                     self._lost = exc
                     raise
             queued.popleft()
-            self.events.append(event)
+            self._publish(event)
             self.notify()
 
     async def _repair_queued(self) -> None:

@@ -222,11 +222,11 @@ class Transport:
         state = self.state
         # Position 0 is the stream's start: the priming event's id names it, and it is never stored.
         record = StreamRecord(session.id, stream_key(), StreamKind.POST, state.instance, tuple(pending), 0)
+        json_response = state.config.json_response
         await state.store.open_stream(record)
-        live = state.live_stream(record)
+        live = state.live_stream(record, answers_only=json_response)
         session.live[record.stream] = live
         state.metrics.post_streams.inc()
-        json_response = state.config.json_response
         head = b"" if json_response else self._priming(live, version)  # names position 0
         run = None
         if len(requests) == 1:
@@ -321,8 +321,9 @@ class Transport:
                 facts.owner_alive = await self.producers.owner_alive(step.owner)
             elif isinstance(step, SettleOrphan):
                 facts.record, facts.settled = await self.producers.settle(step.record), True
-            elif isinstance(step, NeedEvents):
-                facts.events = live.after(step.seq) if live is not None else await self._read_after(step)
+            elif isinstance(step, NeedEvents):  # memory holds a live stream's backlog; what was sent, the store
+                held = live.after(step.seq) if live is not None else None
+                facts.events = held if held is not None else await self._read_after(step)
             else:
                 break
         if isinstance(step, CursorRejected):
@@ -379,7 +380,7 @@ class Transport:
         )
         source: LiveSource | StoredSource
         if live is not None:
-            source = LiveSource(live, plan.cursor.seq, has_cursor=True)
+            source = LiveSource(live, plan.cursor.seq, has_cursor=True, replay=plan.events)
         else:
             tail = RemoteTail(state.store, stream, self.producers) if plan.tail is Tail.REPLICA else None
             source = StoredSource(plan.events, plan.cursor.seq, tail)

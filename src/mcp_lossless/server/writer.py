@@ -27,24 +27,39 @@ SSE_HEADERS = [
 ]
 TAIL_WAIT_SECONDS = 2.0
 """How long one blocking read of another replica's stream waits before its owner's lease is checked."""
+FLUSH_BYTES = 64 * 1024
+"""Frames a writer gathers before it sends them, even while more events are ready: a tool that never stops
+reporting still sees its events go out (and its backlog shrink), and no one write holds the loop for long."""
 
 
 class EventSource(Protocol):
-    """Where a writer's events come from. ``ready`` never blocks: events now, ``[]`` for none yet, ``None`` at end."""
+    """Where a writer's events come from. ``ready`` never blocks: events now, ``[]`` for none yet, ``None`` at end.
+    ``sent`` tells the source that everything ``ready`` gave so far is with the connection."""
 
     def ready(self) -> list[StoredEvent] | None: ...
     async def wait(self) -> None: ...
+    def sent(self) -> None: ...
     def close(self) -> None: ...
 
 
 class LiveSource:
-    """Events of a stream this process produces, as they are published, until it ends or this writer must stop."""
+    """Events of a stream this process produces, as they are published, until it ends or this writer must stop.
 
-    __slots__ = ("generation", "has_cursor", "live", "sent_seq")
+    Events that memory no longer holds (a resume from before what an earlier connection was sent) come from the
+    store first: ``replay`` as the resume read them, then :meth:`.streams.LiveStream.catch_up` for any sent
+    meanwhile.
+    """
 
-    def __init__(self, live: LiveStream, sent_seq: int, *, has_cursor: bool) -> None:
+    __slots__ = ("buffer", "generation", "has_cursor", "live", "sent_seq")
+
+    def __init__(
+        self, live: LiveStream, sent_seq: int, *, has_cursor: bool, replay: list[StoredEvent] | None = None
+    ) -> None:
         self.live = live
         self.sent_seq = sent_seq
+        """The last position :meth:`ready` gave the writer."""
+        self.buffer = replay or []
+        """Events read from the store, to be given before those memory holds."""
         self.has_cursor = has_cursor
         """Whether the client holds an event id of this stream (priming, a resume cursor, or a sent event)."""
         self.generation = live.attach_writer()
@@ -58,6 +73,8 @@ class LiveSource:
         return (
             live.broken
             or live.done
+            or bool(self.buffer)
+            or self.sent_seq < live.delivered
             or (bool(events) and events[-1].seq > self.sent_seq)
             or live.generation != self.generation
             or (self.has_cursor and live.close_requested(self.generation))
@@ -67,7 +84,13 @@ class LiveSource:
         live = self.live
         if live.broken:
             raise StoreUnavailable("an answer on this stream could not be stored")
-        events = live.after(self.sent_seq)
+        events: list[StoredEvent] | None
+        if self.buffer:
+            events, self.buffer = self.buffer, []
+        else:
+            events = live.after(self.sent_seq)
+            if events is None:  # sent to an earlier connection, no longer in memory: :meth:`wait` reads the store
+                return None if live.generation != self.generation else []
         if events:
             self.sent_seq = events[-1].seq
             self.has_cursor = True
@@ -82,8 +105,14 @@ class LiveSource:
     async def wait(self) -> None:
         """Until ``ready`` may have something new. Events published while the writer was sending (it was
         not waiting then) are noticed here, not lost with the wake-up that announced them."""
-        if not self._has_news():
-            await self.live.waiter()
+        live = self.live
+        if self.sent_seq < live.delivered and not self.buffer:
+            self.buffer = await live.catch_up(self.sent_seq)
+        elif not self._has_news():
+            await live.waiter()
+
+    def sent(self) -> None:
+        self.live.deliver(self.sent_seq)
 
     def close(self) -> None:
         self.live.detach_writer(self.generation)
@@ -142,6 +171,9 @@ class StoredSource:
             self.buffer = events
             self.sent_seq = events[-1].seq
 
+    def sent(self) -> None:
+        return None
+
     def close(self) -> None:
         return None
 
@@ -179,12 +211,15 @@ class SseWriter:
         """Requests whose answer the client already has: a refusal does not name them."""
 
     async def run(self, receive: Receive, send: Send, source: EventSource, head: bytes) -> None:
-        """Send events as the source has them; coalesce what is ready into one write; end with the stream.
+        """Send events as the source has them; coalesce what is ready into one write (up to
+        :data:`FLUSH_BYTES`); end with the stream.
 
         Before blocking, the writer yields once so a call that answers at once lands in the same write, and
-        only then starts watching for the client's disconnect.
+        only then starts watching for the client's disconnect. A send waits while the connection's buffer is
+        full (the ASGI server's flow control): what a client does not read stays in the store, not here.
         """
         pending = [head] if head else []
+        size = 0
         started = False
         yielded = False
         disconnect: asyncio.Task[None] | None = None
@@ -199,10 +234,12 @@ class SseWriter:
                     return
                 if events:
                     yielded = False
-                    if self._frames(events, pending):
+                    size = self._frames(events, pending, size)
+                    if size < 0:
                         return
-                    continue
-                if not yielded:
+                    if size < FLUSH_BYTES:
+                        continue
+                elif not yielded:
                     yielded = True
                     await asyncio.sleep(0)
                     continue
@@ -211,9 +248,15 @@ class SseWriter:
                         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
                         started = True
                     await send({"type": "http.response.body", "body": b"".join(pending), "more_body": True})
+                    source.sent()
                     pending = []
+                    size = 0
                 if disconnect is None:
                     disconnect = asyncio.create_task(_wait_disconnect(receive))
+                elif disconnect.done():
+                    return  # gone while events kept coming: they stay in the store for its resume
+                if events:
+                    continue  # flushed a full write: more may be ready
                 step = asyncio.ensure_future(source.wait())
                 await asyncio.wait((step, disconnect), return_when=asyncio.FIRST_COMPLETED)
                 if not step.done():
@@ -233,20 +276,23 @@ class SseWriter:
                 await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
 
-    def _frames(self, events: list[StoredEvent], out: list[bytes]) -> bool:
-        """Append the frames of ``events`` the token may receive; ``True`` when a refusal ended the stream."""
+    def _frames(self, events: list[StoredEvent], out: list[bytes], size: int) -> int:
+        """Append the frames of ``events`` the token may receive; the bytes in ``out`` after them (``size``
+        before), or -1 when a refusal ended the stream."""
         admitted, refusal = self.gate.admit(events, now())
         retry = self.retry_ms
         sse = frames.sse
         settled = self.settled
         for event in events[:admitted] if refusal is not None else events:
-            out.append(sse(event.event_id, event.data, None if event.data else retry))
+            frame = sse(event.event_id, event.data, None if event.data else retry)
+            out.append(frame)
+            size += len(frame)
             if event.terminal and event.request_id is not None:
                 settled.add(event.request_id)
         if refusal is not None:
             out.append(self._refusal(refusal))
-            return True
-        return False
+            return -1
+        return size
 
     def _unsettled(self) -> list[RequestId]:
         return [r.request_id for r in self.requests if r.request_id not in self.settled]
