@@ -7,8 +7,8 @@ The suite's exit status only counts scored FAILUREs; this test holds every scena
 SUCCESS/INFO checks only, so a WARNING on SSE polling fails here too.
 
 The same server also runs the ``--requirements 2026-07-28`` set on its stateless leg, the unscored ``tasks-*``
-scenarios included: everything passes but the scenarios that need multi round-trip requests, which this server
-does not implement (pinned below, so one that starts passing is noticed).
+scenarios included: every check passes, the multi round-trip (``input-required-result-*``, ``tasks-mrtr-*``) and
+``x-mcp-header`` scenarios too.
 """
 
 from __future__ import annotations
@@ -131,9 +131,9 @@ def test_every_2025_11_25_server_scenario_passes(tmp_path: Path) -> None:
 
 
 MODERN = "2026-07-28"
-MODERN_NOT_IMPLEMENTED = {
-    **{
-        f"input-required-result-{name}": "multi round-trip requests (InputRequiredResult) are not implemented"
+MULTI_ROUND_TRIP = {
+    *(
+        f"input-required-result-{name}"
         for name in (
             "basic-elicitation",
             "basic-sampling",
@@ -143,44 +143,46 @@ MODERN_NOT_IMPLEMENTED = {
             "multi-round",
             "non-tool-request",
             "result-type",
+            "unsupported-methods",
             "tampered-state",
             "capability-check",
             "ignore-extra-params",
+            "validate-input",
             "missing-input-response",
         )
-    },
-    "tasks-mrtr-input": "tasks never enter input_required (no inputRequests)",
-    "tasks-mrtr-composition": "multi round-trip requests before a task are not implemented",
-    "http-custom-header-server-validation": "no fixture tool declares x-mcp-header (pending upstream)",
+    ),
+    "tasks-mrtr-input",
+    "tasks-mrtr-composition",
 }
-"""Scenarios of the 2026-07-28 run that fail for a feature this server lacks (docs/decisions/0012); each must
-still fail for that reason only, and any other scenario must pass in full."""
-MODERN_NOT_IMPLEMENTED_CHECKS = {
-    "server-stateless": {"sep-2575-http-server-no-independent-requests-on-stream"},
-    "tasks-dispatch-and-envelope": {"tasks-result-type-complete-on-non-task-responses"},
-}
-"""Single checks that need an input_required fixture (``test_streaming_elicitation``, ``confirm_delete``)."""
+"""The multi round-trip scenarios (docs/decisions/0015): pinned as failing until they passed, held to pass now."""
 
 
-def test_the_2026_07_28_server_scenarios_pass_but_for_multi_round_trip_requests(tmp_path: Path) -> None:
-    """The suite's ``--requirements 2026-07-28`` run (the stateless leg, ``tasks-*`` included, though unscored)."""
+def test_every_2026_07_28_server_scenario_passes(tmp_path: Path) -> None:
+    """The suite's ``--requirements 2026-07-28`` run (the stateless leg, ``tasks-*`` included, though unscored):
+    every check of every scenario SUCCESS or INFO (SKIPPED only where the suite itself skips a whole check)."""
     node_binary(), conformance_cli()
     out = tmp_path / "results"
     with cli_server(["--conformance"], tmp_path / "server.log") as server:
         run = _run_suite(f"{server.base}/mcp", out, MODERN)
     report = f"suite exit {run.returncode}\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, report
     checks = _checks_by_scenario(out)
-    assert {"server-stateless", "tasks-lifecycle", "tasks-required-task-error", "caching"} <= set(checks), report
-    problems = {}
-    for scenario, found in checks.items():
-        failing = {c["id"] for c in found if c["status"] not in PASSING | {"SKIPPED"}}
-        if scenario in MODERN_NOT_IMPLEMENTED:
-            assert failing, f"{scenario} passes now: take it off MODERN_NOT_IMPLEMENTED"
-            continue
-        failing -= MODERN_NOT_IMPLEMENTED_CHECKS.get(scenario, set())
-        problems |= {f"{scenario}/{c['id']}": c.get("errorMessage") for c in found if c["id"] in failing}
-        assert any(c["status"] == "SUCCESS" for c in found) or scenario == "tasks-status-notifications", scenario
+    expected = {"server-stateless", "tasks-lifecycle", "tasks-required-task-error", "caching"}
+    expected |= {"http-custom-header-server-validation", *MULTI_ROUND_TRIP}
+    assert expected <= set(checks), report
+    problems = {
+        f"{scenario}/{c['id']}": f"{c['status']} {c.get('errorMessage') or ''}"
+        for scenario, found in checks.items()
+        for c in found
+        if c["status"] not in PASSING | {"SKIPPED"}
+    }
     assert problems == {}, report
+    for scenario, found in checks.items():
+        assert any(c["status"] == "SUCCESS" for c in found) or scenario == "tasks-status-notifications", scenario
+    custom = {c["id"] for c in checks["http-custom-header-server-validation"] if c["status"] == "SUCCESS"}
+    assert {"sep-2243-server-decode-base64", "sep-2243-server-reject-param-mismatch"} <= custom, "exercised, not N/A"
+    stateless = {c["id"]: c["status"] for c in checks["server-stateless"]}
+    assert stateless["sep-2575-http-server-no-independent-requests-on-stream"] == "SUCCESS"
 
 
 def _parse(*argv: str) -> argparse.Namespace:

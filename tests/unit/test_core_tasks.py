@@ -183,3 +183,32 @@ def test_wire_view() -> None:
     }
     with pytest.raises(ValueError):
         new_task("t", ALICE, "fetch", Requirement(frozenset()), "me", 0.0, 0.0)
+
+
+ASK = {"method": "elicitation/create", "params": {"message": "Name?", "requestedSchema": {"type": "object"}}}
+
+
+def test_a_task_waits_for_every_answer_and_never_reissues_a_key() -> None:
+    record = tasks.awaiting_input(fresh(), {"a": ASK, "b": ASK}, 1001.0)
+    assert record.status is TaskStatus.INPUT_REQUIRED and set(record.input_requests) == {"a", "b"}
+    assert tasks.detailed_task(record, None)["inputRequests"] == {"a": ASK, "b": ASK}
+    assert "inputRequests" not in tasks.task_view(record, None), "CreateTaskResult carries no input requests"
+
+    partly = tasks.answered(record, {"a": {"action": "accept"}, "never-asked": {"x": 1}}, 1002.0)
+    assert partly.status is TaskStatus.INPUT_REQUIRED, "one request is still outstanding"
+    assert set(partly.input_requests) == {"b"} and partly.input_responses == {"a": {"action": "accept"}}
+    assert tasks.answered(partly, {"a": {"action": "decline"}}, 1003.0) is partly, "an answered key is ignored"
+
+    done = tasks.answered(partly, {"b": {"action": "accept"}}, 1004.0)
+    assert done.status is TaskStatus.WORKING and done.input_requests == {}
+    taken = tasks.consumed(done, frozenset({"a", "b"}))
+    assert taken.input_responses == {}
+    with pytest.raises(IllegalTransition, match="already issued"):
+        tasks.awaiting_input(taken, {"a": ASK}, 1005.0)
+    assert tasks.decode_task(tasks.encode_task(partly)) == partly, "the durable form keeps the input state"
+
+    cancelled = advance(partly, TaskStatus.CANCELLED, 1006.0)
+    assert cancelled.input_requests == {} and cancelled.input_responses == {}
+    assert tasks.answered(cancelled, {"b": {}}, 1007.0) is cancelled, "a finished task takes no answers"
+    with pytest.raises(IllegalTransition):
+        tasks.awaiting_input(cancelled, {"c": ASK}, 1008.0)

@@ -18,7 +18,8 @@ a finished result while its owner fetches a covering token (docs/decisions/0012)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
@@ -86,6 +87,12 @@ class TaskRecord:
     """The tool's result once ``completed`` (``isError`` results too)."""
     error: dict[str, Any] | None = None
     """The JSON-RPC error (``code``, ``message``, maybe ``data``) once ``failed``."""
+    input_requests: Mapping[str, Any] = field(default_factory=dict)
+    """The requests to the client still unanswered (``{key: {"method", "params"}}``), while ``input_required``."""
+    input_responses: Mapping[str, Any] = field(default_factory=dict)
+    """Answers ``tasks/update`` delivered that the running tool has not taken yet."""
+    asked: frozenset[str] = frozenset()
+    """Every input request key this task ever issued: a key is never issued twice in a task's life."""
 
     @property
     def expires_at(self) -> float | None:
@@ -133,9 +140,60 @@ def advance(
         raise IllegalTransition("an error belongs to a failed task, and a failed task has one")
     if error is not None and not (isinstance(error.get("code"), int) and isinstance(error.get("message"), str)):
         raise IllegalTransition("a failed task's error is a JSON-RPC error object (integer code, string message)")
+    waiting = status is TaskStatus.INPUT_REQUIRED
     return replace(
-        record, status=status, updated_at=max(record.updated_at, now), message=message, result=result, error=error
+        record,
+        status=status,
+        updated_at=max(record.updated_at, now),
+        message=message,
+        result=result,
+        error=error,
+        input_requests=record.input_requests if waiting else {},
+        input_responses=record.input_responses if waiting else {},
     )
+
+
+def awaiting_input(record: TaskRecord, requests: Mapping[str, Any], now: float) -> TaskRecord:
+    """The running tool asked the client for ``requests`` (on top of those still unanswered): ``input_required``.
+
+    :class:`IllegalTransition` for a finished task, or a key this task issued before (the extension asks keys to
+    be unique over a task's life, so an answer always means what the client thinks it means).
+    """
+    if record.status.terminal:
+        raise IllegalTransition(f"task {record.task_id} is {record.status.value}: it asks nothing any more")
+    reused = sorted(set(requests) & record.asked)
+    if reused:
+        raise IllegalTransition(f"task {record.task_id} already issued input request key {reused[0]!r}")
+    return replace(
+        record,
+        status=TaskStatus.INPUT_REQUIRED,
+        updated_at=max(record.updated_at, now),
+        message="waiting for the client's input (tasks/update)",
+        input_requests={**record.input_requests, **requests},
+        asked=record.asked | set(requests),
+    )
+
+
+def answered(record: TaskRecord, responses: Mapping[str, Any], now: float) -> TaskRecord:
+    """``tasks/update``: the answers to outstanding requests move to the tool's inbox; any other key (never
+    issued, answered already, or of a finished task) is ignored. With nothing left outstanding, ``working``."""
+    taken = {key: value for key, value in responses.items() if key in record.input_requests}
+    if not taken or record.status.terminal:
+        return record
+    left = {key: value for key, value in record.input_requests.items() if key not in taken}
+    return replace(
+        record,
+        status=TaskStatus.INPUT_REQUIRED if left else TaskStatus.WORKING,
+        updated_at=max(record.updated_at, now),
+        message=record.message if left else None,
+        input_requests=left,
+        input_responses={**record.input_responses, **taken},
+    )
+
+
+def consumed(record: TaskRecord, keys: frozenset[str]) -> TaskRecord:
+    """The running tool took the answers for ``keys``: they leave the inbox."""
+    return replace(record, input_responses={k: v for k, v in record.input_responses.items() if k not in keys})
 
 
 def seen(record: TaskRecord, now: float) -> TaskRecord:
@@ -258,6 +316,8 @@ def detailed_task(record: TaskRecord, poll_interval_ms: int | None) -> dict[str,
         view["result"] = record.result
     elif record.status is TaskStatus.FAILED:
         view["error"] = record.error
+    elif record.status is TaskStatus.INPUT_REQUIRED:
+        view["inputRequests"] = dict(record.input_requests)
     return view
 
 
@@ -284,6 +344,9 @@ def encode_task(record: TaskRecord) -> bytes:
             "msg": record.message,
             "result": record.result,
             "error": record.error,
+            "inq": record.input_requests,
+            "inr": record.input_responses,
+            "asked": sorted(record.asked),
         }
     )
 
@@ -304,4 +367,7 @@ def decode_task(raw: bytes | str) -> TaskRecord:
         message=d["msg"],
         result=d["result"],
         error=d["error"],
+        input_requests=d.get("inq") or {},  # absent in records stored before tasks asked for input
+        input_responses=d.get("inr") or {},
+        asked=frozenset(d.get("asked") or ()),
     )

@@ -152,6 +152,155 @@ async def _elicit(ctx: ToolContext, message: str, schema: dict[str, Any]) -> str
     return f"Elicitation completed: action={answer.get('action')}, content={content}"
 
 
+def _ask_name(message: str, field: str = "name") -> tuple[str, dict[str, Any]]:
+    schema = {"type": "object", "properties": {field: {"type": "string"}}, "required": [field]}
+    return "elicitation/create", {"message": message, "requestedSchema": schema}
+
+
+def _sample(text: str, max_tokens: int = 100) -> tuple[str, dict[str, Any]]:
+    return "sampling/createMessage", {"messages": [{"role": "user", "content": _text(text)}], "maxTokens": max_tokens}
+
+
+def _accepted(answer: dict[str, Any], field: str) -> str:
+    content = answer.get("content")
+    value = content.get(field) if isinstance(content, dict) else None
+    return str(value) if value is not None else f"(no {field}: {answer.get('action', 'no action')})"
+
+
+def _sampled(answer: dict[str, Any]) -> str:
+    content = answer.get("content")
+    text = content.get("text") if isinstance(content, dict) else None
+    return text if isinstance(text, str) else orjson.dumps(content).decode()
+
+
+def _roots(answer: dict[str, Any]) -> str:
+    roots = answer.get("roots")
+    uris = [r.get("uri") for r in roots if isinstance(r, dict)] if isinstance(roots, list) else []
+    return ", ".join(str(u) for u in uris) or "(none)"
+
+
+CONFIRM: tuple[str, dict[str, Any]] = (
+    "elicitation/create",
+    {
+        "message": "Please confirm",
+        "requestedSchema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+    },
+)
+HEADER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "region": {"type": "string", "description": "Mirrored as Mcp-Param-Region", "x-mcp-header": "Region"},
+        "query": {"type": "string", "description": "Not mirrored"},
+    },
+    "required": ["region", "query"],
+}
+
+
+def input_required_tools(registry: ToolRegistry) -> None:
+    """The 2026-07-28 multi round-trip fixtures (``input-required-result-*``, ``tasks-mrtr-*``): each asks
+    through :meth:`ToolContext.request` / :meth:`ToolContext.ask`, as any tool would; on a legacy session the
+    same tools send the requests on the call's stream."""
+
+    @registry.tool()
+    async def test_input_required_result_elicitation(ctx: ToolContext) -> str:
+        """Asks the client's name (key ``user_name``), then greets it."""
+        answer = await ctx.request(*_ask_name("What is your name?"), key="user_name")
+        return f"Hello, {_accepted(answer, 'name')}!"
+
+    @registry.tool()
+    async def test_input_required_result_sampling(ctx: ToolContext) -> str:
+        """Asks the client's LLM for the capital of France (key ``capital_question``)."""
+        answer = await ctx.request(*_sample("What is the capital of France?"), key="capital_question")
+        return f"LLM response: {_sampled(answer)}"
+
+    @registry.tool()
+    async def test_input_required_result_list_roots(ctx: ToolContext) -> str:
+        """Asks the client's roots (key ``client_roots``)."""
+        answer = await ctx.request("roots/list", {}, key="client_roots")
+        return f"Client roots: {_roots(answer)}"
+
+    @registry.tool()
+    async def test_input_required_result_request_state(ctx: ToolContext) -> str:
+        """Asks for a confirmation; the retry's requestState is verified before the tool runs again."""
+        answer = await ctx.request(*CONFIRM, key="confirm")
+        return f"state-ok: confirmed={_accepted(answer, 'ok')}"
+
+    @registry.tool()
+    async def test_input_required_result_tampered_state(ctx: ToolContext) -> str:
+        """Asks for a confirmation; an altered requestState is refused with -32602."""
+        answer = await ctx.request(*CONFIRM, key="confirm")
+        return f"confirmed={_accepted(answer, 'ok')}"
+
+    @registry.tool()
+    async def test_input_required_result_multiple_inputs(ctx: ToolContext) -> str:
+        """Asks an elicitation, a sampling and the roots at once."""
+        answers = await ctx.ask(
+            {
+                "user_name": _ask_name("What is your name?"),
+                "greeting": _sample("Generate a greeting", 50),
+                "client_roots": ("roots/list", {}),
+            }
+        )
+        name, greeting = _accepted(answers["user_name"], "name"), _sampled(answers["greeting"])
+        return f"{greeting} {name} (roots: {_roots(answers['client_roots'])})"
+
+    @registry.tool()
+    async def test_input_required_result_multi_round(ctx: ToolContext) -> str:
+        """Asks a name, then (a second round) a favourite colour."""
+        name = _accepted(await ctx.request(*_ask_name("Step 1: What is your name?"), key="step1"), "name")
+        colour = await ctx.request(*_ask_name("Step 2: What is your favorite color?", "color"), key="step2")
+        return f"{name} likes {_accepted(colour, 'color')}"
+
+    @registry.tool()
+    async def test_input_required_result_capabilities(ctx: ToolContext) -> str:
+        """Asks for an elicitation and a sampling, each only if the client declared it can give it."""
+        answers = []
+        for key, (method, params) in (("user_name", _ask_name("What is your name?")), ("capital", _sample("Paris?"))):
+            try:
+                answers.append(orjson.dumps(await ctx.request(method, params, key=key)).decode())
+            except MethodError as exc:
+                if exc.code != errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
+                    raise
+        return f"answers: {'; '.join(answers) or 'none'}"
+
+    @registry.tool()
+    async def test_streaming_elicitation(ctx: ToolContext) -> str:
+        """Asks the client's name: input_required on 2026-07-28, never a request on the response stream."""
+        return f"Hello, {_accepted(await ctx.request(*_ask_name('What is your name?')), 'name')}!"
+
+    @registry.tool(task=True)
+    async def confirm_delete(ctx: ToolContext, filename: str) -> str:
+        """A task that asks to confirm deleting ``filename`` (input_required until tasks/update answers)."""
+        schema = {"type": "object", "properties": {"confirm": {"type": "boolean"}}, "required": ["confirm"]}
+        answer = await ctx.request("elicitation/create", {"message": f"Delete {filename}?", "requestedSchema": schema})
+        confirmed = answer.get("action") == "accept" and (answer.get("content") or {}).get("confirm") is True
+        return f"{filename} {'deleted' if confirmed else 'kept'}"
+
+    @registry.tool(task=True)
+    async def multi_input(ctx: ToolContext) -> str:
+        """A task that asks two elicitations at once; it goes on when both are answered."""
+        schema = {"type": "object", "properties": {"name": {"type": "string"}, "confirm": {"type": "boolean"}}}
+        answers = await ctx.ask(
+            {
+                "first": ("elicitation/create", {"message": "First input?", "requestedSchema": schema}),
+                "second": ("elicitation/create", {"message": "Second input?", "requestedSchema": schema}),
+            }
+        )
+        return f"inputs: {_accepted(answers['first'], 'name')}, {_accepted(answers['second'], 'name')}"
+
+    @registry.tool(task="required", input_before_task=True)
+    async def test_tool_with_task(ctx: ToolContext) -> str:
+        """Asks the client's name on the tools/call (multi round-trip), then runs as a task that greets it."""
+        name = _accepted(await ctx.request(*_ask_name("What is your name?"), key="user_name"), "name")
+        await asyncio.sleep(0.1)  # the task's own work, after the input
+        return f"Hello, {name}, from a task!"
+
+    @registry.tool(input_schema=HEADER_SCHEMA)
+    async def test_header_mirroring(region: str, query: str) -> str:
+        """Its ``region`` is mirrored as Mcp-Param-Region (x-mcp-header), which the server checks against the body."""
+        return f"query {query!r} in region {region!r}"
+
+
 def conformance_tools() -> ToolRegistry:
     registry = ToolRegistry()
 
@@ -305,6 +454,7 @@ def conformance_tools() -> ToolRegistry:
         await asyncio.sleep(0.1)  # the call's remaining work: its answer must come after the close
         return "Reconnection test completed successfully"
 
+    input_required_tools(registry)
     return registry
 
 
@@ -442,11 +592,20 @@ async def prompts_list(ctx: ToolContext, params: dict[str, Any]) -> dict[str, An
         if arguments:
             entry["arguments"] = arguments
         prompts.append(entry)
+    prompts.append({"name": INPUT_PROMPT, "description": "A prompt that asks the client for its context first"})
     return {"prompts": prompts}
+
+
+INPUT_PROMPT = "test_input_required_result_prompt"
+"""A prompt that asks the client for its context first (multi round-trip on ``prompts/get``)."""
 
 
 async def prompts_get(ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
     name = _string_param(params, "name")
+    if name == INPUT_PROMPT:
+        answer = await ctx.request(*_ask_name("What context should the prompt use?", "context"), key="user_context")
+        text = f"Answer within this context: {_accepted(answer, 'context')}"
+        return {"description": "A prompt built from the client's input", "messages": [_user(_text(text))]}
     if name not in _PROMPTS:
         raise MethodError(errors.INVALID_PARAMS, f"unknown prompt {name!r}")
     description, declared, build = _PROMPTS[name]

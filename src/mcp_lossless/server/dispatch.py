@@ -22,7 +22,7 @@ from .checks import is_request_id
 from .sessions import ServerSession
 from .state import ServerState
 from .streams import LiveStream
-from .tools import MethodError, ToolContext, ToolError, ToolInputError, content_of
+from .tools import InputRequests, MethodError, ToolContext, ToolError, ToolInputError, content_of
 
 log = logging.getLogger("mcp_lossless.dispatch")
 _outbound_ids = itertools.count(1)
@@ -50,7 +50,13 @@ class StreamChannel:
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         await self._emit(frames.notification(method, params))
 
-    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def ask(self, requests: InputRequests) -> dict[str, dict[str, Any]]:
+        """Each request goes out on the stream at once; the answers are awaited together."""
+        keys = list(requests)
+        answers = await asyncio.gather(*(self._client_request(*requests[key]) for key in keys))
+        return dict(zip(keys, answers, strict=True))
+
+    async def _client_request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         outbound_id = f"s-{next(_outbound_ids)}"
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._session.outbound[outbound_id] = future

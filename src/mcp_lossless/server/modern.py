@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import __version__
 from ..asgi import Receive, Send, respond
-from ..core import errors, frames, protocol
+from ..core import errors, frames, mrtr, protocol
 from ..core.events import RequestId
 from ..core.principal import Grant
 from ..core.resources import describe, requirement, resources_in, scopes_in
@@ -34,12 +34,16 @@ from ..core.tasks import (
     UNKNOWN_MESSAGE,
     Deliver,
     Denied,
+    IllegalTransition,
     Requirement,
     TaskRecord,
     TaskStatus,
     Unknown,
     advance,
+    answered,
     authorize,
+    awaiting_input,
+    consumed,
     denial_error,
     denial_message,
     detailed_task,
@@ -54,7 +58,16 @@ from . import metadata
 from .errors import Refused
 from .observability import log_decision, now
 from .state import ServerState
-from .tools import MethodError, RegisteredTool, ToolContext, ToolError, ToolInputError, content_of
+from .tools import (
+    InputRequests,
+    InputRequired,
+    MethodError,
+    RegisteredTool,
+    ToolContext,
+    ToolError,
+    ToolInputError,
+    content_of,
+)
 from .writer import SSE_HEADERS
 
 log = logging.getLogger("mcp_lossless.modern")
@@ -96,6 +109,9 @@ STORE_ATTEMPTS = 8
 """Tries to store a task's outcome (backing off to 5 s between them) before giving up on it."""
 MAX_LISTENERS = 1024
 """Open ``subscriptions/listen`` streams per process; one more is refused with 503."""
+INPUT_POLL_SECONDS = 1.0
+"""A task waiting for input looks at the store this often besides being woken: ``tasks/update`` may reach
+another replica, which can only leave the answers in the store."""
 
 
 def is_modern(message: Any, index: dict[bytes, bytes]) -> bool:
@@ -135,17 +151,30 @@ def _header_value(raw: bytes) -> str:
 
 
 class _RequestChannel:
-    """A modern request's way back: notifications on its own response (SSE), no requests to the client.
+    """A modern request's way back: notifications on its own response (SSE), and input asked of the client as
+    multi round-trip requests (:class:`~.tools.InputRequired`), never requests on the stream.
 
     Log messages go out only when the request's ``_meta`` set a ``logLevel``, and only at or above it.
+    ``answers`` is what the request carried (its sealed earlier rounds and its ``inputResponses``): ``None`` for
+    a method that may not be answered ``input_required``.
     """
 
-    __slots__ = ("capabilities", "min_level", "queue")
+    __slots__ = ("answers", "binding", "capabilities", "min_level", "queue", "taken")
 
-    def __init__(self, capabilities: dict[str, Any], log_level: object = None) -> None:
+    def __init__(
+        self,
+        capabilities: dict[str, Any],
+        log_level: object = None,
+        answers: dict[str, dict[str, Any]] | None = None,
+        binding: mrtr.Binding | None = None,
+    ) -> None:
         self.capabilities = capabilities
         self.min_level = LOG_LEVELS.index(log_level) if log_level in LOG_LEVELS else None
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.answers = answers
+        self.binding = binding
+        self.taken: dict[str, dict[str, Any]] = {}
+        """The answers the tool used so far: the next round's ``requestState`` carries exactly these."""
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         if method == "notifications/message":
@@ -154,29 +183,74 @@ class _RequestChannel:
                 return
         self.queue.put_nowait(frames.notification(method, params))
 
-    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        needed = INPUT_CAPABILITY.get(method)
-        if needed is not None and needed not in self.capabilities:
+    def _check_capabilities(self, requests: InputRequests) -> None:
+        """-32021 for input the client did not declare it can give: the server MUST NOT ask for it."""
+        for method, _ in requests.values():
+            needed = INPUT_CAPABILITY.get(method)
+            if needed is None:
+                raise MethodError(errors.INTERNAL_ERROR, f"{method} is not a request a server may send a client")
+            if needed not in self.capabilities:
+                raise MethodError(
+                    errors.MISSING_REQUIRED_CLIENT_CAPABILITY,
+                    "Missing required client capability",
+                    {"requiredCapabilities": {needed: {}}},
+                )
+
+    def _take(self, requests: InputRequests) -> dict[str, dict[str, Any]]:
+        answers = self.answers or {}
+        got = {key: answers[key] for key in requests if key in answers}
+        self.taken.update(got)
+        return got
+
+    async def ask(self, requests: InputRequests) -> dict[str, dict[str, Any]]:
+        self._check_capabilities(requests)
+        if self.answers is None:
             raise MethodError(
-                errors.MISSING_REQUIRED_CLIENT_CAPABILITY,
-                "Missing required client capability",
-                {"requiredCapabilities": {needed: {}}},
+                errors.CLIENT_INPUT_UNAVAILABLE,
+                f"only tools/call, prompts/get and resources/read may ask the client for input on {protocol.STATELESS}",
             )
-        raise MethodError(
-            errors.CLIENT_INPUT_UNAVAILABLE,
-            f"this tool asked the client for {method}, which this server does not offer on {protocol.STATELESS} "
-            "(no input_required flow); call it over a legacy session",
-        )
+        got = self._take(requests)
+        if len(got) < len(requests):
+            missing = {k: {"method": m, "params": p} for k, (m, p) in requests.items() if k not in got}
+            raise InputRequired(missing, dict(self.taken))
+        return got
 
     def close_stream(self) -> None:
         return None  # nothing to resume on this leg
 
 
 class _TaskChannel(_RequestChannel):
-    """A task has no response stream: the extension carries no progress or log notifications for tasks."""
+    """A task's way back: no notifications (the extension carries no progress or log for tasks); input is
+    taken from what its ``tools/call`` gathered, else asked through the task's own ``input_required`` state."""
+
+    __slots__ = ("leg", "task_id")
+
+    def __init__(self, leg: ModernLeg, capabilities: dict[str, Any], answers: dict[str, dict[str, Any]]) -> None:
+        super().__init__(capabilities, None, answers)
+        self.leg = leg
+        self.task_id = ""
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         return None
+
+    async def ask(self, requests: InputRequests) -> dict[str, dict[str, Any]]:
+        self._check_capabilities(requests)
+        got = self._take(requests)
+        rest = {key: request for key, request in requests.items() if key not in got}
+        if rest:
+            got.update(await self.leg.await_input(self.task_id, rest))
+        return got
+
+
+class _Inbox:
+    """A running task's input: its lock (the task's record is read, changed and written under it in this
+    process) and the event a local ``tasks/update`` sets."""
+
+    __slots__ = ("lock", "wake")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.wake = asyncio.Event()
 
 
 async def run_tool(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -210,9 +284,13 @@ class ModernLeg:
         self.running: dict[str, asyncio.Task[None]] = {}
         """Tasks this process runs, by task id: a live task of this instance missing here was lost."""
         self.cancelling: set[str] = set()
+        self.inboxes: dict[str, _Inbox] = {}
         self.listeners = 0
         self._tool_listeners: set[asyncio.Event] = set()
         """Open listen streams that asked for ``toolsListChanged`` (only honoured when tools may change)."""
+        self._state_key = b""
+        """The MAC key of ``requestState`` (:func:`.mrtr.state_key`), from the store's secret at :meth:`open`."""
+        self._mirrors: dict[str, tuple[RegisteredTool, tuple[_Mirrored, ...]]] = {}
         self._purged_at = 0.0
         capabilities = {k: v for k, v in state.capabilities.items() if k != "logging"}
         self.capabilities = {**capabilities, "extensions": {**capabilities.get("extensions", {}), EXTENSION: {}}}
@@ -220,6 +298,7 @@ class ModernLeg:
 
     async def open(self) -> None:
         await self.tasks.open()
+        self._state_key = mrtr.state_key(await self.s.store.secret())
 
     async def close(self) -> None:
         """Shutdown: each running task records itself lost (the process goes), then the store closes."""
@@ -266,13 +345,21 @@ class ModernLeg:
         capabilities = self._validate(index, method, params)
         rid: RequestId = message["id"]
         declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
-        channel = _RequestChannel(capabilities, params["_meta"].get(META_LOG_LEVEL))
+        answers = binding = None
+        if method in mrtr.MRTR_METHODS:
+            binding = mrtr.Binding(grant.principal, method, params[NAMED[method]], params.get("arguments"))
+            try:
+                answers = mrtr.answers_of(self._state_key, params, binding, now())
+            except mrtr.BadInput as exc:
+                await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, str(exc)), b"application/json")
+                return
+        channel = _RequestChannel(capabilities, params["_meta"].get(META_LOG_LEVEL), answers, binding)
         if method == "server/discover":
             await self._answer(send, rid, self._discover())
         elif method == "tools/list":
             await self._answer(send, rid, {"tools": self.s.tools_list, **CACHE_HINTS})
         elif method == "tools/call":
-            await self._call(receive, send, grant, rid, params, declared, channel)
+            await self._call(receive, send, grant, index, rid, params, declared, channel)
         elif method == "subscriptions/listen":
             await self._listen(receive, send, rid, params, declared)
         elif method in TASK_METHODS:
@@ -348,6 +435,7 @@ class ModernLeg:
         receive: Receive,
         send: Send,
         grant: Grant,
+        index: dict[bytes, bytes],
         rid: RequestId,
         params: dict[str, Any],
         declared: bool,
@@ -361,6 +449,7 @@ class ModernLeg:
                 send, 200, frames.error(rid, errors.INVALID_PARAMS, f"unknown tool {name!r}"), b"application/json"
             )
             return
+        _check_mirrored(index, params, self._mirrored(tool))
         tags = s.tool_tags[tool.name]
         missing = sorted(s.policy.missing(grant.audience, tags, grant.scopes))
         if missing:
@@ -369,7 +458,13 @@ class ModernLeg:
             data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
             raise _refused(403, errors.TOOL_FORBIDDEN, description, data, self._challenge(description, missing, tags))
         if tool.task is not None and declared:
-            await self._create_task(send, grant, rid, tool, params, _TaskChannel(channel.capabilities))
+            if tool.input_before_task:
+                asked = _input_before_task(tool, params, ToolContext(grant, rid, None, channel))
+                if asked is not None:
+                    await self._answer(send, rid, self._input_required(asked, channel), "input_required")
+                    return
+            task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
+            await self._create_task(send, grant, rid, tool, params, task_channel)
             return
         if tool.task == "required":
             raise self._missing_extension()
@@ -378,6 +473,21 @@ class ModernLeg:
             return await run_tool(tool, params, ctx)
 
         await self._run_now(receive, send, grant, rid, params, work, channel)
+
+    def _mirrored(self, tool: RegisteredTool) -> tuple[_Mirrored, ...]:
+        """The tool's ``x-mcp-header`` parameters, read from its schema once (again if the tool was replaced)."""
+        cached = self._mirrors.get(tool.name)
+        if cached is None or cached[0] is not tool:
+            cached = (tool, tuple(_mirrored_params(tool.input_schema(), ())))
+            self._mirrors[tool.name] = cached
+        return cached[1]
+
+    def _input_required(self, asked: InputRequired, channel: _RequestChannel) -> dict[str, Any]:
+        """The ``InputRequiredResult``: what the tool asks, and the answers it took so far, sealed."""
+        assert channel.binding is not None, "only a multi round-trip method reaches here"
+        state = mrtr.seal(self._state_key, channel.binding, asked.answers, now())
+        log_decision("input_required", keys=sorted(asked.requests))
+        return {"inputRequests": asked.requests, "requestState": state}
 
     def _challenge(self, description: str, missing: Iterable[str], needed: Iterable[str]) -> list[tuple[bytes, bytes]]:
         """The challenge a refused call gets (:func:`.metadata.insufficient_scope`): what a new token must hold."""
@@ -425,6 +535,8 @@ class ModernLeg:
             status = 200
             try:
                 value = job.result()
+            except InputRequired as asked:
+                answer = frames.result(rid, {**self._input_required(asked, channel), "resultType": "input_required"})
             except MethodError as exc:
                 answer = frames.error(rid, exc.code, exc.message, exc.data)
                 if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
@@ -530,6 +642,8 @@ class ModernLeg:
             await self.tasks.create(record)  # durable before the client hears of it
         except TaskLimitReached as exc:
             raise _refused(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"5")]) from None
+        channel.task_id = record.task_id
+        self.inboxes[record.task_id] = _Inbox()
         self.running[record.task_id] = s.loop.create_task(self._run_task(record, tool, params, grant, channel))
         log_decision("task_created", task=record.task_id[:8], tool=tool.name)
         await self._answer(send, rid, task_view(record, self.poll_ms), "task")
@@ -553,7 +667,60 @@ class ModernLeg:
             await self._store_outcome(settled)
         finally:
             self.running.pop(task_id, None)
+            self.inboxes.pop(task_id, None)
             self.cancelling.discard(task_id)
+
+    async def await_input(self, task_id: str, requests: InputRequests) -> dict[str, dict[str, Any]]:
+        """A running task's tool asks the client: the task shows ``input_required`` with ``requests`` (beside any
+        still unanswered) until ``tasks/update`` answers them all, on this replica or another; then it works on.
+
+        The wait lasts while the task lives: a task whose owner stops polling expires a TTL later and the tool
+        gets ``TimeoutError``; a task cancelled or settled elsewhere stops its tool.
+        """
+        inbox = self.inboxes[task_id]
+        wire = {key: {"method": method, "params": params} for key, (method, params) in requests.items()}
+        keys = frozenset(requests)
+        async with inbox.lock:
+            record = await self._live_task(task_id)
+            try:
+                waiting = awaiting_input(record, wire, now())
+            except IllegalTransition as exc:
+                raise MethodError(errors.INTERNAL_ERROR, str(exc)) from None
+            await self.tasks.update(waiting)
+        log_decision("task_input_required", task=task_id[:8], keys=sorted(keys))
+        while True:
+            inbox.wake.clear()
+            async with inbox.lock:
+                record = await self._live_task(task_id)
+                if keys <= record.input_responses.keys():
+                    await self.tasks.update(consumed(record, keys))
+                    return {key: record.input_responses[key] for key in requests}
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(inbox.wake.wait(), INPUT_POLL_SECONDS)
+
+    async def _live_task(self, task_id: str) -> TaskRecord:
+        """The stored task of a tool still running here: cancelled if the task ended elsewhere (a cancel from
+        another replica), ``TimeoutError`` if it expired waiting for its owner."""
+        record = await self.tasks.get(task_id)
+        if record is None or record.expired(now()):
+            raise TimeoutError(f"task {task_id} expired waiting for the client's input")
+        if record.status.terminal:
+            raise asyncio.CancelledError(f"task {task_id} ended elsewhere ({record.status.value})")
+        return record
+
+    async def _deliver(self, task_id: str, raw: object) -> None:
+        """``tasks/update``: the answers reach the task's record (the store, so any replica's tool sees them);
+        this replica's tool is woken at once."""
+        responses = mrtr.input_responses(raw)
+        inbox = self.inboxes.get(task_id)
+        lock = inbox.lock if inbox is not None else asyncio.Lock()  # elsewhere, the store's write is the order
+        async with lock:
+            record = await self.tasks.get(task_id)
+            fresh = None if record is None else answered(record, responses, now())
+            if fresh is not record and fresh is not None:
+                await self.tasks.update(fresh)
+        if inbox is not None:
+            inbox.wake.set()
 
     async def _store_outcome(self, settled: TaskRecord) -> None:
         """Store a task's outcome, retrying while the store is down: while this process lives, every replica
@@ -590,6 +757,12 @@ class ModernLeg:
         if method == "tasks/get":
             await self._answer(send, rid, detailed_task(record, self.poll_ms))
             return
+        if method == "tasks/update":
+            try:
+                await self._deliver(task_id, params.get("inputResponses", {}))  # none sent: none delivered
+            except mrtr.BadInput as exc:
+                await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, str(exc)), b"application/json")
+                return
         if method == "tasks/cancel" and not record.status.terminal:
             running = self.running.get(task_id)
             if running is not None:
@@ -597,7 +770,7 @@ class ModernLeg:
                 running.cancel("cancelled by its owner")
             else:  # another replica runs it: record the cancel; its own outcome can then no longer land
                 await self.tasks.update(advance(record, TaskStatus.CANCELLED, at, message="cancelled by its owner"))
-        await self._answer(send, rid, {})  # tasks/update: no input is ever outstanding here; acknowledged
+        await self._answer(send, rid, {})  # an empty acknowledgement: the next tasks/get shows the effect
 
     @staticmethod
     def _missing_extension() -> Refused:
@@ -630,6 +803,74 @@ class ModernLeg:
         stored = await self.tasks.update(lost(record, at))
         log_decision("task_lost", task=record.task_id[:8])
         return stored or record
+
+
+_Mirrored = tuple[tuple[str, ...], bytes]
+"""An ``x-mcp-header`` parameter: its path of ``properties`` keys in the arguments, and its header's name."""
+
+
+def _mirrored_params(schema: dict[str, Any], path: tuple[str, ...]) -> Iterable[_Mirrored]:
+    """The parameters a schema marks ``x-mcp-header``, reachable from its root through ``properties`` only."""
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        return
+    for name, prop in properties.items():
+        if not isinstance(prop, dict):
+            continue
+        header = prop.get("x-mcp-header")
+        if isinstance(header, str) and header:
+            yield (*path, name), b"mcp-param-" + header.lower().encode("latin-1")
+        yield from _mirrored_params(prop, (*path, name))
+
+
+def _same(text: str, value: object) -> bool:
+    """A mirrored header's (decoded) text against the argument: integers compare as numbers, booleans as
+    ``true``/``false``, strings exactly."""
+    if isinstance(value, bool):
+        return text == ("true" if value else "false")
+    if isinstance(value, int):
+        try:
+            return float(text) == value
+        except ValueError:
+            return False
+    return isinstance(value, str) and text == value
+
+
+def _check_mirrored(index: dict[bytes, bytes], params: dict[str, Any], mirrored: tuple[_Mirrored, ...]) -> None:
+    """Each ``x-mcp-header`` argument present in the body must come with its ``Mcp-Param-*`` header, equal
+    after decoding (-32020/400); an absent or null argument expects no header."""
+    arguments = params.get("arguments")
+    for path, header in mirrored:
+        value: object = arguments
+        for step in path:
+            value = value.get(step) if isinstance(value, dict) else None
+        if value is None:
+            continue
+        name = header.decode("latin-1")
+        raw = index.get(header)
+        if raw is None:
+            raise _refused(400, errors.HEADER_MISMATCH, f"{name} header required: arguments.{'.'.join(path)} is set")
+        if not _same(_header_value(raw), value):
+            raise _refused(400, errors.HEADER_MISMATCH, f"{name} header does not match arguments.{'.'.join(path)}")
+
+
+def _input_before_task(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> InputRequired | None:
+    """Run a task tool up to its first await of anything but an answered ask: the input it asks for first,
+    when the call does not carry it yet (``None``: the task may be created, with the answers the call carried).
+
+    The coroutine is stepped once by hand and closed: it never reaches real work here, which is the task's.
+    """
+    coro = run_tool(tool, params, ctx)
+    try:
+        coro.send(None)
+    except InputRequired as asked:
+        return asked
+    except (StopIteration, Exception):
+        return None  # it finished (or failed) without awaiting anything: the task runs it, and reports that
+    finally:
+        with contextlib.suppress(RuntimeError):
+            coro.close()
+    return None
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -9,7 +9,7 @@ scopes the token must hold as well; ``tools/list`` publishes them under
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_type_hints
 
@@ -25,18 +25,38 @@ TaskSupport = Literal["optional", "required"]
 request for the others (``optional``), or only as a task, refusing the others with -32021 (``required``)."""
 
 
+InputRequests = Mapping[str, tuple[str, dict[str, Any]]]
+"""Requests to the client by key: ``{key: (method, params)}`` (``elicitation/create``, ``sampling/createMessage``,
+``roots/list``)."""
+
+
 class Channel(Protocol):
     """How a running request talks back: messages on its own stream, requests to the client, closing."""
 
     async def notify(self, method: str, params: dict[str, Any]) -> None: ...
-    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]: ...
+    async def ask(self, requests: InputRequests) -> dict[str, dict[str, Any]]: ...
     def close_stream(self) -> None: ...
+
+
+class InputRequired(BaseException):
+    """A 2026-07-28 request's tool asked the client for input it does not have yet: the request is answered
+    with an ``InputRequiredResult`` carrying ``requests`` (multi round-trip requests, docs/decisions/0015).
+
+    A ``BaseException`` so that a tool's ``except Exception`` does not swallow it; tools never raise it.
+    """
+
+    def __init__(self, requests: dict[str, dict[str, Any]], answers: dict[str, dict[str, Any]]) -> None:
+        super().__init__(sorted(requests))
+        self.requests = requests
+        """The unanswered requests, ``{key: {"method": ..., "params": ...}}``."""
+        self.answers = answers
+        """The answers the tool took before it asked: what the next round's ``requestState`` carries."""
 
 
 class ToolContext:
     """What a running tool (or method handler) may use: its caller, progress, logs, client requests, cancellation."""
 
-    __slots__ = ("_channel", "_progress_token", "cancelled", "grant", "request_id")
+    __slots__ = ("_asked", "_channel", "_progress_token", "cancelled", "grant", "request_id")
 
     def __init__(self, grant: Grant, request_id: str | int, progress_token: str | int | None, channel: Channel) -> None:
         self.grant = grant
@@ -45,6 +65,7 @@ class ToolContext:
         """The client cancelled this request (the tool sees it as ``asyncio.CancelledError`` at its next await)."""
         self._progress_token = progress_token
         self._channel = channel
+        self._asked = 0
 
     @property
     def principal(self) -> Principal:
@@ -76,12 +97,26 @@ class ToolContext:
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         await self._channel.notify(method, params)
 
-    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Ask the client (e.g. ``sampling/createMessage``, ``elicitation/create``) and await its answer.
+    async def request(self, method: str, params: dict[str, Any], *, key: str | None = None) -> dict[str, Any]:
+        """Ask the client (``sampling/createMessage``, ``elicitation/create``, ``roots/list``) and await its answer.
 
-        Bounded by the server's ``client_request_seconds``; wrap in ``asyncio.timeout`` for less.
+        On a legacy session the request goes out on the call's stream, bounded by the server's
+        ``client_request_seconds`` (wrap in ``asyncio.timeout`` for less). On 2026-07-28 it is a multi round-trip
+        request (docs/decisions/0015): the call is answered ``input_required`` and the client's retry runs the
+        tool again *from its start*, this time with the answer, so what a tool does before it asks must bear
+        being done once per round (ask first, or run as a task). In a task, the task waits ``input_required``
+        until ``tasks/update`` answers. ``key`` names the request on the wire (default ``input-<n>``, counted
+        per call); a task never reuses one.
         """
-        return await self._channel.request(method, params)
+        if key is None:
+            self._asked += 1
+            key = f"input-{self._asked}"
+        return (await self.ask({key: (method, params)}))[key]
+
+    async def ask(self, requests: InputRequests) -> dict[str, dict[str, Any]]:
+        """Several requests to the client at once (as :meth:`request`), answered by key: the client sees them all
+        together (one ``InputRequiredResult``, one ``input_required`` task state), not one after the other."""
+        return await self._channel.ask(requests)
 
     def close_stream(self) -> None:
         """Close the SSE connection now (SEP-1699 polling); the client resumes with GET + Last-Event-ID."""
@@ -140,6 +175,9 @@ class RegisteredTool:
     """Published instead of the schema derived from the signature (for JSON Schema type hints cannot express)."""
     task: TaskSupport | None = None
     """Whether it runs as a task for 2026-07-28 clients (``None``: always within the request)."""
+    input_before_task: bool = False
+    """A task tool whose first asks of the client come before its first other await: on 2026-07-28 they are
+    answered by multi round-trip requests on the ``tools/call`` itself, before the task is created."""
 
     def input_schema(self) -> dict[str, Any]:
         if self.schema is not None:
@@ -207,13 +245,17 @@ class ToolRegistry:
         title: str | None = None,
         input_schema: dict[str, Any] | None = None,
         task: bool | TaskSupport = False,
+        input_before_task: bool = False,
     ) -> Callable[[Callable[..., Awaitable[ToolReturn]]], Callable[..., Awaitable[ToolReturn]]]:
         """Register an async function as a tool. Parameters typed :class:`ToolContext` receive the context.
 
         ``input_schema`` replaces the published ``inputSchema``; calls are still validated against the signature.
         ``task=True`` (``"optional"``) or ``"required"``: for long-running or non-idempotent tools, whose result
         must outlive the request that started them (2026-07-28 clients with the tasks extension poll it with
-        ``tasks/get``); see :data:`TaskSupport`.
+        ``tasks/get``); see :data:`TaskSupport`. ``input_before_task``: the input such a tool asks for before
+        its first other await is gathered on the ``tools/call`` (multi round-trip requests), and the task is
+        created with the answers (the extension's advice); the tool's code up to that await runs once per round
+        and once more in the task. Input asked later puts the task in ``input_required`` until ``tasks/update``.
         """
 
         def register(fn: Callable[..., Awaitable[ToolReturn]]) -> Callable[..., Awaitable[ToolReturn]]:
@@ -223,6 +265,8 @@ class ToolRegistry:
             if not inspect.iscoroutinefunction(fn):
                 raise TypeError(f"tool {tool_name!r} must be an async function")
             checked = scope_tokens(f"tool {tool_name!r}", scopes)
+            if input_before_task and not task:
+                raise ValueError(f"tool {tool_name!r}: input_before_task is for tools that run as tasks")
             arguments, context_param = _arguments_model(tool_name, fn)
             annotations: dict[str, Any] = {}
             if title is not None:
@@ -242,6 +286,7 @@ class ToolRegistry:
                 scopes=checked,
                 schema=input_schema,
                 task="optional" if task is True else task or None,
+                input_before_task=input_before_task,
             )
             return fn
 

@@ -1,0 +1,202 @@
+"""Client input on the 2026-07-28 leg over real HTTP with real signed JWTs: multi round-trip requests (the
+sealed ``requestState`` bound to its principal), tasks that wait ``input_required`` under the task layer's
+authorization (every store), and ``x-mcp-header`` validation."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from mcp_lossless.core.errors import HEADER_MISMATCH, INVALID_PARAMS, TASK_DENIED
+from mcp_lossless.core.limits import Limits
+from mcp_lossless.server.app import create_app
+from mcp_lossless.server.config import ServerConfig
+from mcp_lossless.server.demo import demo_tools
+from mcp_lossless.server.tools import ToolContext, ToolRegistry
+from mcp_lossless.stores.base import EventStore
+from mcp_lossless.stores.memory import MemoryStore
+from mcp_lossless.stores.redis import RedisStore
+from mcp_lossless.stores.sqlite import SqliteStore
+from tests.integration.conftest import CLIENTS
+from tests.support.mcp_http import dev_token
+from tests.support.modern_http import ModernPeer, answer, meta
+from tests.support.uvicorn_server import lossless_server
+
+pytestmark = pytest.mark.anyio
+
+NAME_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+RUNS: list[str] = []
+"""What ``book`` did, run by run: a retry runs the tool again from its start."""
+
+
+def tools() -> ToolRegistry:
+    registry = demo_tools()
+
+    @registry.tool()
+    async def book(ctx: ToolContext, city: str) -> str:
+        """Asks the traveller's name, then whether to confirm: two rounds."""
+        RUNS.append(city)
+        name = await ctx.request("elicitation/create", {"message": "Name?", "requestedSchema": NAME_SCHEMA})
+        sure = await ctx.request("elicitation/create", {"message": "Sure?", "requestedSchema": {"type": "object"}})
+        return f"booked {city} for {name['content']['name']} ({sure['action']})"
+
+    @registry.tool(task=True)
+    async def approve(ctx: ToolContext, item: str) -> str:
+        """A task that waits for its owner's approval."""
+        answer = await ctx.request("elicitation/create", {"message": f"Approve {item}?", "requestedSchema": {}})
+        return f"{item}: {answer['action']}"
+
+    region = {"type": "string", "x-mcp-header": "Region"}
+    schema = {"type": "object", "properties": {"region": region, "n": {"type": "integer", "x-mcp-header": "N"}}}
+
+    @registry.tool(input_schema=schema)
+    async def routed(region: str, n: int | None = None) -> str:
+        """Mirrors ``region`` and ``n`` into headers."""
+        return f"{region}/{n}"
+
+    return registry
+
+
+def serve(store: EventStore, limits: Limits | None = None) -> Iterator[str]:
+    def make(port: int) -> object:
+        config = ServerConfig(port=port, store="memory", dev_clients=CLIENTS, limits=limits or Limits())
+        return create_app(config, tools(), store=store)
+
+    with lossless_server(make) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def base() -> Iterator[str]:
+    yield from serve(MemoryStore())
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def any_store_base(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    store: EventStore
+    if request.param == "memory":
+        store = MemoryStore()
+    elif request.param == "sqlite":
+        store = SqliteStore(str(tmp_path / "events.db"))
+    else:
+        store = RedisStore(request.getfixturevalue("redis_url"), prefix=f"input-{uuid.uuid4().hex}")
+    yield from serve(store)
+
+
+async def poll_while(peer: ModernPeer, task_id: str, *statuses: str) -> dict[str, Any]:
+    """``tasks/get`` at the server's ``pollIntervalMs`` while the task is in one of ``statuses``."""
+    with anyio.fail_after(10):
+        while True:
+            polled: dict[str, Any] = answer(await peer.task("tasks/get", task_id))["result"]
+            if polled["status"] not in statuses:
+                return polled
+            await anyio.sleep(polled["pollIntervalMs"] / 1000)
+
+
+def with_elicitation(peer: ModernPeer) -> ModernPeer:
+    """The peer's requests declare that the client can answer elicitations (and the tasks extension)."""
+    capabilities = {**meta()["io.modelcontextprotocol/clientCapabilities"], "elicitation": {}}
+    original = peer.message
+
+    def message(method: str, params: dict[str, Any] | None = None, request_id: int | None = None) -> dict[str, Any]:
+        sent = original(method, params, request_id)
+        sent["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = capabilities
+        return sent
+
+    peer.message = message  # type: ignore[method-assign]
+    return peer
+
+
+async def test_a_call_asks_round_by_round_and_the_state_is_bound_to_its_principal(
+    http: httpx.AsyncClient, base: str
+) -> None:
+    alice = with_elicitation(ModernPeer(http, base, await dev_token(http, base, f"{base}/mcp")))
+    mallory_token = await dev_token(http, base, f"{base}/mcp", client=("mallory", CLIENTS["mallory"]))
+    mallory = with_elicitation(ModernPeer(http, base, mallory_token))
+    RUNS.clear()
+    call = {"name": "book", "arguments": {"city": "Oslo"}}
+
+    first = answer(await alice.request("tools/call", call))["result"]
+    assert first["resultType"] == "input_required" and "content" not in first
+    (key,) = first["inputRequests"]
+    assert first["inputRequests"][key]["method"] == "elicitation/create"
+    name = {key: {"action": "accept", "content": {"name": "Alice"}}}
+
+    stolen = await mallory.request("tools/call", {**call, "requestState": first["requestState"]})
+    error = answer(stolen)["error"]
+    assert error["code"] == INVALID_PARAMS and "another principal" in error["message"], "no replay across users"
+    other_city = {"name": "book", "arguments": {"city": "Rome"}, "requestState": first["requestState"]}
+    assert answer(await alice.request("tools/call", other_city))["error"]["code"] == INVALID_PARAMS
+
+    retry = {**call, "inputResponses": name, "requestState": first["requestState"]}
+    second = answer(await alice.request("tools/call", retry))["result"]
+    assert second["resultType"] == "input_required" and key not in second["inputRequests"], "the next question"
+    (key2,) = second["inputRequests"]
+    assert second["requestState"] != first["requestState"]
+    done = await alice.request(
+        "tools/call",
+        {**call, "inputResponses": {key2: {"action": "accept"}}, "requestState": second["requestState"]},
+    )
+    result = answer(done)["result"]
+    assert result["resultType"] == "complete"
+    assert result["content"][0]["text"] == "booked Oslo for Alice (accept)", "the first answer rode in the state"
+    assert RUNS == ["Oslo", "Oslo", "Oslo"], "each round runs the tool from its start; a refused state runs nothing"
+
+    bare = ModernPeer(http, base, await dev_token(http, base, f"{base}/mcp"), tasks=False)
+    undeclared = await bare.request("tools/call", call)
+    assert undeclared.status == 400 and answer(undeclared)["error"]["code"] == -32021, "never ask undeclared input"
+
+
+async def test_a_task_waits_for_input_and_each_poll_and_update_is_authorized(
+    http: httpx.AsyncClient, any_store_base: str
+) -> None:
+    base = any_store_base
+    aggregate = await dev_token(http, base, f"{base}/mcp")
+    narrowed = await dev_token(http, base, f"{base}/mcp/tools/search")
+    peer = with_elicitation(ModernPeer(http, base, aggregate))
+    created = answer(await peer.call("approve", item="invoice-7"))["result"]
+    assert created["resultType"] == "task" and "inputRequests" not in created
+    task_id = created["taskId"]
+    polled = await poll_while(peer, task_id, "working")
+    assert polled["status"] == "input_required"
+    (key,) = polled["inputRequests"]
+    assert polled["inputRequests"][key]["params"]["message"] == "Approve invoice-7?"
+
+    denied = await peer.task("tasks/get", task_id, token=narrowed)
+    assert denied.status == 403 and answer(denied)["error"]["code"] == TASK_DENIED
+    assert b"invoice-7" not in denied.body, "not a byte of the task's state, its input requests included"
+    update = {"taskId": task_id, "inputResponses": {key: {"action": "accept"}}}
+    refused = await peer.request("tasks/update", update, token=narrowed)
+    assert refused.status == 403 and answer(refused)["error"]["code"] == TASK_DENIED
+    still = answer(await peer.task("tasks/get", task_id))["result"]
+    assert still["status"] == "input_required" and key in still["inputRequests"], "a denied update delivers nothing"
+
+    ack = answer(await peer.request("tasks/update", update))["result"]
+    assert ack == {"resultType": "complete"}
+    polled = await poll_while(peer, task_id, "working", "input_required")
+    assert polled["status"] == "completed" and polled["result"]["content"][0]["text"] == "invoice-7: accept"
+
+
+async def test_mirrored_parameters_must_match_their_headers(http: httpx.AsyncClient, base: str) -> None:
+    peer = ModernPeer(http, base, await dev_token(http, base, f"{base}/mcp"))
+    message = peer.message("tools/call", {"name": "routed", "arguments": {"region": "eu west", "n": 42}})
+    ok = await peer.send(message, headers={"mcp-param-region": "eu west", "mcp-param-n": "42.0"})
+    assert ok.status == 200 and answer(ok)["result"]["content"][0]["text"] == "eu west/42", ok.body
+    encoded = await peer.send(message, headers={"mcp-param-region": "=?base64?ZXUgd2VzdA==?=", "mcp-param-n": "42"})
+    assert encoded.status == 200, encoded.body
+    for headers in (
+        {"mcp-param-n": "42"},
+        {"mcp-param-region": "eu east", "mcp-param-n": "42"},
+        {"mcp-param-region": "eu west", "mcp-param-n": "41"},
+        {"mcp-param-region": "=?base64?ZXUgd2VzdA?=", "mcp-param-n": "42"},
+    ):
+        read = await peer.send(message, headers=headers)
+        assert read.status == 400 and answer(read)["error"]["code"] == HEADER_MISMATCH, headers
+    only_region = peer.message("tools/call", {"name": "routed", "arguments": {"region": "x", "n": None}})
+    assert (await peer.send(only_region, headers={"mcp-param-region": "x"})).status == 200, "null: no header"
