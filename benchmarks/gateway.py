@@ -48,6 +48,20 @@ SESSIONS = 16
 """The gateway's sessions with the SDK server: as many as the direct run's clients (the SDK serializes per session)."""
 
 
+PROFILED = """
+import atexit, cProfile, runpy, signal, sys, time
+out, script = sys.argv[1], sys.argv[2]
+sys.argv = sys.argv[2:]
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # uvicorn re-raises the signal it handled: exit cleanly
+profile = cProfile.Profile(time.process_time)  # CPU, not wall time: the box is shared
+atexit.register(lambda: (profile.disable(), profile.dump_stats(out)))
+profile.enable()
+runpy.run_path(script, run_name="__main__")
+"""
+"""Runs a script under cProfile, writing the stats at exit (``-m cProfile`` writes none: uvicorn ends the process
+by re-raising the SIGTERM it handled)."""
+
+
 @dataclass(frozen=True)
 class Plan:
     reps: int
@@ -166,7 +180,7 @@ async def window(kind: str, plan: Plan, workdir: Path) -> list[dict[str, Any]]:
             f'[[upstream]]\nname = "sdk"\nurl = "http://{HOST}:{sdk_port}/mcp"\nprefix = ""\nsessions = {SESSIONS}\n'
             f'era = "{plan.era}"\n'
         )
-        profiler = [sys.executable, "-m", "cProfile", "-o", plan.profile] if plan.profile else []
+        profiler = [sys.executable, "-c", PROFILED, plan.profile] if plan.profile else []
         command = [
             *profiler, OURS, "gateway", "--config", str(config), "--host", HOST, "--port", str(port),
             "--store", "memory", "--auth", "none", "--log-level", "warning",
