@@ -123,36 +123,61 @@ async def peer(http: httpx.AsyncClient, base: str, client: str = "a", version: s
     return p
 
 
-class Prober:
-    """Another principal's ping, one after another, while an attack runs: the latencies it saw."""
-
-    def __init__(self, p: Peer) -> None:
-        self.peer = p
-        self.latencies: list[float] = []
-        self.failures: list[str] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def _run(self) -> None:
+async def probe_pings(base: str, token: str, session_id: str, version: str) -> None:
+    """The prober's own process (``--probe``): a ping every 20 ms, each latency (ms) and status on a line."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        p = Peer(http, base, token, version)
+        p.session_id = session_id
         n = 0
         while True:
             n += 1
             began = time.perf_counter()
             try:
-                read = await self.peer.post({"jsonrpc": "2.0", "id": f"probe-{n}", "method": "ping"})
-                if read.status != 200:
-                    self.failures.append(str(read.status))
+                read = await p.post({"jsonrpc": "2.0", "id": f"probe-{n}", "method": "ping"})
+                status = str(read.status)
             except httpx.HTTPError as exc:
-                self.failures.append(type(exc).__name__)
-            self.latencies.append(time.perf_counter() - began)
+                status = type(exc).__name__
+            print(f"{(time.perf_counter() - began) * 1000:.3f} {status}", flush=True)
             await asyncio.sleep(0.02)
 
-    def __enter__(self) -> Prober:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+
+class Prober:
+    """Another principal's ping, one after another, while an attack runs: the latencies it saw.
+
+    The pings run in a process of their own, so that what the attacking client costs this process (reading a
+    flood of events) is not counted as the server's latency.
+    """
+
+    def __init__(self, p: Peer) -> None:
+        self.peer = p
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        async for line in self._proc.stdout:
+            latency, status = line.decode().split()
+            self.latencies.append(float(latency) / 1000)
+            if status != "200":
+                self.failures.append(status)
+
+    async def __aenter__(self) -> Prober:
+        p = self.peer
+        assert p.token is not None and p.session_id is not None
+        args = ["--probe", p.base, p.token, p.session_id, p.version]
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, *args, stdout=asyncio.subprocess.PIPE
+        )
+        self._reader = asyncio.get_running_loop().create_task(self._read())
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._proc is not None and self._reader is not None
+        self._proc.terminate()
+        await self._proc.wait()
+        await self._reader
 
     def summary(self) -> str:
         if not self.latencies:
@@ -165,8 +190,11 @@ class Prober:
 
 
 async def count_stream(p: Peer, payload: Any, limit_s: float) -> tuple[int, int, str]:
-    """POST ``payload`` and count its SSE events without keeping them: (status, events, last message's outcome)."""
-    events, last = 0, b""
+    """POST ``payload`` and count its SSE events without keeping them: (status, events, last message's outcome).
+
+    The outcome also says whether the events' positions (``id: STREAM.SEQ.MAC``, SEQ in hex) came in order,
+    each once: a silent truncation or a repeat shows as a gap."""
+    events, last, seq, gaps = 0, b"", -1, 0  # the priming event names position 0
     async with p.http.stream("POST", p.url, headers=p.headers(), content=orjson.dumps(payload), timeout=limit_s) as r:
         buffer = b""
         async for chunk in r.aiter_bytes():
@@ -176,35 +204,52 @@ async def count_stream(p: Peer, payload: Any, limit_s: float) -> tuple[int, int,
                 if b"data: " in block:
                     events += 1
                     last = block
+                    if block.startswith(b"id: "):
+                        position = int(block[4 : block.index(b"\n")].split(b".")[1], 16)
+                        gaps += position != seq + 1
+                        seq = position
         status = r.status_code
     outcome = "result" if b'"result"' in last else "error: " + last[-160:].decode(errors="replace") if last else "none"
-    return status, events, outcome
+    order = "in order" if not gaps else f"{gaps} out of order"
+    return status, events, f"{outcome} ({order})" if events else outcome
 
 
 # -- the rows ------------------------------------------------------------------------------------------------
 
 
-async def h1(repo: Path, quick: bool) -> str:
+async def h1(repo: Path, quick: bool, store: str = "memory") -> str:
     steps = 200_000 if quick else 1_000_000
-    with server(repo) as (base, pid, _):
+    with server(repo, store) as (base, pid, _):
         async with httpx.AsyncClient(timeout=120) as http:
             flooder, other = await peer(http, base, "a"), await peer(http, base, "b")
             before = rss_mib(pid)
-            with Sampler(pid) as rss, Prober(other) as probe:
-                began = time.perf_counter()
-                try:
-                    status, events, outcome = await asyncio.wait_for(
-                        count_stream(flooder, call(1, "search", "p", query="q", steps=steps, delay_ms=0), 150), 160
-                    )
-                except (TimeoutError, httpx.HTTPError) as exc:
-                    status, events, outcome = 0, 0, type(exc).__name__
-                took = time.perf_counter() - began
-                await asyncio.sleep(0.3)
+            with Sampler(pid) as rss:
+                async with Prober(other) as probe:
+                    began = time.perf_counter()
+                    flood = call(1, "search", "p", query="q", steps=steps, delay_ms=0)
+                    try:
+                        status, events, outcome = await asyncio.wait_for(count_stream(flooder, flood, 300), 310)
+                    except (TimeoutError, httpx.HTTPError) as exc:
+                        status, events, outcome = 0, 0, type(exc).__name__
+                    took = time.perf_counter() - began
+                    await asyncio.sleep(0.3)
             after = rss_mib(pid)
+    kind = store.partition(":")[0]
     return (
-        f"{steps:,} progress steps, delay 0: HTTP {status}, {events:,} events in {took:.1f} s, last: {outcome[:60]}; "
-        f"{probe.summary()}; RSS {before:.0f} → peak {rss.peak:.0f} → {after:.0f} MiB after"
+        f"{kind}, {steps:,} progress steps, delay 0: HTTP {status}, {events:,} events in {took:.1f} s, "
+        f"last: {outcome[:60]}; {probe.summary()}; RSS {before:.0f} → peak {rss.peak:.0f} → {after:.0f} MiB after"
     )
+
+
+async def h1_sqlite(repo: Path, quick: bool) -> str:
+    return await h1(repo, quick, "sqlite:abuse.db")
+
+
+async def h1_redis(repo: Path, quick: bool) -> str:
+    from tests.support.redis_server import redis_server
+
+    with redis_server() as redis:
+        return await h1(repo, quick, redis.url)
 
 
 async def h2(repo: Path, quick: bool) -> str:
@@ -217,7 +262,7 @@ async def h2(repo: Path, quick: bool) -> str:
             max_status, max_events, _ = await count_stream(batcher, at_max, 110)
             max_took = time.perf_counter() - began
             batch = [{"jsonrpc": "2.0", "id": i, "method": "ping"} for i in range(20_000)]
-            with Prober(other) as probe:
+            async with Prober(other) as probe:
                 began = time.perf_counter()
                 try:
                     status, events, _ = await asyncio.wait_for(count_stream(batcher, batch, 110), 120)
@@ -421,7 +466,39 @@ def m5(repo: Path, quick: bool) -> str:
     )
 
 
+class ChunkedSse:
+    """The SSE events of one raw HTTP/1.1 chunked response, decoded as its bytes arrive."""
+
+    def __init__(self) -> None:
+        self.raw = b""
+        self.body = b""
+        self.head_done = False
+        self.positions: list[int] = []
+
+    def feed(self, data: bytes) -> None:
+        self.raw += data
+        if not self.head_done:
+            if b"\r\n\r\n" not in self.raw:
+                return
+            self.raw = self.raw.split(b"\r\n\r\n", 1)[1]
+            self.head_done = True
+        while b"\r\n" in self.raw:
+            line, rest = self.raw.split(b"\r\n", 1)
+            size = int(line, 16)
+            if len(rest) < size + 2:
+                break
+            self.body += rest[:size]
+            self.raw = rest[size + 2 :]
+        *blocks, self.body = self.body.split(b"\n\n")
+        for block in blocks:
+            if block.startswith(b"id: ") and b"data: " in block:
+                self.positions.append(int(block[4 : block.index(b"\n")].split(b".")[1], 16))
+
+
 async def m6(repo: Path, quick: bool) -> str:
+    """Ten calls whose clients send the request and read nothing for ``seconds``: the server's RSS meanwhile.
+    Then each client reads for a few seconds: its events must come in order from the priming event (position 0)
+    on, each once."""
     seconds = 10 if quick else 20
     with server(repo) as (base, pid, _):
         async with httpx.AsyncClient(timeout=60) as http:
@@ -431,22 +508,44 @@ async def m6(repo: Path, quick: bool) -> str:
             for i, p in enumerate(peers):  # a call with progress every 1 ms, then never read a byte
                 body = orjson.dumps(call(i, "search", "p", query="q", steps=1_000_000, delay_ms=1))
                 head = "".join(f"{k}: {v}\r\n" for k, v in p.headers().items())
-                sock = socket.create_connection(("127.0.0.1", port))
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.connect(("127.0.0.1", port))
                 sock.sendall(
                     f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\n{head}content-length: {len(body)}\r\n\r\n".encode()
                     + body
                 )
                 socks.append(sock)
-            await asyncio.sleep(2)
+            await asyncio.sleep(5)  # the tools fill the connections' buffers and their backlogs (~3 s at 1 ms)
             samples = [rss_mib(pid)]
             for _ in range(seconds):
                 await asyncio.sleep(1)
                 samples.append(rss_mib(pid))
+            loop = asyncio.get_running_loop()
+            streams = [ChunkedSse() for _ in socks]
+
+            async def read(sock: socket.socket, stream: ChunkedSse) -> None:
+                sock.setblocking(False)
+                deadline = time.monotonic() + 3
+                with contextlib.suppress(TimeoutError):
+                    while (left := deadline - time.monotonic()) > 0:
+                        data = await asyncio.wait_for(loop.sock_recv(sock, 1 << 16), left)
+                        if not data:
+                            return
+                        stream.feed(data)
+
+            await asyncio.gather(*(read(sock, stream) for sock, stream in zip(socks, streams, strict=True)))
             for sock in socks:
                 sock.close()
     growth = (samples[-1] - samples[0]) / seconds
-    return f"10 clients not reading for {seconds} s: RSS {samples[0]:.0f} → {samples[-1]:.0f} MiB ({growth:+.1f} MiB/s)"
+    spread = max(samples) - min(samples)
+    got = [len(stream.positions) for stream in streams]
+    in_order = sum(stream.positions == list(range(len(stream.positions))) for stream in streams)  # priming: 0
+    return (
+        f"10 clients not reading for {seconds} s: RSS {samples[0]:.0f} → {samples[-1]:.0f} MiB ({growth:+.1f} MiB/s, "
+        f"range {spread:.0f} MiB); then reading for 3 s: {min(got):,}-{max(got):,} events each, "
+        f"{in_order}/10 in order from the priming event on, each once"
+    )
 
 
 async def l1(repo: Path, quick: bool) -> str:
@@ -469,6 +568,8 @@ async def l2(repo: Path, quick: bool) -> str:
 
 ROWS: dict[str, tuple[str, Callable[[Path, bool], Awaitable[str] | str]]] = {
     "H1": ("a tool reporting progress without awaiting", h1),
+    "H1s": ("the same, SQLite store", h1_sqlite),
+    "H1r": ("the same, Redis store", h1_redis),
     "H2": ("a 2025-03-26 batch of 20,000 pings", h2),
     "H3": ("16 unfinished 32 MB headers, unauthenticated", h3),
     "M1": ("the memory store's cost per kept event", m1),
@@ -534,7 +635,12 @@ def main() -> None:
     parser.add_argument(
         "--merge", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="write the report from two runs"
     )
+    parser.add_argument("--probe", nargs=4, metavar=("BASE", "TOKEN", "SESSION", "VERSION"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.probe:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(probe_pings(*args.probe))
+        return
     if args.merge:
         write_report(*(orjson.loads(p.read_bytes()) for p in args.merge))
         return

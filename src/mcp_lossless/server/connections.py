@@ -12,6 +12,8 @@ request costs a few dict operations, not a timer of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -23,6 +25,12 @@ from ..core.limits import LimitExceeded, Limits
 
 SWEEP_SECONDS = (0.05, 1.0)
 """Bounds of the sweep interval: a quarter of the shortest deadline, within these."""
+UNSENT_BYTES = 128 * 1024
+"""Bytes a connection's kernel send queue takes beyond what is in flight (``TCP_NOTSENT_LOWAT``): past it a
+write waits, so a client that does not read makes its stream's writer, then its tool, wait (docs/limits.md)
+after this much rather than after the several megabytes the kernel's buffer grows to. What is in flight is
+bounded by the client's receive window, so throughput on long links is unaffected."""
+_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", None)
 
 
 def refusal_bytes(exceeded: LimitExceeded) -> bytes:
@@ -95,6 +103,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and _NOTSENT_LOWAT is not None:
+            with contextlib.suppress(OSError):  # not TCP (a Unix socket): its buffer is small already
+                sock.setsockopt(socket.IPPROTO_TCP, _NOTSENT_LOWAT, UNSENT_BYTES)
         self._head_bytes = 0
         self._in_head = True
         self._refusal: LimitExceeded | None = None

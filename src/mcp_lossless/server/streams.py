@@ -295,6 +295,8 @@ class LiveStream:
         record = self.record
         store = self._store
         request_id = request.request_id
+        if not self.answers_only:  # held until sent: an exact-size copy (``orjson.dumps`` keeps ~4 KiB per result)
+            data = bytes(memoryview(data))
         lock = self._lock
         await lock.acquire()  # one coroutine; ``async with`` costs three on this per-event path
         try:
