@@ -35,6 +35,7 @@ LIMIT_FLAGS: dict[str, tuple[type, str]] = {
     "streams_per_session": (int, "streams one session holds: POST streams still running and its GET stream (429)"),
     "stream_backlog": (int, "events of one stream not yet sent to its client; past it the tool's next progress waits"),
     "stream_backlog_bytes": (int, "payload bytes of that backlog; past it the tool's next progress waits"),
+    "running_tasks": (int, "2026-07-28 tasks this process runs at once, waiting for input included (503)"),
 }
 """Every :class:`~mcp_lossless.core.limits.Limits` field as a flag ``--max-header-bytes`` (docs/limits.md)."""
 

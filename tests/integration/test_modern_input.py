@@ -1,6 +1,6 @@
 """Client input on the 2026-07-28 leg over real HTTP with real signed JWTs: multi round-trip requests (the
 sealed ``requestState`` bound to its principal), tasks that wait ``input_required`` under the task layer's
-authorization (every store), and ``x-mcp-header`` validation."""
+authorization (every store), the running-task cap, and ``x-mcp-header`` validation."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import anyio
 import httpx
 import pytest
 
-from mcp_lossless.core.errors import HEADER_MISMATCH, INVALID_PARAMS, TASK_DENIED
+from mcp_lossless.core.errors import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_PARAMS, TASK_DENIED
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
@@ -181,6 +181,25 @@ async def test_a_task_waits_for_input_and_each_poll_and_update_is_authorized(
     assert ack == {"resultType": "complete"}
     polled = await poll_while(peer, task_id, "working", "input_required")
     assert polled["status"] == "completed" and polled["result"]["content"][0]["text"] == "invoice-7: accept"
+
+
+async def test_past_the_running_task_cap_a_task_is_refused_with_503(http: httpx.AsyncClient) -> None:
+    for base in serve(MemoryStore(), Limits(running_tasks=1)):
+        peer = with_elicitation(ModernPeer(http, base, await dev_token(http, base, f"{base}/mcp")))
+        first = answer(await peer.call("approve", item="a"))["result"]
+        refused = await peer.call("approve", item="b")
+        assert refused.status == 503 and refused.headers["retry-after"] == "5"
+        error = answer(refused)["error"]
+        assert error["code"] == INTERNAL_ERROR and error["data"]["limit"] == "running_tasks"
+        assert error["data"]["maximum"] == 1
+        assert answer(await peer.task("tasks/cancel", first["taskId"]))["result"] == {"resultType": "complete"}
+        assert (await poll_while(peer, first["taskId"], "working", "input_required"))["status"] == "cancelled"
+        for _ in range(100):  # the cancelled task leaves the process just after its outcome is stored
+            again = await peer.call("approve", item="c")
+            if again.status != 503:
+                break
+            await anyio.sleep(0.05)
+        assert answer(again)["result"]["resultType"] == "task", "the slot is free again"
 
 
 async def test_mirrored_parameters_must_match_their_headers(http: httpx.AsyncClient, base: str) -> None:

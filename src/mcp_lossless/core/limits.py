@@ -46,6 +46,9 @@ class Limits:
     (or resumes). What bounds a stream's memory; the events themselves are safe in the store meanwhile."""
     stream_backlog_bytes: int = 8 * 1024 * 1024
     """The same backlog's payload bytes: whichever of the two is reached first makes the tool wait."""
+    running_tasks: int = 1000
+    """Tasks (2026-07-28 tasks extension) this process runs at once, waiting for input included (503 beyond,
+    whatever the task store: a task costs this process memory until it ends)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -158,4 +161,21 @@ def new_stream(limits: Limits, open_streams: int) -> LimitExceeded | None:
         429,
         f"this session has {cap} streams at work, the most allowed",
         retry_after=CALL_RETRY_SECONDS,
+    )
+
+
+TASK_RETRY_SECONDS = 5
+
+
+def new_task(limits: Limits, running: int) -> LimitExceeded | None:
+    """A process running ``running`` tasks creates another."""
+    cap = limits.running_tasks
+    if running < cap:
+        return None
+    return LimitExceeded(
+        "running_tasks",
+        cap,
+        503,
+        f"this server runs {cap} tasks, the most allowed; retry later",
+        retry_after=TASK_RETRY_SECONDS,
     )

@@ -27,6 +27,7 @@ from .. import __version__
 from ..asgi import Receive, Send, respond
 from ..core import errors, frames, mrtr, protocol
 from ..core.events import RequestId
+from ..core.limits import new_task as task_limit
 from ..core.principal import Grant
 from ..core.resources import describe, requirement, resources_in, scopes_in
 from ..core.tasks import (
@@ -629,6 +630,11 @@ class ModernLeg:
         channel: _TaskChannel,
     ) -> None:
         s = self.s
+        exceeded = task_limit(s.config.limits, len(self.running))
+        if exceeded is not None:  # a running task holds this process's memory, whatever the store
+            s.metrics.limit_refusals.labels(exceeded.limit).inc()
+            data = {"limit": exceeded.limit, "maximum": exceeded.maximum, "retryAfter": exceeded.retry_after}
+            raise _refused(exceeded.status, errors.INTERNAL_ERROR, exceeded.message, data, exceeded.headers())
         at = now()
         if at - self._purged_at > PURGE_EVERY_SECONDS:
             self._purged_at = at
