@@ -179,11 +179,15 @@ class Prober:
         await self._proc.wait()
         await self._reader
 
+    def p99(self) -> float:
+        ordered = sorted(self.latencies) or [float("nan")]
+        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
     def summary(self) -> str:
         if not self.latencies:
             return "no ping answered"
         ordered = sorted(self.latencies)
-        p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        p99 = self.p99()
         failed = f", {len(self.failures)} failed" if self.failures else ""
         worst = ordered[-1] * 1000
         return f"other client's ping: {len(ordered)} sent, p99 {p99 * 1000:.0f} ms, worst {worst:.0f} ms{failed}"
@@ -222,6 +226,8 @@ async def h1(repo: Path, quick: bool, store: str = "memory") -> str:
     with server(repo, store) as (base, pid, _):
         async with httpx.AsyncClient(timeout=120) as http:
             flooder, other = await peer(http, base, "a"), await peer(http, base, "b")
+            async with Prober(other) as idle:  # the same pings with nothing else running: what the box allows
+                await asyncio.sleep(3)
             before = rss_mib(pid)
             with Sampler(pid) as rss:
                 async with Prober(other) as probe:
@@ -237,7 +243,8 @@ async def h1(repo: Path, quick: bool, store: str = "memory") -> str:
     kind = store.partition(":")[0]
     return (
         f"{kind}, {steps:,} progress steps, delay 0: HTTP {status}, {events:,} events in {took:.1f} s, "
-        f"last: {outcome[:60]}; {probe.summary()}; RSS {before:.0f} → peak {rss.peak:.0f} → {after:.0f} MiB after"
+        f"last: {outcome[:60]}; {probe.summary()} (idle: p99 {idle.p99() * 1000:.0f} ms); "
+        f"RSS {before:.0f} → peak {rss.peak:.0f} → {after:.0f} MiB after"
     )
 
 

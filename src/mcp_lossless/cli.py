@@ -270,7 +270,7 @@ def serve(args: argparse.Namespace) -> int:
     from .server.app import create_app
     from .server.conformance import conformance_app
     from .server.observability import configure_logging
-    from .server.serving import lossless_server
+    from .server.serving import freeze_startup_heap, lossless_server
     from .server.targets import TargetError, load_registry
 
     config = build_config(args)
@@ -305,6 +305,7 @@ def serve(args: argparse.Namespace) -> int:
         )
         print(f"mcp-lossless: authorization {consent}", file=sys.stderr)
     server = lossless_server(app)
+    freeze_startup_heap()
     server.run()
     return 0 if server.started else STARTUP_FAILURE
 
