@@ -165,7 +165,8 @@ async def test_a_stream_answered_but_never_marked_complete_ends_on_resume(http: 
 
 
 class HeldAnswers(MemoryStore):
-    """Holds the answer of request ``held`` in ``append`` until released: the window a cancel used to land in."""
+    """Holds the answer of request ``held`` in the store until released (as a durable store's commit does):
+    the window a cancel used to land in."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -173,12 +174,16 @@ class HeldAnswers(MemoryStore):
         self._release: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def append(self, event: StoredEvent, completes: bool = False) -> None:
-        if event.terminal and event.request_id == "held":
-            self._loop, self._release = asyncio.get_running_loop(), asyncio.Event()
-            self.entered.set()
-            await self._release.wait()
-        await super().append(event, completes)
+    def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
+        if not (event.terminal and event.request_id == "held"):
+            return super().enqueue(event, completes)
+        self._loop, self._release = asyncio.get_running_loop(), asyncio.Event()
+        self.entered.set()
+        return asyncio.ensure_future(self._held(self._release, event, completes))
+
+    async def _held(self, release: asyncio.Event, event: StoredEvent, completes: bool) -> None:
+        await release.wait()
+        await self.append(event, completes)
 
     def release(self) -> None:
         assert self._loop is not None and self._release is not None
