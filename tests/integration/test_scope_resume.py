@@ -17,6 +17,8 @@ import anyio
 import httpx
 import pytest
 
+from mcp_lossless.audit.tokens import unverified_claims
+from mcp_lossless.client import OAuth
 from mcp_lossless.core.errors import DELIVERY_REFUSED
 from mcp_lossless.core.protocol import SCOPES_META_KEY
 from mcp_lossless.server.app import create_app
@@ -232,3 +234,24 @@ def test_a_tool_refuses_scopes_that_are_not_scope_tokens() -> None:
 
 async def _noop() -> str:
     return ""
+
+
+async def test_a_fresh_grant_asks_for_the_scopes_a_refusal_named_besides_those_asked_before(
+    http: httpx.AsyncClient,
+) -> None:
+    """What the client does with an in-band refusal's ``requiredScopes`` (no challenge header carries them
+    after commit): the fresh grant asks the real dev AS for the union, and the token it gets holds both."""
+
+    def make(port: int) -> object:
+        config = ServerConfig(port=port, store="memory", dev_clients=dict([CLIENT]))
+        return create_app(config, scoped_tools(Gates()))
+
+    with lossless_server(make) as base:
+        auth = OAuth(*CLIENT, scope="files:write")
+        auth.bind(http, f"{base}/mcp")
+        before = await auth.token(frozenset())
+        await auth.reauthorize(frozenset(), frozenset({"files:read"}))
+        after = await auth.token(frozenset())
+    assert before is not None and after is not None
+    assert (unverified_claims(before) or {})["scope"] == "files:write"
+    assert set((unverified_claims(after) or {})["scope"].split()) == {"files:read", "files:write"}

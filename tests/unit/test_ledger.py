@@ -263,6 +263,24 @@ def test_delivery_refused_is_not_terminal_reauthorize_then_resume_same_cursor() 
     assert only(actions, Resolve) == [Resolve(key, wire, Answered(result(wire)))]
 
 
+def test_an_in_band_refusal_naming_scopes_asks_for_them_once_and_the_next_refusal_starts_afresh() -> None:
+    """``requiredScopes`` of a DELIVERY_REFUSED reach the re-authorization (the client asks for the union); a
+    fresh grant clears them, so a later refusal names only its own."""
+    ledger = Ledger("p")
+    _, send = start(ledger)
+    wire = send.message["id"]
+    ledger.received(send.link, [ev("e0", None), ev("e1", progress(wire, 1))], "e1")
+    scoped = {**refusal("e1"), "requiredResources": [], "requiredScopes": ["files:read", "files:admin"]}
+    (reauth,) = only(ledger.received(send.link, [ev("e1", error(wire, DELIVERY_REFUSED, scoped))], "e1"), Reauthorize)
+    assert (reauth.scopes, reauth.resources) == (frozenset({"files:read", "files:admin"}), frozenset({FETCH}))
+    (resume,) = ledger.reauthorized(reauth.stream)
+    actions = ledger.received(resume.link, [ev("e2", progress(wire, 2))], "e2")
+    assert only(actions, Reauthorize) == []
+    actions = ledger.received(resume.link, [ev("e2", error(wire, DELIVERY_REFUSED, refusal("e2")))], "e2")
+    (again,) = only(actions, Reauthorize)
+    assert again.scopes == frozenset(), "the scopes of the repaired refusal are not asked for again"
+
+
 def test_refusal_without_resumable_is_an_ordinary_error() -> None:
     ledger = Ledger("p")
     key, send = start(ledger)

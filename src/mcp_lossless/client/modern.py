@@ -86,6 +86,19 @@ def _headers(message: Mapping[str, Any], token: str | None) -> dict[str, str]:
     return headers
 
 
+def _required(answer: Mapping[str, Any] | None) -> tuple[frozenset[str], frozenset[str]]:
+    """The resources and scopes a refusal's error ``data`` names as missing (``TASK_DENIED``, ``TOOL_FORBIDDEN``)."""
+    error = answer.get("error") if answer is not None else None
+    data = error.get("data") if isinstance(error, dict) else None
+    if not isinstance(data, dict):
+        return frozenset(), frozenset()
+    resources, scopes = data.get("requiredResources"), data.get("requiredScopes")
+    return (
+        frozenset(r for r in resources if isinstance(r, str)) if isinstance(resources, list) else frozenset(),
+        frozenset(s for s in scopes if isinstance(s, str)) if isinstance(scopes, list) else frozenset(),
+    )
+
+
 class NotModern(Exception):
     """The server's answer to a modern request was not a modern one: it speaks a legacy revision."""
 
@@ -199,12 +212,9 @@ class ModernClient:
                 if challenge is None:
                     raise AuthorizationFailed(f"HTTP {response.status_code} without a Bearer challenge")
                 self._auth.challenged(challenge)
-                error = answer.get("error") if answer is not None else None
-                named = error.get("data", {}).get("requiredResources", []) if isinstance(error, dict) else []
-                resources = (
-                    resources | frozenset(challenge.resources) | frozenset(r for r in named if isinstance(r, str))
-                )
-                await self._auth.reauthorize(resources)
+                named, scopes = _required(answer)
+                resources = resources | frozenset(challenge.resources) | named
+                await self._auth.reauthorize(resources, scopes)
                 continue
             if answer is None:
                 raise RequestRejected(f"HTTP {response.status_code} without a JSON-RPC answer")

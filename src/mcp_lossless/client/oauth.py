@@ -104,8 +104,9 @@ class Auth:
     def challenged(self, challenge: Challenge) -> None:
         """Learn from a challenge (where the metadata is, which scope and resources are wanted)."""
 
-    async def reauthorize(self, resources: frozenset[str]) -> None:
-        """Obtain a fresh grant covering ``resources``; raise :class:`AuthorizationFailed` if impossible."""
+    async def reauthorize(self, resources: frozenset[str], scopes: frozenset[str] = frozenset()) -> None:
+        """Obtain a fresh grant covering ``resources``, asking for ``scopes`` besides what was asked before;
+        raise :class:`AuthorizationFailed` if impossible."""
         raise AuthorizationFailed("the server requires authorization and the client has no credentials")
 
 
@@ -118,7 +119,7 @@ class BearerToken(Auth):
     async def token(self, resources: frozenset[str]) -> str | None:
         return self._token
 
-    async def reauthorize(self, resources: frozenset[str]) -> None:
+    async def reauthorize(self, resources: frozenset[str], scopes: frozenset[str] = frozenset()) -> None:
         raise AuthorizationFailed("the server refused the fixed bearer token and it cannot be renewed")
 
 
@@ -318,10 +319,12 @@ class OAuth(Auth):
                 )
                 return held.value
 
-    async def reauthorize(self, resources: frozenset[str]) -> None:
-        """A fresh grant for ``resources``; every cached token that was refused is forgotten."""
+    async def reauthorize(self, resources: frozenset[str], scopes: frozenset[str] = frozenset()) -> None:
+        """A fresh grant for ``resources`` and the union of the scopes asked for so far with ``scopes`` (a refresh
+        cannot widen a grant); every cached token that was refused is forgotten."""
         async with self._lock:
             self._needed = True
+            self._scope.challenged(" ".join(sorted(scopes)))
             if self._rediscover:
                 self._rediscover = False
                 self._as = None

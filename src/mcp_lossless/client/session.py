@@ -477,12 +477,15 @@ class Session:
         if status in (401, 403):
             challenge = parse_challenge(response.headers.get("www-authenticate"))
             required: list[str] = list(challenge.resources) if challenge else []
+            scopes: list[str] = []
             if isinstance(parsed, dict) and isinstance(parsed.get("requiredResources"), list):
                 required += [r for r in parsed["requiredResources"] if isinstance(r, str)]
+            if isinstance(parsed, dict) and isinstance(parsed.get("requiredScopes"), list):
+                scopes += [s for s in parsed["requiredScopes"] if isinstance(s, str)]
             if challenge is not None:
                 self.auth.challenged(challenge)
                 detail = f"HTTP {status} {challenge.error or ''}: {challenge.description or _snippet(body)}"
-            self._apply(self.ledger.unauthorized(link, required, detail))
+            self._apply(self.ledger.unauthorized(link, required, detail, scopes))
         elif status == 404 and sent_on is not None:
             self._session_lost(link, sent_on, resuming)
         elif 400 <= status < 500 and resuming:
@@ -510,7 +513,7 @@ class Session:
 
     async def _reauthorize(self, action: Reauthorize) -> None:
         try:
-            await self.auth.reauthorize(action.resources)
+            await self.auth.reauthorize(action.resources, action.scopes)
         except AuthorizationFailed as exc:
             self._apply(self.ledger.reauthorization_failed(action.stream, exc.reason))
         else:

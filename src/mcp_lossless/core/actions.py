@@ -135,12 +135,15 @@ class Resume:
 
 @dataclass(frozen=True, slots=True)
 class Reauthorize:
-    """Obtain a fresh grant for ``resources``, then report :meth:`Ledger.reauthorized` or ``..._failed``."""
+    """Obtain a fresh grant for ``resources`` and ``scopes`` (the union with what was asked before), then report
+    :meth:`Ledger.reauthorized` or ``..._failed``."""
 
     stream: StreamKey
     resources: frozenset[str]
     cursor: str | None
     reason: str
+    scopes: frozenset[str] = frozenset()
+    """Scopes the server named as missing (an in-band refusal's ``requiredScopes``; a challenge names its own)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,6 +112,7 @@ class _Stream:
     reauths: int = 0
     retry_ms: int | None = None
     required: set[str] = field(default_factory=set)
+    required_scopes: set[str] = field(default_factory=set)
     violations: list[str] = field(default_factory=list)
     state: _State = _State.LIVE
 
@@ -264,12 +265,15 @@ class Ledger:
             return self.ended(link, detail)
         return self._recover(stream, FailureKind.MAY_HAVE_RUN, f"connection lost before a response ({detail})")
 
-    def unauthorized(self, link: Link, required: Iterable[str], detail: str) -> list[Action]:
+    def unauthorized(
+        self, link: Link, required: Iterable[str], detail: str, scopes: Iterable[str] = ()
+    ) -> list[Action]:
         """HTTP 401/403 on a POST or a resume: the token must be replaced before anything else."""
         stream = self._live(link)
         if stream is None:
             return []
         stream.required.update(required)
+        stream.required_scopes.update(scopes)
         return self._ask_reauthorization(stream, detail)
 
     def cursor_rejected(self, link: Link, detail: str) -> list[Action]:
@@ -327,6 +331,7 @@ class Ledger:
         if stream is None or stream.state is not _State.REAUTH:
             return []
         stream.required.clear()
+        stream.required_scopes.clear()
         for call in self._calls_on(stream):
             call.refused = False
         if stream.cursor is not None:
@@ -420,9 +425,11 @@ class Ledger:
             reason = f"delivery refused before any event id ({data.get('reason', 'refused')}), cannot resume"
             return self._recover_calls(stream, [call], FailureKind.MAY_HAVE_RUN, reason)
         call.refused = True
-        required = data.get("requiredResources")
+        required, scopes = data.get("requiredResources"), data.get("requiredScopes")
         if isinstance(required, list):
             stream.required.update(r for r in required if isinstance(r, str))
+        if isinstance(scopes, list):
+            stream.required_scopes.update(s for s in scopes if isinstance(s, str))
         out: list[Action] = []
         theirs = data.get("lastEventId")
         if theirs is not None and theirs != stream.cursor:
@@ -489,7 +496,8 @@ class Ledger:
         stream.reauths += 1
         self._enter(stream, _State.REAUTH)
         resources = frozenset(stream.required).union(*(c.spec.resources for c in self._calls_on(stream)))
-        return [CloseStream(stream.key, why), Reauthorize(stream.key, resources, stream.cursor, why)]
+        scopes = frozenset(stream.required_scopes)
+        return [CloseStream(stream.key, why), Reauthorize(stream.key, resources, stream.cursor, why, scopes)]
 
     def _resume(self, stream: _Stream, why: str) -> Resume:
         assert stream.cursor is not None
