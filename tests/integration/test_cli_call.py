@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 
@@ -29,6 +30,7 @@ from mcp_lossless.client.errors import (
     ToolFailed,
 )
 from mcp_lossless.core.arguments import ArgumentError, parse_tool_arguments
+from tests.interop.peers.sdk_modern_server import MODERN, modern_only_sdk_server
 from tests.support.processes import CLI, ServerProcess, cli_server, free_port
 
 CREDENTIALS = ["--client-id", "dev-client", "--client-secret", "dev-secret"]
@@ -67,6 +69,39 @@ def test_result_with_client_credentials_as_json_and_progress_on_stderr(authorize
         "progress 2/3 search step 2/3",
         "progress 3/3 search step 3/3",
     ]
+
+
+def test_a_tool_our_server_runs_as_a_task_is_polled_to_its_result_showing_the_task_progress(
+    authorized: ServerProcess,
+) -> None:
+    """``fetch`` runs as a task on 2026-07-28: stderr shows the task, its progress as the server's status
+    message while it works, and its end; stdout has the result. The call never used a session."""
+    url = f"{authorized.base}/mcp"
+    done = call(url, "fetch", "url=https://example.com/task", "steps:=4", "delay_ms:=400", *CREDENTIALS)
+    assert done.returncode == EXIT_RESULT, done.stderr
+    assert done.stdout.strip() == "contents of https://example.com/task: 24 bytes"
+    lines = [line for line in done.stderr.splitlines() if line.startswith("task ")]
+    assert len({line.split()[1] for line in lines}) == 1, f"one task: {lines}"
+    assert lines[0].endswith(" working") and lines[-1].endswith(" completed"), lines
+    steps = [int(m.group(1)) for line in lines if (m := re.search(r" working: fetch step (\d)/4$", line))]
+    assert steps and steps == sorted(steps), f"the task's progress, in order: {lines}"
+    assert not [line for line in done.stderr.splitlines() if line.startswith("progress")], "no progress stream"
+
+
+def test_a_2026_only_server_is_called_without_a_session() -> None:
+    """The Python SDK's 2026-07-28 leg with its legacy leg refused: the probe finds it, the call runs there."""
+    with modern_only_sdk_server() as sdk:
+        done = call(sdk.url, "count", "n:=3")
+        seen, refused = list(sdk.requests), sdk.refused
+    assert done.returncode == EXIT_RESULT, done.stderr
+    assert done.stdout.strip() == "counted to 3"
+    assert [line for line in done.stderr.splitlines() if line.startswith("progress")] == [
+        "progress 1/3 step 1/3",
+        "progress 2/3 step 2/3",
+        "progress 3/3 step 3/3",
+    ]
+    assert [m for m, _ in seen] == ["server/discover", "tools/list", "tools/call"]
+    assert {v for _, v in seen} == {MODERN} and refused == 0
 
 
 def test_no_credentials_needed_when_the_server_asks_for_none(open_server: ServerProcess) -> None:

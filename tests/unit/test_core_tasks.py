@@ -22,6 +22,8 @@ from mcp_lossless.core.tasks import (
     Unknown,
     advance,
     authorize,
+    described,
+    detailed_task,
     new_task,
     seen,
 )
@@ -77,6 +79,21 @@ def test_an_outcome_must_fit_its_status(status: TaskStatus) -> None:
         advance(record, status, 1001.0, **wrong)  # type: ignore[arg-type]
     with pytest.raises(IllegalTransition):
         advance(record, TaskStatus.FAILED, 1001.0, error={"message": "no code"})
+
+
+@given(STATUSES, st.floats(0, 100))
+def test_progress_describes_a_live_task_without_changing_its_status_and_never_a_settled_one(
+    status: TaskStatus, later: float
+) -> None:
+    record = fresh() if status is TaskStatus.WORKING else advance(fresh(), status, 1000.0, **outcome_for(status))  # type: ignore[arg-type]
+    if status.terminal:
+        with pytest.raises(IllegalTransition):
+            described(record, "step 2/3", record.updated_at + later)
+        return
+    after = described(record, "step 2/3", record.updated_at + later)
+    assert (after.status, after.message, after.result, after.error) == (status, "step 2/3", None, None)
+    assert after.updated_at == record.updated_at + later, "activity: the TTL counts from it"
+    assert detailed_task(after, 500)["statusMessage"] == "step 2/3"
 
 
 def test_a_lost_task_fails_with_execution_lost_and_a_settled_one_cannot_be_lost() -> None:

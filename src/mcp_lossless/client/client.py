@@ -4,9 +4,9 @@ Every ``call_tool`` ends in exactly one outcome within its deadline: a :class:`T
 the exceptions in :mod:`mcp_lossless.client.errors`.
 
 Protocol revisions: the client offers 2025-11-25 (or the revision it is told to offer) and speaks
-2025-11-25, 2025-06-18 and 2025-03-26, whichever the server answers with. It never sends 2026-07-28:
-servers that speak *only* 2026-07-28 (no sessions, no resumption) are not supported yet; the handshake
-with one fails with :class:`ProtocolViolation` naming the revision it offered.
+2025-11-25, 2025-06-18 and 2025-03-26, whichever the server answers with. It never sends 2026-07-28: the
+handshake with a server that speaks only 2026-07-28 fails. :func:`mcp_lossless.client.modern.open_client`
+picks this client or the 2026-07-28 one (:class:`~mcp_lossless.client.modern.ModernClient`) by the server's era.
 """
 
 from __future__ import annotations

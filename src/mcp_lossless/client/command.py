@@ -1,7 +1,10 @@
 """``mcp-lossless call URL TOOL key=value …``: one tool call from the shell, its one outcome, an exit status.
 
-Progress goes to stderr (a bar on a terminal, one line per update otherwise); the outcome goes to stdout
-(the result's text, or with ``--json`` one JSON document) and, for errors, a sentence on stderr.
+The era is the server's: 2026-07-28 when its ``server/discover`` answers as a modern server (a tool it runs as a
+task is polled to its outcome), else a legacy session (:func:`~mcp_lossless.client.modern.open_client`).
+Progress goes to stderr (a bar on a terminal, one line per update otherwise), and so does a task's state as
+its polls show it (its id, status and status message); the outcome goes to stdout (the result's text, or with
+``--json`` one JSON document) and, for errors, a sentence on stderr.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -28,6 +32,7 @@ from .errors import (
     McpClientError,
     ToolFailed,
 )
+from .modern import ModernClient, TaskUpdate, open_client
 from .oauth import Auth, AuthorizationCodeGrant, LoopbackRedirect, OAuth
 from .session import ProgressUpdate
 
@@ -126,19 +131,34 @@ async def _call(args: argparse.Namespace, arguments: dict[str, Any], err: Consol
         return await _call_with(args, arguments, credentials, show)
 
 
-async def _call_with(
-    args: argparse.Namespace, arguments: dict[str, Any], auth: Auth, show: Callable[[ProgressUpdate], None]
-) -> ToolResult:
-    """The handshake, the tool list and the call share one deadline; the call's own fires first."""
+async def _call_with(args: argparse.Namespace, arguments: dict[str, Any], auth: Auth, show: Display) -> ToolResult:
+    """The era probe (or handshake), the tool list and the call share one deadline; the call's own fires first."""
     deadline = anyio.current_time() + args.timeout
     with anyio.fail_after(args.timeout + SAFETY_MARGIN):
-        async with Client(args.url, auth=auth, timeout=args.timeout) as client:
+        async with open_client(args.url, auth=auth, timeout=args.timeout) as client:
             remaining = max(deadline - anyio.current_time(), MINIMUM_WAIT)
-            return await client.call_tool(args.tool, arguments, on_progress=show, timeout=remaining)
+            if isinstance(client, ModernClient):
+                return await client.call_tool(
+                    args.tool, arguments, on_progress=show.progress, timeout=remaining, on_task_update=show.task
+                )
+            assert isinstance(client, Client)
+            return await client.call_tool(args.tool, arguments, on_progress=show.progress, timeout=remaining)
+
+
+@dataclass(frozen=True, slots=True)
+class Display:
+    """Where a call's progress and its task's state go (stderr)."""
+
+    progress: Callable[[ProgressUpdate], None]
+    task: Callable[[TaskUpdate], None]
+
+
+def _task_line(update: TaskUpdate) -> str:
+    return f"task {update.task_id} {update.status}" + (f": {update.message}" if update.message else "")
 
 
 @contextmanager
-def _progress_display(err: Console, tool: str) -> Iterator[Callable[[ProgressUpdate], None]]:
+def _progress_display(err: Console, tool: str) -> Iterator[Display]:
     """A bar on a terminal; one line per update when stderr is a file or a pipe."""
     if not err.is_terminal:
 
@@ -147,7 +167,10 @@ def _progress_display(err: Console, tool: str) -> Iterator[Callable[[ProgressUpd
             message = f" {update.message}" if update.message else ""
             print(f"progress {update.progress:g}{total}{message}", file=sys.stderr, flush=True)
 
-        yield line
+        def task_line(update: TaskUpdate) -> None:
+            print(_task_line(update), file=sys.stderr, flush=True)
+
+        yield Display(line, task_line)
         return
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"), TimeElapsedColumn(),
@@ -158,7 +181,10 @@ def _progress_display(err: Console, tool: str) -> Iterator[Callable[[ProgressUpd
         def update_bar(update: ProgressUpdate) -> None:
             bar.update(task, completed=update.progress, total=update.total, note=update.message or "")
 
-        yield update_bar
+        def update_task(update: TaskUpdate) -> None:
+            bar.update(task, description=f"{tool} (task {update.task_id[:8]}…)", note=_task_line(update))
+
+        yield Display(update_bar, update_task)
 
 
 def _failed(args: argparse.Namespace, error: BaseException, err: Console) -> int:

@@ -20,6 +20,7 @@ import math
 from base64 import b64encode
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,7 +44,7 @@ from .errors import (
 )
 from .lean import LeanHttp, Response
 from .oauth import Auth, parse_challenge
-from .session import ProgressCallback, ProgressUpdate
+from .session import NOT_SENT_ERRORS, ProgressCallback, ProgressUpdate
 from .transport import ACCEPT_POST, VERSION_HEADER, media_type
 
 MODERN = protocol.STATELESS
@@ -56,6 +57,19 @@ POLL_CEILING_SECONDS = 5.0
 
 TaskHook = Callable[[str, str], None]
 """Called with (task id, tool name) once a call became a task: persist it to resume polling after a restart."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskUpdate:
+    """What the server said of a call's task: on creation, then each time a poll shows a new status or message."""
+
+    task_id: str
+    status: str
+    message: str | None
+    """The task's ``statusMessage`` (the server's progress description while it works), if any."""
+
+
+TaskUpdateCallback = Callable[[TaskUpdate], None]
 
 _eras: dict[str, str] = {}
 """The era of each origin this process has probed (``"modern"`` or ``"legacy"``): a property of the server."""
@@ -233,6 +247,10 @@ class ModernClient:
         """``server/discover``; :class:`NotModern` when the server's answer is not a modern one."""
         try:
             result, _ = await self._request("server/discover", {}, frozenset())
+        except NOT_SENT_ERRORS as exc:
+            raise ConnectionFailed(f"cannot reach {self.url}: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise ProtocolViolation(f"server/discover failed on the wire: {exc!r}") from exc
         except RemoteError as exc:
             supported = exc.data.get("supported") if isinstance(exc.data, dict) else None
             if exc.code == errors.UNSUPPORTED_PROTOCOL_VERSION and isinstance(supported, list) and MODERN in supported:
@@ -302,11 +320,14 @@ class ModernClient:
         on_progress: ProgressCallback | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - a per-call deadline, cancelling the task on the server
         reissue: bool | None = None,
+        on_task_update: TaskUpdateCallback | None = None,
     ) -> ToolResult:
         """Call ``name``: its result, :class:`~mcp_lossless.client.ToolFailed`, or another typed outcome.
 
         ``reissue`` as for :meth:`Client.call_tool`: ``None`` re-issues a call whose response broke only for
-        idempotent tools.
+        idempotent tools. ``on_progress`` gets the progress of a call that runs within its request;
+        ``on_task_update`` the state of one the server runs as a task (a task has no progress notifications:
+        its ``statusMessage`` describes its progress).
         """
         if self._tools is None:
             await self.list_tools()
@@ -336,14 +357,23 @@ class ModernClient:
                 task.append(str(result["taskId"]))
                 if self._on_task is not None:
                     self._on_task(task[0], name)
-                return await self._poll(name, task[0], resources, result.get("pollIntervalMs"))
+                seen = _TaskWatch(task[0], on_task_update)
+                seen.observe(result)
+                return await self._poll(name, task[0], resources, result.get("pollIntervalMs"), seen)
         except TimeoutError:
             if task:
                 with anyio.move_on_after(2, shield=True):
                     await self._request("tasks/cancel", {"taskId": task[0]}, resources)
             raise DeadlineExceeded(f"{name} did not finish within its deadline") from None
 
-    async def resume_task(self, name: str, task_id: str, *, timeout: float | None = None) -> ToolResult:  # noqa: ASYNC109
+    async def resume_task(
+        self,
+        name: str,
+        task_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a deadline for the polling
+        on_task_update: TaskUpdateCallback | None = None,
+    ) -> ToolResult:
         """Poll a task this (or an earlier) process started, e.g. an id a :data:`TaskHook` persisted."""
         if self._tools is None:
             await self.list_tools()
@@ -351,11 +381,13 @@ class ModernClient:
         resources = frozenset({tool.resource}) if tool is not None and tool.resource else frozenset()
         try:
             with anyio.fail_after(self._deadline(timeout)):
-                return await self._poll(name, task_id, resources, None)
+                return await self._poll(name, task_id, resources, None, _TaskWatch(task_id, on_task_update))
         except TimeoutError:
             raise DeadlineExceeded(f"task {task_id} of {name} did not finish within the deadline") from None
 
-    async def _poll(self, name: str, task_id: str, resources: frozenset[str], interval_ms: object) -> ToolResult:
+    async def _poll(
+        self, name: str, task_id: str, resources: frozenset[str], interval_ms: object, watch: _TaskWatch
+    ) -> ToolResult:
         """``tasks/get`` until terminal: at the server's interval, growing while the task is unchanged."""
         interval = interval_ms / 1000 if isinstance(interval_ms, int) and interval_ms > 0 else 0.5
         delay = interval
@@ -372,6 +404,7 @@ class ModernClient:
                         f"task {task_id} of {name} is gone (unknown or expired); it may have run"
                     ) from None
                 raise
+            watch.observe(task)
             status = task.get("status")
             if status == "completed" and isinstance(task.get("result"), dict):
                 return _tool_result(name, task["result"])
@@ -394,6 +427,24 @@ class ModernClient:
     def _deadline(self, timeout: float | None) -> float | None:
         value = self.timeout if timeout is None else timeout
         return None if math.isinf(value) else value
+
+
+class _TaskWatch:
+    """Hands a task's state to the caller's callback whenever its status or message differs from the last one."""
+
+    __slots__ = ("callback", "last", "task_id")
+
+    def __init__(self, task_id: str, callback: TaskUpdateCallback | None) -> None:
+        self.task_id = task_id
+        self.callback = callback
+        self.last: TaskUpdate | None = None
+
+    def observe(self, task: Mapping[str, Any]) -> None:
+        message = task.get("statusMessage")
+        update = TaskUpdate(self.task_id, str(task.get("status")), message if isinstance(message, str) else None)
+        if update != self.last and self.callback is not None:
+            self.callback(update)
+        self.last = update
 
 
 @asynccontextmanager

@@ -181,7 +181,7 @@ class Session:
         if version not in HANDSHAKE_VERSIONS:
             raise ProtocolViolation(
                 f"offered protocol {self.offered_version}, the server answered {version!r}; "
-                f"this client speaks {', '.join(HANDSHAKE_VERSIONS)} (2026-07-28-only servers are not supported yet)"
+                f"this client speaks {', '.join(HANDSHAKE_VERSIONS)} (for a 2026-07-28 server use open_client)"
             )
         transport.session_id = session_id
         transport.protocol_version = str(version)

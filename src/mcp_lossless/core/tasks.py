@@ -196,6 +196,13 @@ def consumed(record: TaskRecord, keys: frozenset[str]) -> TaskRecord:
     return replace(record, input_responses={k: v for k, v in record.input_responses.items() if k not in keys})
 
 
+def described(record: TaskRecord, message: str, now: float) -> TaskRecord:
+    """A running task's status message changed (its tool reported progress); its status stays as it is."""
+    if record.status.terminal:
+        raise IllegalTransition(f"task {record.task_id} is {record.status.value}: its message is final")
+    return replace(record, message=message, updated_at=max(record.updated_at, now))
+
+
 def seen(record: TaskRecord, now: float) -> TaskRecord:
     """The task after its owner polled it (an :class:`Deliver` or :class:`Denied` verdict): its TTL restarts."""
     return replace(record, seen_at=max(record.seen_at, now))

@@ -47,6 +47,7 @@ from ..core.tasks import (
     consumed,
     denial_error,
     denial_message,
+    described,
     detailed_task,
     lost,
     new_task,
@@ -113,6 +114,8 @@ MAX_LISTENERS = 1024
 INPUT_POLL_SECONDS = 1.0
 """A task waiting for input looks at the store this often besides being woken: ``tasks/update`` may reach
 another replica, which can only leave the answers in the store."""
+DESCRIBE_EVERY_SECONDS = 0.1
+"""A running task's progress is stored as its status message at most this often (a store write each time)."""
 
 
 def is_modern(message: Any, index: dict[bytes, bytes]) -> bool:
@@ -221,18 +224,26 @@ class _RequestChannel:
 
 
 class _TaskChannel(_RequestChannel):
-    """A task's way back: no notifications (the extension carries no progress or log for tasks); input is
-    taken from what its ``tools/call`` gathered, else asked through the task's own ``input_required`` state."""
+    """A task's way back: its tool's progress becomes the task's ``statusMessage`` (the extension's progress
+    description), which its polls show; no log messages; input is taken from what its ``tools/call`` gathered,
+    else asked through the task's own ``input_required`` state."""
 
-    __slots__ = ("leg", "task_id")
+    __slots__ = ("described_at", "leg", "task_id")
 
     def __init__(self, leg: ModernLeg, capabilities: dict[str, Any], answers: dict[str, dict[str, Any]]) -> None:
         super().__init__(capabilities, None, answers)
         self.leg = leg
         self.task_id = ""
+        self.described_at = float("-inf")
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
-        return None
+        if method != "notifications/progress":
+            return
+        at = now()
+        if at - self.described_at < DESCRIBE_EVERY_SECONDS:
+            return
+        self.described_at = at
+        await self.leg.describe(self.task_id, _progress_text(params))
 
     async def ask(self, requests: InputRequests) -> dict[str, dict[str, Any]]:
         self._check_capabilities(requests)
@@ -241,6 +252,15 @@ class _TaskChannel(_RequestChannel):
         if rest:
             got.update(await self.leg.await_input(self.task_id, rest))
         return got
+
+
+def _progress_text(params: dict[str, Any]) -> str:
+    """A progress notification as a status message: its own message, else ``progress/total``."""
+    message = params.get("message")
+    if isinstance(message, str) and message:
+        return message
+    progress, total = params.get("progress"), params.get("total")
+    return f"{progress}/{total}" if total is not None else f"{progress}"
 
 
 class _Inbox:
@@ -657,7 +677,7 @@ class ModernLeg:
     async def _run_task(
         self, record: TaskRecord, tool: RegisteredTool, params: dict[str, Any], grant: Grant, channel: _TaskChannel
     ) -> None:
-        ctx = ToolContext(grant, record.task_id, None, channel)
+        ctx = ToolContext(grant, record.task_id, record.task_id, channel)  # progress always wanted: polls show it
         task_id = record.task_id
         try:
             try:
@@ -727,6 +747,20 @@ class ModernLeg:
                 await self.tasks.update(fresh)
         if inbox is not None:
             inbox.wake.set()
+
+    async def describe(self, task_id: str, message: str) -> None:
+        """Store a running task's progress as its status message (under the task's lock, as its input is);
+        advisory, so a store outage skips it."""
+        inbox = self.inboxes.get(task_id)
+        if inbox is None:
+            return
+        try:
+            async with inbox.lock:
+                record = await self.tasks.get(task_id)
+                if record is not None and record.status is TaskStatus.WORKING:
+                    await self.tasks.update(described(record, message, now()))
+        except StoreUnavailable:
+            log.warning("task %s: status message not stored (store unavailable)", task_id[:8])
 
     async def _store_outcome(self, settled: TaskRecord) -> None:
         """Store a task's outcome, retrying while the store is down: while this process lives, every replica
