@@ -27,6 +27,9 @@ CONFORMANCE_VERSION = "0.2.0-alpha.12"
 """The first release that scores SSE polling with the negotiated protocol version (0.1.16 sends 2025-03-26)."""
 TS_SDK_PACKAGE = "@modelcontextprotocol/sdk"
 TS_SDK_VERSION = "1.32.2"
+TS_CLIENT_PACKAGE = "@modelcontextprotocol/client"
+TS_CLIENT_VERSION = "2.4.0"
+"""The TypeScript SDK 2.x client: it speaks 2026-07-28 when pinned to it (its default is the legacy handshake)."""
 MCP_REMOTE_PACKAGE = "mcp-remote"
 MCP_REMOTE_VERSION = "0.15.1"
 EVERYTHING_PACKAGE = "@modelcontextprotocol/server-everything"
@@ -133,6 +136,15 @@ def ts_sdk_dir() -> Path:
     package = _package(TS_SDK_PACKAGE, TS_SDK_VERSION, node_binary().parent)
     if not (package / "dist" / "esm" / "client" / "streamableHttp.js").is_file():
         raise NodeSetupError(f"{TS_SDK_PACKAGE}@{TS_SDK_VERSION} at {package} lacks dist/esm/client")
+    return package
+
+
+@functools.cache
+def ts_client_dir() -> Path:
+    """The installed ``@modelcontextprotocol/client`` 2.x package directory (drivers import ``dist/index.mjs``)."""
+    package = _package(TS_CLIENT_PACKAGE, TS_CLIENT_VERSION, node_binary().parent)
+    if not (package / "dist" / "index.mjs").is_file():
+        raise NodeSetupError(f"{TS_CLIENT_PACKAGE}@{TS_CLIENT_VERSION} at {package} lacks dist/index.mjs")
     return package
 
 
