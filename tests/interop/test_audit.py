@@ -1,4 +1,5 @@
-"""``mcp-lossless audit`` against our server (nothing to report), the official SDK server (its hazards), and
+"""``mcp-lossless audit`` against our server (nothing to report), the official SDK server (its hazards), the
+SDK's modern leg alone, FastMCP with ``fastmcp-tasks`` (the task checks' verdicts on the one tasks runtime), and
 the report's rendering and redaction."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +31,26 @@ from mcp_lossless.audit.report import (
 from mcp_lossless.audit.tokens import ClientCredentialsGrant
 from mcp_lossless.audit.wire import Credential, Exchange, Wire, WireEvent, answered, call_message
 from mcp_lossless.cli import main
+from mcp_lossless.devauth import DevAuthServer
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
-from tests.interop.peers.sdk_resumable_server import SdkPeer, sdk_resumable_server
-from tests.support.uvicorn_server import loopback_socket, lossless_server
+from tests.interop.peers.sdk_modern_server import modern_only_sdk_server
+from tests.interop.peers.sdk_resumable_server import CLIENTS as SDK_CLIENTS
+from tests.interop.peers.sdk_resumable_server import FOREIGN_RESOURCE, SdkPeer, sdk_resumable_server
+from tests.support.python_peers import fastmcp_tasks_python
+from tests.support.uvicorn_server import base_url, loopback_socket, lossless_server, serve_app
 
 CALL = ("fetch", "url=https://example.com/report", "steps:=4", "delay_ms:=150")
 TIMING = ("--open-seconds", "2", "--read-seconds", "8")
 MINT = Path(__file__).with_name("dev_token_command.py")
+FASTMCP_TASKS_PEER = Path(__file__).parent / "peers" / "fastmcp_tasks_server.py"
 SDK_FINDINGS = {
     "replay_leak_narrowed",  # research §3 R03: the narrowed token gets fetch's progress and result
     "unknown_event_id_empty_200",  # R11: 200, no events, clean close
     "cross_session_replay",  # R12: another principal's session replays this one's events by id
     "resumed_stream_never_ends",  # R14: resuming a completed stream leaves it open
 }
+TASK_CHECKS = ("task_leak_narrowed", "task_denial_unknown_alike", "task_other_principal")
 
 
 def run_audit(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, dict[str, Any], str]:
@@ -118,6 +127,18 @@ def test_our_server_has_no_findings_and_every_check_runs(tmp_path: Path) -> None
     assert exchange(checks["wrong_audience_accepted"], "initialize")["response"]["status"] == 401
     assert {e["response"]["status"] for e in checks["unknown_event_id_empty_200"]["evidence"][1:]} == {400}
 
+    denied = exchange(checks["task_denial_unknown_alike"], "task with the narrowed token")["response"]
+    unknown = exchange(checks["task_denial_unknown_alike"], "random task id")["response"]
+    assert denied["status"] == 403 and '"code":-31041' in denied["body"] and "resumable" in denied["body"]
+    assert "contents of https://example.com/report" not in denied["body"], "not a byte of the result"
+    assert unknown["status"] == 200 and '"code":-32602' in unknown["body"]
+    control = exchange(checks["task_leak_narrowed"], "control")["response"]
+    assert "contents of https://example.com/report" in control["body"], "the denial cost nothing"
+    other = exchange(checks["task_other_principal"], "first principal's task")["response"]
+    random = exchange(checks["task_other_principal"], "random task id")["response"]
+    assert other["status"] == random["status"] == 200
+    assert orjson.loads(other["body"])["error"] == orjson.loads(random["body"])["error"], "no existence oracle"
+
 
 @pytest.fixture(scope="module")
 def sdk_peer() -> Iterator[SdkPeer]:
@@ -146,9 +167,11 @@ def test_sdk_server_hazards_are_reported_with_evidence(tmp_path: Path, sdk_peer:
 
     assert status == 1, table
     assert set(report["findings"]) == SDK_FINDINGS
-    assert report["not_run"] == ["refusal_clean_end"], "the SDK never refused: it leaked"
+    assert report["not_run"] == ["refusal_clean_end", *TASK_CHECKS], "the SDK never refused: it leaked; no tasks"
     checks = checks_of(report)
-    assert {n: c["outcome"] for n, c in checks.items() if n not in SDK_FINDINGS | {"refusal_clean_end"}} == {
+    assert {
+        n: c["outcome"] for n, c in checks.items() if n not in {*SDK_FINDINGS, "refusal_clean_end", *TASK_CHECKS}
+    } == {
         "cross_stream_replay": "ok",  # stream ids are request ids, unique within a session
         "session_other_principal": "ok",  # R09: sessions are bound to (client_id, iss, sub)
         "wrong_audience_accepted": "ok",  # the peer's verifier checks the audience names this server
@@ -177,6 +200,10 @@ def test_sdk_server_hazards_are_reported_with_evidence(tmp_path: Path, sdk_peer:
     assert exchange(checks["resumed_stream_never_ends"], "final event id")["response"]["end"] == "deadline"
     assert exchange(checks["batch_multiplexing"], "batch")["response"]["status"] == 400
     assert exchange(checks["session_other_principal"], "second principal")["response"]["status"] == 404
+    for name in TASK_CHECKS:  # the SDK has no tasks runtime: its modern leg runs the call within the request
+        assert "did not run the call as a task (HTTP 200" in checks[name]["summary"], checks[name]["summary"]
+        created = exchange(checks[name], "the call at 2026-07-28")
+        assert created["request"]["headers"]["mcp-protocol-version"] == "2026-07-28"
 
     for name in SDK_FINDINGS:
         assert checks[name]["evidence"], name
@@ -304,3 +331,99 @@ def test_a_check_that_could_not_run_fails_the_audit_unless_allowed(tmp_path: Pat
     assert f"Not run: {', '.join(report['not_run'])}. Exit status {EXIT_NOT_RUN}." in markdown
     assert allowed == 0 == allowed_report["exit_status"]
     assert allowed_report["not_run"] == report["not_run"] and allowed_report["settings"]["allow_not_run"] is True
+
+
+def test_a_2026_only_server_is_listed_the_modern_way_and_its_task_checks_say_why_they_did_not_run(
+    tmp_path: Path,
+) -> None:
+    """The Python SDK's modern leg alone: no initialize, so discovery lists tools at 2026-07-28; it creates no
+    tasks, so the task checks name that rather than pass."""
+    with modern_only_sdk_server() as sdk:
+        status, table, report, _ = run_audit(tmp_path, sdk.url, "--call", "count", "n:=3")
+        seen = list(sdk.requests)
+    assert status == EXIT_NOT_RUN, table
+    assert report["findings"] == [] and set(report["not_run"]) == set(CHECKS)
+    checks = checks_of(report)
+    for name in ("task_leak_narrowed", "task_denial_unknown_alike"):
+        assert "did not run the call as a task (HTTP 200" in checks[name]["summary"], checks[name]["summary"]
+    assert "no second principal" in checks["task_other_principal"]["summary"]
+    assert "could not open a session" in checks["unknown_event_id_empty_200"]["summary"]
+    assert seen[0] == ("tools/list", "2026-07-28") and ("tools/call", "2026-07-28") in seen
+
+
+@dataclass(frozen=True)
+class TasksPeer:
+    url: str
+    token_endpoint: str
+    resources: dict[str, str]
+
+
+@contextmanager
+def fastmcp_tasks_server(log: Path) -> Iterator[TasksPeer]:
+    """FastMCP with ``fastmcp-tasks`` in its own venv and process, on a socket bound here; our dev AS beside it."""
+    python = fastmcp_tasks_python()
+    sock, as_sock = loopback_socket(), loopback_socket()
+    sock.listen()  # connections wait in the backlog until the peer accepts: no readiness to poll
+    aggregate, issuer = f"{base_url(sock)}/mcp", base_url(as_sock)
+    tools = {name: f"{aggregate}/tools/{name}" for name in ("search", "fetch")}
+    authority = DevAuthServer(
+        issuer, resources=[*tools.values(), FOREIGN_RESOURCE], aggregate=aggregate, clients=SDK_CLIENTS
+    )
+    with serve_app(authority, sock=as_sock), log.open("wb") as out:
+        command = [str(python), str(FASTMCP_TASKS_PEER), str(sock.fileno()), aggregate, issuer]
+        proc = subprocess.Popen(command, pass_fds=[sock.fileno()], stdout=out, stderr=out)
+        sock.close()
+        try:
+            yield TasksPeer(aggregate, f"{issuer}/token", tools)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def test_fastmcp_tasks_withholds_a_task_from_a_narrowed_token_and_from_another_principal(tmp_path: Path) -> None:
+    """The one tasks runtime there is. Its ``tasks/get`` re-resolves the task's tool under the polling token, so
+    a token narrowed to ``search`` gets no byte of ``fetch``'s result: an error (-32603 "Component not found for
+    task"), told apart from the unknown-id answer (-32602), though no challenge says what to re-authorize for;
+    the wide token then still gets the result. Tasks are bound to ``client_id|sub``: another principal gets what
+    a random id gets (the id it echoes aside). It keeps no events, so the resumption checks cannot run (exit 3)."""
+    with fastmcp_tasks_server(tmp_path / "fastmcp-tasks.log") as peer:
+        status, table, report, _ = run_audit(
+            tmp_path,
+            peer.url,
+            "--call",
+            *CALL,
+            "--resource",
+            f"fetch={peer.resources['fetch']}",
+            "--narrow-resource",
+            peer.resources["search"],
+            "--token-endpoint",
+            peer.token_endpoint,
+            "--client",
+            "dev-client",
+            "--second-client",
+            "mallory:mallory-secret",
+            env={"MCP_LOSSLESS_AUDIT_SECRET": "dev-secret"},
+        )
+    checks = checks_of(report)
+    assert status == EXIT_NOT_RUN, (table, (tmp_path / "fastmcp-tasks.log").read_text()[-3000:])
+    assert report["findings"] == [] and "replay_leak_narrowed" in report["not_run"]
+    assert {name: checks[name]["outcome"] for name in TASK_CHECKS} == dict.fromkeys(TASK_CHECKS, "ok"), {
+        name: checks[name]["summary"] for name in TASK_CHECKS
+    }
+    created = exchange(checks["task_leak_narrowed"], "the call at 2026-07-28")["response"]
+    assert orjson.loads(created["body"])["result"]["resultType"] == "task"
+    narrowed = exchange(checks["task_leak_narrowed"], "task with the narrowed token")
+    assert narrowed["request"]["headers"]["authorization"] == "Bearer [redacted principal narrowed token]"
+    assert "contents of https://example.com/report" not in narrowed["response"]["body"]
+    assert orjson.loads(narrowed["response"]["body"])["error"]["code"] == -32603
+    assert "www-authenticate" not in narrowed["response"]["headers"]
+    control = exchange(checks["task_leak_narrowed"], "control")["response"]
+    assert "contents of https://example.com/report" in control["body"], "the refusal cost nothing"
+    random = exchange(checks["task_other_principal"], "random task id")["response"]
+    other = exchange(checks["task_other_principal"], "first principal's task")["response"]
+    assert other["status"] == random["status"] == 400
+    assert orjson.loads(other["body"])["error"]["code"] == orjson.loads(random["body"])["error"]["code"] == -32602

@@ -1,7 +1,7 @@
 """``mcp-lossless audit``: probe any Streamable HTTP MCP server for lost or leaked tool results.
 
-It drops streams, resumes them with narrowed, foreign and other principals' tokens, and reports each
-hazard it observes as a named finding with the requests and answers that show it.
+It drops streams, resumes them with narrowed, foreign and other principals' tokens, polls 2026-07-28 tasks
+with them, and reports each hazard it observes as a named finding with the requests and answers that show it.
 """
 
 from .context import AuditCall, AuditSettings

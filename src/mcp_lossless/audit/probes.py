@@ -16,6 +16,7 @@ import anyio
 from .context import BATCH_VERSION, CALL_FAILED, Audit, NotRun, Sent, failure_of
 from .redact import truncate
 from .report import CheckResult
+from .task_probes import task_denial_unknown_alike, task_leak_narrowed, task_other_principal
 from .tokens import TokenUnavailable, audience, unverified_claims
 from .wire import Credential, Exchange, HandshakeFailed, answered, progressed
 
@@ -473,4 +474,7 @@ PROBES: dict[str, Probe] = {
     "resumed_stream_never_ends": resumed_stream_never_ends,
     "wrong_audience_accepted": wrong_audience_accepted,
     "batch_multiplexing": batch_multiplexing,
+    "task_leak_narrowed": task_leak_narrowed,
+    "task_denial_unknown_alike": task_denial_unknown_alike,
+    "task_other_principal": task_other_principal,
 }

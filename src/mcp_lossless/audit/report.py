@@ -37,6 +37,9 @@ CHECKS: dict[str, str] = {
     "resumed_stream_never_ends": "resumed completed stream never ends",
     "wrong_audience_accepted": "token for another resource accepted",
     "batch_multiplexing": "batch on a 2025-03-26 session not handled safely",
+    "task_leak_narrowed": "task result delivered to a narrowed token",
+    "task_denial_unknown_alike": "task denial answered like an unknown task id (or it lost the task)",
+    "task_other_principal": "task readable by, or revealed to, another principal",
 }
 """Every check the audit runs, in order, with the finding it looks for."""
 

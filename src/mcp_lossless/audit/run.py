@@ -23,12 +23,14 @@ class AuditError(Exception):
 async def _discover_resource(wire: Wire, settings: AuditSettings, principal: Tokens | None) -> tuple[str, str]:
     """The call's resource indicator and where it came from (``--resource``, ``tools/list``, or the URL).
 
-    Also the audit's first contact: a target that cannot initialize or does not offer the tool stops it here.
+    Also the audit's first contact: a target that neither initializes nor answers a 2026-07-28 ``tools/list``,
+    or does not offer the tool, stops it here. A 2026-only target is listed the modern way (the session checks
+    then report why they could not run).
     """
     tool = settings.call.tool
     given = settings.tool_resources.get(tool)
+    credential = None
     try:
-        credential = None
         if principal is not None:
             resources = list(dict.fromkeys((given, *settings.narrow_resources))) if given else [settings.url]
             credential = await principal.credential(resources, "wide" if given else "server")
@@ -36,10 +38,16 @@ async def _discover_resource(wire: Wire, settings: AuditSettings, principal: Tok
     except TokenUnavailable as exc:
         raise AuditError(f"no token to start with: {exc}") from None
     except HandshakeFailed as exc:
-        raise AuditError(f"{settings.url} did not complete initialize: {exc}") from None
-    request_id = wire.next_id()
-    message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/list"}
-    listing = await wire.post(session, message, label="tools/list", stop=answered(request_id))
+        request_id = wire.next_id()
+        listing = await wire.modern(
+            "tools/list", {}, credential=credential, label="tools/list at 2026-07-28", request_id=request_id
+        )
+        if listing.terminal_for(request_id) is None or not listing.ok:
+            raise AuditError(f"{settings.url} did not complete initialize: {exc}; {_status_line(listing)}") from None
+    else:
+        request_id = wire.next_id()
+        message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/list"}
+        listing = await wire.post(session, message, label="tools/list", stop=answered(request_id))
     answer = listing.terminal_for(request_id) or {}
     result = answer.get("result")
     tools = result.get("tools", []) if isinstance(result, dict) else []

@@ -19,10 +19,14 @@ import anyio
 import httpx
 import orjson
 
+from ..core.protocol import STATELESS
 from ..core.sse import SseDecoder, SseTooLarge
+from ..core.tasks import EXTENSION
 
 ACCEPT_BOTH = "application/json, text/event-stream"
 KEPT_RESPONSE_HEADERS = ("content-type", "mcp-session-id", "www-authenticate", "retry-after", "location")
+MODERN_NAMED = {"tools/call": "name", "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
+"""The 2026-07-28 requests whose ``Mcp-Name`` header mirrors a parameter, and which one."""
 
 End = Literal["closed", "dropped", "deadline", "error"]
 """How a read ended: the server closed it, the audit dropped it on purpose, it was still open when the
@@ -188,6 +192,32 @@ class Wire:
         note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
         await self.send("POST", self._headers(credential, session, session.version), note, label=f"{label} (ack)")
         return session
+
+    async def modern(
+        self,
+        method: str,
+        params: dict[str, Any],
+        *,
+        credential: Credential | None,
+        label: str,
+        request_id: int | None = None,
+    ) -> Exchange:
+        """One stateless 2026-07-28 request (no session), declaring the tasks extension; read to its answer.
+
+        ``Mcp-Name`` carries the named parameter as is: the audit only sends plain ASCII names and task ids.
+        """
+        rid = self.next_id() if request_id is None else request_id
+        meta = {
+            "io.modelcontextprotocol/protocolVersion": STATELESS,
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXTENSION: {}}},
+            "io.modelcontextprotocol/clientInfo": {"name": "mcp-lossless-audit", "version": "1"},
+        }
+        message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": {**params, "_meta": meta}}
+        headers = self._headers(credential, None, STATELESS)
+        headers["mcp-method"] = method
+        if (field_name := MODERN_NAMED.get(method)) is not None:
+            headers["mcp-name"] = str(params[field_name])
+        return await self.send("POST", headers, message, label=label, stop=answered(rid))
 
     async def post(
         self,
