@@ -2,7 +2,8 @@
 
 - The official Python SDK 2.3 ``Client`` in its default mode (``"auto"``: it probes ``server/discover`` first)
   and FastMCP's client (the same default) must land on 2026-07-28, not on their ``initialize`` fallback, and
-  list and call tools there. A TypeScript SDK 2.x client pinned to 2026-07-28 likewise.
+  list and call tools there. A TypeScript SDK 2.x client pinned to 2026-07-28, or in its ``auto`` mode (its
+  default is the legacy handshake), likewise.
 - Legacy and modern clients, from both SDKs, call one server process at the same time: a rendezvous tool
   answers only once every one of them is inside it.
 - Our client against a 2026-only server built from the Python SDK (its modern leg, legacy requests refused).
@@ -234,10 +235,13 @@ def _event(lines: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [line for line in lines if line["event"] == kind]
 
 
-async def test_ts_client_2x_pinned_to_2026_07_28_lists_and_calls(served: Served, http: httpx.AsyncClient) -> None:
+@pytest.mark.parametrize("mode", [MODERN, "auto"], ids=["pinned", "auto"])
+async def test_ts_client_2x_pinned_or_probing_lands_on_2026_07_28_and_calls(
+    served: Served, http: httpx.AsyncClient, mode: str
+) -> None:
     ts_client_dir()  # install before the server's clock matters
     token = await dev_token(http, served.base, served.url)
-    lines = await ts_client(served.url, token, MODERN, "search", {"query": "ts2", "steps": 2, "delay_ms": 0})
+    lines = await ts_client(served.url, token, mode, "search", {"query": "ts2", "steps": 2, "delay_ms": 0})
     connected = _event(lines, "connected")[0]
     assert connected["protocol"] == MODERN and connected["era"] == "modern"
     assert connected["server"]["name"] == "mcp-lossless"

@@ -2,8 +2,8 @@
 // tests/interop/test_modern_clients.py. It prints one JSON line per observation.
 //
 // usage: node ts_client_v2.mjs URL MODE TOOL ARGUMENTS_JSON
-//        MODE is a revision to pin (`versionNegotiation: { mode: { pin: MODE } }`, e.g. 2026-07-28), or `legacy`
-//        (the SDK's default: the initialize handshake)
+//        MODE is a revision to pin (`versionNegotiation: { mode: { pin: MODE } }`, e.g. 2026-07-28), `auto`
+//        (server/discover first, falling back to initialize), or `legacy` (the SDK's default: initialize)
 // env:   MCP_TS_CLIENT  directory of the installed @modelcontextprotocol/client package
 //        MCP_TOKEN      bearer token sent on every request
 import { join } from 'node:path';
@@ -21,7 +21,7 @@ const withToken = (input, init = {}) => {
   return fetch(input, { ...init, headers });
 };
 
-const versionNegotiation = mode === 'legacy' ? { mode: 'legacy' } : { mode: { pin: mode } };
+const versionNegotiation = mode === 'legacy' || mode === 'auto' ? { mode } : { mode: { pin: mode } };
 const client = new Client({ name: 'ts-client-v2-peer', version: '1.0.0' }, { versionNegotiation });
 client.onerror = (error) => emit('transport_error', { message: String(error?.message ?? error) });
 await client.connect(new StreamableHTTPClientTransport(new URL(url), { fetch: withToken }));
