@@ -106,7 +106,8 @@ class LeanHttp:
     and checks that one only; a connection goes back after its response was read to the end and closed (one
     that was not is closed: it cannot carry another request). At most ``max_connections`` requests are in
     flight (more wait), at most ``max_keepalive_connections`` idle connections are kept, none idle longer than
-    ``keepalive_expiry`` (below the servers' own keep-alive timeout: uvicorn's is 5 s).
+    ``keepalive_expiry`` (below the servers' own keep-alive timeout: uvicorn's is 5 s). Sockets are
+    httpcore's anyio backend unless ``network_backend`` says otherwise (the gateway's is asyncio's).
     """
 
     def __init__(
@@ -117,6 +118,7 @@ class LeanHttp:
         keepalive_expiry: float = 4.0,
         connect_timeout: float = 10.0,
         read_timeout: float = 300.0,
+        network_backend: httpcore.AsyncNetworkBackend | None = None,
     ) -> None:
         self._slots = anyio.Semaphore(max_connections)
         self._keep = max_keepalive_connections
@@ -126,7 +128,7 @@ class LeanHttp:
         self._busy: set[httpcore.AsyncHTTPConnection] = set()
         self._urls: dict[str, tuple[httpcore.URL, bytes]] = {}
         """Each URL parsed once, with its ``Host`` header."""
-        self._backend = httpcore.AnyIOBackend()
+        self._backend = network_backend or httpcore.AnyIOBackend()
         self._ssl: ssl.SSLContext | None = None
         self._timeouts = {"connect": connect_timeout, "read": read_timeout, "write": connect_timeout, "pool": None}
 

@@ -41,6 +41,7 @@ from ..client.lean import LeanHttp
 from ..client.modern import ModernClient, NotModern
 from ..client.transport import Backoff
 from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
+from .sockets import AsyncioBackend
 from .upstream import FailureReason, Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
 
 log = logging.getLogger("mcp_lossless.gateway")
@@ -136,7 +137,11 @@ class HttpUpstream:
                     httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=300.0), limits=limits, follow_redirects=False)
                 )
                 lean = await stack.enter_async_context(
-                    LeanHttp(max_connections=32 * config.sessions, max_keepalive_connections=4 * config.sessions)
+                    LeanHttp(
+                        max_connections=32 * config.sessions,
+                        max_keepalive_connections=4 * config.sessions,
+                        network_backend=AsyncioBackend(),
+                    )
                 )
                 clients = await self._connect(stack, http, lean)
                 self._tools = (await asyncio.gather(*(_listed(c) for c in clients)))[0]  # each learns annotations
