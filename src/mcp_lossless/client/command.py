@@ -182,7 +182,8 @@ def _progress_display(err: Console, tool: str) -> Iterator[Display]:
             bar.update(task, completed=update.progress, total=update.total, note=update.message or "")
 
         def update_task(update: TaskUpdate) -> None:
-            bar.update(task, description=f"{tool} (task {update.task_id[:8]}…)", note=_task_line(update))
+            note = update.status + (f": {update.message}" if update.message else "")
+            bar.update(task, description=f"{tool} (task {update.task_id[:8]}…)", note=note)
 
         yield Display(update_bar, update_task)
 
