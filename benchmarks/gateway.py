@@ -243,7 +243,13 @@ def render(rows: list[dict[str, Any]], plan: Plan, stamp: str, raw: Path) -> str
             f"{100 * r['gateway_cpu_us'] / max(r['sdk_cpu_us_behind_gateway'], 1e-9):.0f} % |"
         )
     errors = sum(r["errors"] for r in rows)
-    lines += ["", f"Errors across all windows: {errors}.", ""]
+    lines += [
+        "",
+        f"Errors across all windows: {errors}. SDK CPU/call is the SDK server's behind the gateway (when the",
+        "gateway speaks 2026-07-28 to it, its modern leg: cheaper than the legacy leg of the direct run). Where",
+        "the gateway's CPU goes and why the 10 % goal is out of reach: [`docs/gateway.md`](../docs/gateway.md#cost).",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -297,12 +297,16 @@ def _gateway(results: Path) -> list[str]:
     runs = sorted(results.glob("gateway-*.json"))
     if not runs:
         return []
-    rows = orjson.loads(runs[-1].read_bytes())["rows"]
+    document = orjson.loads(runs[-1].read_bytes())
+    rows, plan = document["rows"], document["plan"]
     lines = [
         f"## gateway: `mcp-lossless gateway` in front of the SDK server vs the SDK direct (`{runs[-1].name}`)",
         "",
-        "Goal: the gateway's own CPU per call under 10 % of the SDK server's (so under 10 % of throughput at",
-        "c=16). Gateway and SDK share the box; CPU per process. Details: [`RESULTS-gateway.md`](RESULTS-gateway.md).",
+        "Goal (issue 14): the gateway's own CPU per call under 10 % of the SDK server's (so under 10 % of",
+        f"throughput at c=16). `benchmarks/gateway.py`, its own run: {plan['reps']} rep(s), the gateway speaking",
+        f"era `{plan.get('era', 'legacy')}` to the SDK, on a box shared with other jobs (not necessarily this page's",
+        "machine); gateway and SDK share it, CPU per process. Details: [`RESULTS-gateway.md`](RESULTS-gateway.md),",
+        "where the cost goes: [`docs/gateway.md`](../docs/gateway.md#cost).",
         "",
         "| c | rps direct / via gateway | kept | added p50 / p99 ms | SDK CPU/call µs | gateway CPU/call µs | "
         "gateway ÷ SDK CPU | met? |",
