@@ -10,6 +10,9 @@ for a given ``PYTHONHASHSEED``, so two runs with different ``N`` give the cost o
     done
     # per call = (Collected(400) - Collected(100)) / 300
 
+``benchmarks/instructions.py N modern`` drives the 2026-07-28 leg instead: no ``initialize``, every call a
+stateless ``tools/call`` with its ``_meta`` and mirrored headers.
+
 Without valgrind it runs as a quick smoke of the same path.
 """
 
@@ -35,8 +38,18 @@ HEADERS = [
 ]
 
 
-async def post(app: LosslessApp, body: bytes, session: bytes | None = None) -> list[Message]:
-    headers = list(HEADERS)
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "b", "version": "1"},
+}
+MODERN_HEADERS = [(b"mcp-protocol-version", b"2026-07-28"), (b"mcp-method", b"tools/call"), (b"mcp-name", b"search")]
+
+
+async def post(
+    app: LosslessApp, body: bytes, session: bytes | None = None, extra: list[tuple[bytes, bytes]] | None = None
+) -> list[Message]:
+    headers = [*HEADERS, *(extra or ())]
     if session is not None:
         headers += [(b"mcp-session-id", session), (b"mcp-protocol-version", b"2025-11-25")]
     scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": headers}
@@ -60,9 +73,19 @@ async def post(app: LosslessApp, body: bytes, session: bytes | None = None) -> l
     return sent
 
 
-async def main(calls: int) -> None:
+async def main(calls: int, modern: bool) -> None:
     app = create_app(ServerConfig(issuer=None, store="memory"))
     await app.startup()
+    if modern:
+        for i in range(calls):
+            arguments = {"query": "q", "steps": 0, "delay_ms": 0}
+            params = {"name": "search", "arguments": arguments, "_meta": MODERN_META}
+            call = {"jsonrpc": "2.0", "id": i + 1, "method": "tools/call", "params": params}
+            out = await post(app, orjson.dumps(call), extra=MODERN_HEADERS)
+            if out[0]["status"] != 200 or b"search results" not in b"".join(m.get("body", b"") for m in out[1:]):
+                raise SystemExit(f"call {i + 1} failed: {out}")
+        await app.shutdown()
+        return
     hello = {
         "jsonrpc": "2.0",
         "id": 0,
@@ -85,4 +108,4 @@ async def main(calls: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 100))
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 100, sys.argv[2:3] == ["modern"]))

@@ -18,6 +18,7 @@ import asyncio
 import binascii
 import contextlib
 import logging
+import re
 import secrets
 from base64 import b64decode
 from collections.abc import Callable, Coroutine, Iterable
@@ -140,18 +141,22 @@ def _refused(
     return Refused.rpc(status, code, message, data=data, headers=headers)
 
 
+_OUTSIDE_FIELD_VALUE = re.compile(rb"[^\x20-\x7e\t]")
+"""A byte a plain header value may not hold: anything but visible ASCII, space and tab."""
+
+
 def _header_value(raw: bytes) -> str:
     """A mirrored header's value without surrounding whitespace (RFC 9110 §5.5): plain ASCII, or the
     ``=?base64?…?=`` sentinel form (UTF-8 inside)."""
-    text = raw.decode("latin-1").strip(" \t")
-    if text.startswith("=?base64?") and text.endswith("?=") and len(text) >= 11:
+    raw = raw.strip(b" \t")
+    if raw.startswith(b"=?base64?") and raw.endswith(b"?=") and len(raw) >= 11:
         try:
-            return b64decode(text[9:-2], validate=True).decode("utf-8")
+            return b64decode(raw[9:-2], validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
             raise _refused(400, errors.HEADER_MISMATCH, "header value is not valid base64 UTF-8") from None
-    if any(not (0x20 <= ord(c) <= 0x7E or c == "\t") for c in text):
+    if _OUTSIDE_FIELD_VALUE.search(raw) is not None:
         raise _refused(400, errors.HEADER_MISMATCH, "header value has characters outside visible ASCII")
-    return text
+    return raw.decode("ascii")
 
 
 class _RequestChannel:
@@ -367,7 +372,7 @@ class ModernLeg:
         rid: RequestId = message["id"]
         declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
         answers = binding = None
-        if method in mrtr.MRTR_METHODS:
+        if method in mrtr.MRTR_METHODS:  # (a call that carries no earlier round pays for no state)
             binding = mrtr.Binding(grant.principal, method, params[NAMED[method]], params.get("arguments"))
             try:
                 answers = mrtr.answers_of(self._state_key, params, binding, now())
@@ -531,6 +536,11 @@ class ModernLeg:
         ctx = ToolContext(grant, rid, token, channel)
         loop = self.s.loop
         job = loop.create_task(work(ctx))
+        await asyncio.sleep(0)  # one turn: the job's first step, all that a call answered at once needs
+        if job.done() and channel.queue.empty():
+            status, answer = self._outcome(rid, job, channel)
+            await respond(send, status, answer, b"application/json")  # no watcher, no stream: nothing to wait for
+            return
         gone = loop.create_task(_disconnected(receive))
         streaming = False
         try:
@@ -553,20 +563,7 @@ class ModernLeg:
                     log_decision("modern_cancelled", request=str(rid))
                     return
                 break
-            status = 200
-            try:
-                value = job.result()
-            except InputRequired as asked:
-                answer = frames.result(rid, {**self._input_required(asked, channel), "resultType": "input_required"})
-            except MethodError as exc:
-                answer = frames.error(rid, exc.code, exc.message, exc.data)
-                if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
-                    status = 400  # as the revision asks of -32021, when the response has not begun yet
-            except Exception:
-                log.exception("request %s failed", rid)
-                answer = frames.error(rid, errors.INTERNAL_ERROR, "request failed")
-            else:
-                answer = frames.result(rid, {**value, "resultType": "complete"})
+            status, answer = self._outcome(rid, job, channel)
             while not channel.queue.empty() and streaming:
                 await send(
                     {
@@ -583,6 +580,23 @@ class ModernLeg:
             gone.cancel()
             if not job.done():
                 job.cancel()
+
+    def _outcome(
+        self, rid: RequestId, job: asyncio.Task[dict[str, Any]], channel: _RequestChannel
+    ) -> tuple[int, bytes]:
+        """The finished job's answer, and its HTTP status if the response has not begun."""
+        try:
+            value = job.result()
+        except InputRequired as asked:
+            return 200, frames.result(rid, {**self._input_required(asked, channel), "resultType": "input_required"})
+        except MethodError as exc:
+            # -32021 is a 400, as the revision asks, when the response has not begun yet
+            status = 400 if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY else 200
+            return status, frames.error(rid, exc.code, exc.message, exc.data)
+        except Exception:
+            log.exception("request %s failed", rid)
+            return 200, frames.error(rid, errors.INTERNAL_ERROR, "request failed")
+        return 200, frames.result(rid, {**value, "resultType": "complete"})
 
     async def _listen(
         self, receive: Receive, send: Send, rid: RequestId, params: dict[str, Any], declared: bool

@@ -121,9 +121,11 @@ class Transport:
         except BodyTooLarge:
             raise Refused.rpc(413, errors.INVALID_REQUEST, f"body exceeds {config.max_body_bytes} bytes") from None
         messages, batch = checks.parse_messages(body, config.max_batch)
-        if self.modern is not None and not batch and is_modern(messages[0], headers(scope)):
-            await self.modern.serve(receive, send, grant, headers(scope), messages[0])
-            return
+        if self.modern is not None and not batch:
+            index = headers(scope)
+            if is_modern(messages[0], index):
+                await self.modern.serve(receive, send, grant, index, messages[0])
+                return
         first = messages[0]
         if first.get("method") == "initialize" and "id" in first:
             checks.require_alone(messages)
