@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 from mcp_lossless.core.events import PendingRequest, StoredEvent
 from mcp_lossless.stores import EventsEvicted, StoreUnavailable, open_store
-from mcp_lossless.stores.redis import RedisStore, StreamTakenOver
+from mcp_lossless.stores.redis import _PIPELINE_LIMIT, RedisStore, StreamTakenOver
 from tests.integration.test_store_contract import ALICE, TOOL_A, TOOL_BC, event, fill, session, stream
 from tests.support.redis_server import RedisServer, redis_server_binary
 
@@ -404,3 +404,17 @@ async def test_touch_never_creates_a_partial_session(replica: OpenReplica) -> No
 
 if __name__ == "__main__":
     anyio.run(child_registers_then_waits, sys.argv[1], sys.argv[2])
+
+
+async def test_a_stream_with_many_appends_queued_delays_another_streams_by_one_pipeline(replica: OpenReplica) -> None:
+    """Pipelines take the streams in turn: a flooding stream's queue does not stand in front of another stream's
+    append (issue 11, H1: another client's answer waited for all of it), and each stream stays in order."""
+    store = await replica()
+    await store.put_session(session("s1"))
+    await store.open_stream(stream("flood"))
+    await store.open_stream(stream("other"))
+    flood = [store.enqueue(event("flood", seq)) for seq in range(20 * _PIPELINE_LIMIT)]
+    await store.enqueue(event("other", 0))
+    assert sum(future.done() for future in flood) <= 2 * _PIPELINE_LIMIT
+    await asyncio.gather(*flood)
+    assert [e.seq for e in await store.read_after("flood", -1)] == list(range(20 * _PIPELINE_LIMIT))

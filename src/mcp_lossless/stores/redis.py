@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any, ClassVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -229,8 +230,8 @@ class RedisStore:
         """Stream key → session id; never changes for a key, so it is cached."""
         self._interner = Interner()
         self._scripts: dict[str, AsyncScript] = {}
-        self._queued: list[_QueuedAppend] = []
-        """Appends waiting for the next pipeline, in order."""
+        self._queued: dict[str, deque[_QueuedAppend]] = {}
+        """Appends waiting for a pipeline, by stream, each stream's in position order (see :meth:`_next_batch`)."""
         self._flusher: asyncio.Task[None] | None = None
 
     @classmethod
@@ -500,7 +501,10 @@ class RedisStore:
     def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
         """Queue ``event`` for the next pipeline; the future resolves once Redis ran its append script."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queued.append((event, completes, future))
+        queue = self._queued.get(event.stream)
+        if queue is None:
+            queue = self._queued[event.stream] = deque()
+        queue.append((event, completes, future))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_appends())
         return future
@@ -519,8 +523,7 @@ class RedisStore:
         batch: list[_QueuedAppend] = []
         try:
             while queued:
-                batch = queued[:_PIPELINE_LIMIT]
-                del queued[:_PIPELINE_LIMIT]
+                batch = self._next_batch()
                 try:
                     outcomes = await self._append_batch(batch)
                 except Exception as exc:  # StoreUnavailable (the pipeline failed), or a bug: each append fails
@@ -536,11 +539,25 @@ class RedisStore:
         finally:
             self._flusher = None
             stopped = StoreUnavailable(f"redis store at {self._where} closed with appends pending")
-            for _event, _completes, future in [*batch, *queued]:
+            for _event, _completes, future in [*batch, *(append for queue in queued.values() for append in queue)]:
                 if not future.done():
                     future.set_exception(stopped)
             if batch:
                 queued.clear()
+
+    def _next_batch(self) -> list[_QueuedAppend]:
+        """Up to :data:`_PIPELINE_LIMIT` queued appends, taking the streams in turn (one each, round and round):
+        a stream with hundreds queued delays another stream's next append by one pipeline, not by all of its
+        own (issue 11, H1: a flooding tool's appends held another client's answer for ~8 pipelines)."""
+        queued = self._queued
+        batch: list[_QueuedAppend] = []
+        while queued and len(batch) < _PIPELINE_LIMIT:
+            stream = next(iter(queued))
+            queue = queued.pop(stream)
+            batch.append(queue.popleft())
+            if queue:
+                queued[stream] = queue  # to the back of the turn
+        return batch
 
     async def _append_batch(self, batch: list[_QueuedAppend]) -> list[Exception | None]:
         script = self._scripts.get(_APPEND)
