@@ -1,16 +1,19 @@
 """Client input on the 2026-07-28 leg over real HTTP with real signed JWTs: multi round-trip requests (the
 sealed ``requestState`` bound to its principal), tasks that wait ``input_required`` under the task layer's
-authorization (every store), the running-task cap, and ``x-mcp-header`` validation."""
+authorization (every store) and pushed to listen streams under the same rule, the running-task cap, and
+``x-mcp-header`` validation."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
+import orjson
 import pytest
 
 from mcp_lossless.core.errors import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_PARAMS, TASK_DENIED
@@ -219,3 +222,57 @@ async def test_mirrored_parameters_must_match_their_headers(http: httpx.AsyncCli
         assert read.status == 400 and answer(read)["error"]["code"] == HEADER_MISMATCH, headers
     only_region = peer.message("tools/call", {"name": "routed", "arguments": {"region": "x", "n": None}})
     assert (await peer.send(only_region, headers={"mcp-param-region": "x"})).status == 200, "null: no header"
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    peer: ModernPeer, token: str, task_ids: list[str]
+) -> AsyncIterator[Callable[[], Awaitable[dict[str, Any]]]]:
+    """A ``subscriptions/listen`` stream for ``task_ids``; yields a function that reads its next message."""
+    message = peer.message("subscriptions/listen", {"notifications": {"taskIds": task_ids}})
+    headers = peer.headers(message, token)
+    async with peer.http.stream("POST", peer.url, content=orjson.dumps(message), headers=headers) as response:
+        assert response.status_code == 200 and response.headers["content-type"] == "text/event-stream"
+        lines = response.aiter_lines()
+
+        async def next_message() -> dict[str, Any]:
+            async for line in lines:
+                if line.startswith("data:"):
+                    found: dict[str, Any] = orjson.loads(line[5:])
+                    return found
+            raise AssertionError("the listen stream ended")
+
+        yield next_message
+
+
+async def test_task_state_is_pushed_only_to_a_listen_stream_whose_token_covers_the_task(
+    http: httpx.AsyncClient, any_store_base: str
+) -> None:
+    base = any_store_base
+    aggregate = await dev_token(http, base, f"{base}/mcp")
+    narrowed = await dev_token(http, base, f"{base}/mcp/tools/search")
+    mallory = await dev_token(http, base, f"{base}/mcp", client=("mallory", CLIENTS["mallory"]))
+    peer = with_elicitation(ModernPeer(http, base, aggregate))
+    task_id = answer(await peer.call("approve", item="po-9"))["result"]["taskId"]
+    with anyio.fail_after(20):
+        for token in (narrowed, mallory):
+            async with listening(peer, token, [task_id]) as next_message:
+                ack = await next_message()
+                assert ack["method"] == "notifications/subscriptions/acknowledged"
+                assert ack["params"]["notifications"]["taskIds"] == [], "agreed to nothing the token may not see"
+
+        async with listening(peer, aggregate, [task_id, uuid.uuid4().hex]) as next_message:
+            ack = await next_message()
+            assert ack["params"]["notifications"]["taskIds"] == [task_id], "an unknown id is not agreed to"
+            pushed = await next_message()
+            while pushed["params"]["status"] == "working":
+                pushed = await next_message()
+            assert pushed["method"] == "notifications/tasks" and pushed["params"]["taskId"] == task_id
+            assert pushed["params"]["status"] == "input_required"
+            (key,) = pushed["params"]["inputRequests"]
+            assert "resultType" not in pushed["params"], "the DetailedTask itself, as tasks/get has it"
+            update = {"taskId": task_id, "inputResponses": {key: {"action": "accept"}}}
+            assert answer(await peer.request("tasks/update", update))["result"] == {"resultType": "complete"}
+            while (pushed := await next_message())["params"]["status"] != "completed":
+                assert pushed["params"]["status"] in ("working", "input_required"), pushed
+            assert pushed["params"]["result"]["content"][0]["text"] == "po-9: accept"

@@ -112,6 +112,11 @@ STORE_ATTEMPTS = 8
 """Tries to store a task's outcome (backing off to 5 s between them) before giving up on it."""
 MAX_LISTENERS = 1024
 """Open ``subscriptions/listen`` streams per process; one more is refused with 503."""
+MAX_WATCHED_TASKS = 100
+"""Task ids one listen stream may watch; the acknowledgement agrees to the first this many it may see."""
+PUSH_POLL_SECONDS = 1.0
+"""A listen stream watching tasks re-reads them this often besides being woken: a task changed by another
+replica is pushed within this long."""
 INPUT_POLL_SECONDS = 1.0
 """A task waiting for input looks at the store this often besides being woken: ``tasks/update`` may reach
 another replica, which can only leave the answers in the store."""
@@ -313,6 +318,8 @@ class ModernLeg:
         self.inboxes: dict[str, _Inbox] = {}
         self.listeners = 0
         self._tool_listeners: set[asyncio.Event] = set()
+        self._task_listeners: dict[str, set[asyncio.Event]] = {}
+        """Listen streams watching a task, woken when this process changes it (others find out by polling)."""
         """Open listen streams that asked for ``toolsListChanged`` (only honoured when tools may change)."""
         self._state_key = b""
         """The MAC key of ``requestState`` (:func:`.mrtr.state_key`), from the store's secret at :meth:`open`."""
@@ -387,7 +394,7 @@ class ModernLeg:
         elif method == "tools/call":
             await self._call(receive, send, grant, index, rid, params, declared, channel)
         elif method == "subscriptions/listen":
-            await self._listen(receive, send, rid, params, declared)
+            await self._listen(receive, send, grant, rid, params, declared)
         elif method in TASK_METHODS:
             await self._task_request(send, grant, rid, method, params, declared)
         elif method in self.s.methods and method not in REMOVED:
@@ -599,53 +606,116 @@ class ModernLeg:
         return 200, frames.result(rid, {**value, "resultType": "complete"})
 
     async def _listen(
-        self, receive: Receive, send: Send, rid: RequestId, params: dict[str, Any], declared: bool
+        self, receive: Receive, send: Send, grant: Grant, rid: RequestId, params: dict[str, Any], declared: bool
     ) -> None:
         """``subscriptions/listen``: the acknowledgement, then an open stream until the client leaves.
 
-        It pushes no task state (clients poll ``tasks/get``). A server whose tools change (a gateway, which
-        announces ``tools.listChanged``) honours ``toolsListChanged``: each change is one
+        Task state is pushed (``notifications/tasks``, the ``DetailedTask`` a ``tasks/get`` would answer) for the
+        ``taskIds`` this stream's token may see, decided by :func:`~mcp_lossless.core.tasks.authorize` exactly as
+        a poll with that token, at subscription and again at every push: another principal's id, an unknown one
+        and one whose tool the token does not cover are left out of the acknowledgement (a poll tells the last
+        apart: 403 ``TASK_DENIED``), and a task the token stops covering is no longer pushed. A push does not
+        restart the task's TTL; only polls do. A server whose tools change (a gateway, which announces
+        ``tools.listChanged``) honours ``toolsListChanged``: each change is one
         ``notifications/tools/list_changed`` on the stream (changes while one is being written coalesce).
-        Anything else it agrees not to send, and the stream carries keep-alives only.
+        Anything else it agrees not to send, and the stream carries keep-alives.
         """
         wanted = params.get("notifications")
-        if isinstance(wanted, dict) and "taskIds" in wanted and not declared:
+        task_ids = wanted.get("taskIds") if isinstance(wanted, dict) else None
+        if task_ids is not None and not declared:
             raise self._missing_extension()
+        if task_ids is not None and not (isinstance(task_ids, list) and all(isinstance(t, str) for t in task_ids)):
+            raise _refused(400, errors.INVALID_PARAMS, "notifications.taskIds must be a list of task id strings")
         if self.listeners >= MAX_LISTENERS:
             raise _refused(503, errors.INTERNAL_ERROR, f"{MAX_LISTENERS} listen streams are open, the limit")
         meta = {META_SUBSCRIPTION: rid}
         tools = self.capabilities.get("tools", {}).get("listChanged") is True
         tools = tools and isinstance(wanted, dict) and wanted.get("toolsListChanged") is True
-        ack = {"notifications": {"toolsListChanged": True} if tools else {}, "_meta": meta}
-        changed = asyncio.Event()
+        watched: dict[str, tuple[object, ...] | None] = {}
+        """Each watched task, with what its last push said (``None``: nothing pushed yet)."""
+        for task_id in list(dict.fromkeys(task_ids or ()))[:MAX_WATCHED_TASKS]:
+            verdict = authorize(task_id, await self.tasks.get(task_id), grant, self.s.policy, now())
+            if isinstance(verdict, Deliver):
+                watched[task_id] = None
+        agreed: dict[str, Any] = {"toolsListChanged": True} if tools else {}
+        if task_ids is not None:
+            agreed["taskIds"] = list(watched)
+        ack = {"notifications": agreed, "_meta": meta}
+        changed, tasks_changed = asyncio.Event(), asyncio.Event()
         if tools:
             self._tool_listeners.add(changed)
+        for task_id in watched:
+            self._task_listeners.setdefault(task_id, set()).add(tasks_changed)
         self.listeners += 1
         gone = self.s.loop.create_task(_disconnected(receive))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             body = frames.sse(None, frames.notification("notifications/subscriptions/acknowledged", ack))
             await send({"type": "http.response.body", "body": body, "more_body": True})
+            quiet_since = now()
             while True:
-                woken = self.s.loop.create_task(changed.wait())
+                if watched:
+                    for note in await self._task_pushes(grant, watched, meta):
+                        await send({"type": "http.response.body", "body": frames.sse(None, note), "more_body": True})
+                        quiet_since = now()
+                wakers = {self.s.loop.create_task(changed.wait()), self.s.loop.create_task(tasks_changed.wait())}
                 try:
-                    done, _ = await asyncio.wait(
-                        {gone, woken}, timeout=KEEPALIVE_SECONDS, return_when="FIRST_COMPLETED"
-                    )
+                    timeout = PUSH_POLL_SECONDS if watched else KEEPALIVE_SECONDS
+                    done, _ = await asyncio.wait({gone, *wakers}, timeout=timeout, return_when="FIRST_COMPLETED")
                 finally:
-                    woken.cancel()
+                    for waker in wakers:
+                        waker.cancel()
                 if gone in done:
                     break
+                tasks_changed.clear()
                 if changed.is_set():
                     changed.clear()
                     note = frames.notification("notifications/tools/list_changed", {"_meta": meta})
                     await send({"type": "http.response.body", "body": frames.sse(None, note), "more_body": True})
-                else:
+                    quiet_since = now()
+                elif now() - quiet_since >= KEEPALIVE_SECONDS:
                     await send({"type": "http.response.body", "body": b":\n\n", "more_body": True})
+                    quiet_since = now()
         finally:
             gone.cancel()
             self._tool_listeners.discard(changed)
+            for task_id in watched:
+                listeners = self._task_listeners.get(task_id)
+                if listeners is not None:
+                    listeners.discard(tasks_changed)
+                    if not listeners:
+                        del self._task_listeners[task_id]
             self.listeners -= 1
+
+    async def _task_pushes(
+        self, grant: Grant, watched: dict[str, tuple[object, ...] | None], meta: dict[str, Any]
+    ) -> list[bytes]:
+        """The ``notifications/tasks`` a listen stream owes: each watched task whose state changed since its last
+        push, authorized now against the stream's token like a poll; a terminal task is pushed once, then
+        forgotten, as is one the token may no longer see."""
+        notes = []
+        for task_id, last in list(watched.items()):
+            at = now()
+            verdict = authorize(task_id, await self.tasks.get(task_id), grant, self.s.policy, at)
+            if not isinstance(verdict, Deliver):
+                del watched[task_id]
+                continue
+            record = await self._settle_if_lost(verdict.record, at)
+            state = (record.status, record.updated_at, tuple(record.input_requests))
+            if state != last:
+                watched[task_id] = state
+                params = {**detailed_task(record, self.poll_ms), "_meta": meta}
+                notes.append(frames.notification("notifications/tasks", params))
+            if record.status.terminal:
+                del watched[task_id]
+        return notes
+
+    async def _update(self, record: TaskRecord) -> TaskRecord | None:
+        """Store a task's new state (:meth:`.TaskStore.update`) and wake the listen streams watching it here."""
+        stored = await self.tasks.update(record)
+        for listener in self._task_listeners.get(record.task_id, ()):
+            listener.set()
+        return stored
 
     def tools_changed(self) -> None:
         """The tool list changed: every listener that asked for ``toolsListChanged`` is told."""
@@ -726,14 +796,14 @@ class ModernLeg:
                 waiting = awaiting_input(record, wire, now())
             except IllegalTransition as exc:
                 raise MethodError(errors.INTERNAL_ERROR, str(exc)) from None
-            await self.tasks.update(waiting)
+            await self._update(waiting)
         log_decision("task_input_required", task=task_id[:8], keys=sorted(keys))
         while True:
             inbox.wake.clear()
             async with inbox.lock:
                 record = await self._live_task(task_id)
                 if keys <= record.input_responses.keys():
-                    await self.tasks.update(consumed(record, keys))
+                    await self._update(consumed(record, keys))
                     return {key: record.input_responses[key] for key in requests}
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(inbox.wake.wait(), INPUT_POLL_SECONDS)
@@ -758,7 +828,7 @@ class ModernLeg:
             record = await self.tasks.get(task_id)
             fresh = None if record is None else answered(record, responses, now())
             if fresh is not record and fresh is not None:
-                await self.tasks.update(fresh)
+                await self._update(fresh)
         if inbox is not None:
             inbox.wake.set()
 
@@ -772,7 +842,7 @@ class ModernLeg:
             async with inbox.lock:
                 record = await self.tasks.get(task_id)
                 if record is not None and record.status is TaskStatus.WORKING:
-                    await self.tasks.update(described(record, message, now()))
+                    await self._update(described(record, message, now()))
         except StoreUnavailable:
             log.warning("task %s: status message not stored (store unavailable)", task_id[:8])
 
@@ -782,7 +852,7 @@ class ModernLeg:
         task_id = settled.task_id
         for attempt in range(STORE_ATTEMPTS):
             try:
-                await self.tasks.update(settled)
+                await self._update(settled)
             except StoreUnavailable:
                 log.warning("task %s: outcome not stored (attempt %d), retrying", task_id[:8], attempt + 1)
                 await asyncio.sleep(min(5.0, 0.1 * 2**attempt))
@@ -823,7 +893,7 @@ class ModernLeg:
                 self.cancelling.add(task_id)
                 running.cancel("cancelled by its owner")
             else:  # another replica runs it: record the cancel; its own outcome can then no longer land
-                await self.tasks.update(advance(record, TaskStatus.CANCELLED, at, message="cancelled by its owner"))
+                await self._update(advance(record, TaskStatus.CANCELLED, at, message="cancelled by its owner"))
         await self._answer(send, rid, {})  # an empty acknowledgement: the next tasks/get shows the effect
 
     @staticmethod
@@ -854,7 +924,7 @@ class ModernLeg:
             alive = await self.s.store.owner_alive(record.owner)
         if alive:
             return record
-        stored = await self.tasks.update(lost(record, at))
+        stored = await self._update(lost(record, at))
         log_decision("task_lost", task=record.task_id[:8])
         return stored or record
 
