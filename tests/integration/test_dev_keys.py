@@ -71,6 +71,10 @@ def test_unusable_keys_files_are_refused_with_a_reason(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no private signing key for ES256"):
         SigningKeys.shared(rsa_only)
 
+    nowhere = tmp_path / "missing" / "keys.json"
+    with pytest.raises(ValueError, match=f"dev keys {nowhere}: cannot create it"):
+        SigningKeys.shared(nowhere)
+
 
 @pytest.mark.parametrize(
     ("flags", "message"),
@@ -79,6 +83,7 @@ def test_unusable_keys_files_are_refused_with_a_reason(tmp_path: Path) -> None:
         (["--store", "redis://127.0.0.1:9?prefix={x}"], "free of '{' and '}'"),
         (["--store", "postgres://db"], "unknown store 'postgres://db'"),
         (["--dev-keys", "KEYS"], "not a JWKS of private keys"),
+        (["--dev-keys", "NO_DIR/keys.json"], "cannot create it"),
     ],
 )
 def test_serve_explains_bad_store_and_keys_flags_without_a_traceback(
@@ -86,7 +91,7 @@ def test_serve_explains_bad_store_and_keys_flags_without_a_traceback(
 ) -> None:
     keys = tmp_path / "keys.json"
     keys.write_text("{}")
-    args = [str(keys) if flag == "KEYS" else flag for flag in flags]
+    args = [str(keys) if flag == "KEYS" else flag.replace("NO_DIR", str(tmp_path / "missing")) for flag in flags]
     command = [sys.executable, "-m", "mcp_lossless", "serve", "--port", "9", *args]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1

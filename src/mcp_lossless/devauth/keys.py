@@ -54,7 +54,10 @@ class SigningKeys:
         path = Path(path)
         if not path.exists():
             fresh = KeySet(cls()._all).as_dict(private=True)
-            descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            try:
+                descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            except OSError as exc:  # a missing or read-only directory: said as a bad flag, not a traceback
+                raise ValueError(f"dev keys {path}: cannot create it ({exc.strerror or exc})") from exc
             try:
                 with os.fdopen(descriptor, "w") as handle:
                     json.dump(fresh, handle)
