@@ -75,16 +75,28 @@ async def respond_json(send: Send, status: int, value: Any, headers: Iterable[tu
 
 
 async def run_lifespan(
-    receive: Receive, send: Send, startup: Callable[[], Awaitable[None]], shutdown: Callable[[], Awaitable[None]]
+    receive: Receive,
+    send: Send,
+    startup: Callable[[], Awaitable[None]],
+    shutdown: Callable[[], Awaitable[None]],
+    explained: tuple[type[Exception], ...] = (),
 ) -> None:
-    """Answer an ASGI lifespan scope: ``startup`` on start (a failure is reported, and logged), ``shutdown`` on stop."""
+    """Answer an ASGI lifespan scope: ``startup`` on start (a failure is reported, and logged), ``shutdown`` on stop.
+
+    A failure of an ``explained`` kind (a store that cannot open, an issuer without metadata) is one the
+    operator fixes from its message alone: it is logged without a traceback. Any other keeps its traceback.
+    """
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
             try:
                 await startup()
             except Exception as exc:
-                logging.getLogger("mcp_lossless").exception("startup failed")
+                log = logging.getLogger("mcp_lossless")
+                if isinstance(exc, explained):
+                    log.error("startup failed: %s", exc)
+                else:
+                    log.exception("startup failed")
                 await send({"type": "lifespan.startup.failed", "message": str(exc)})
                 return
             await send({"type": "lifespan.startup.complete"})

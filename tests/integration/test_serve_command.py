@@ -192,3 +192,34 @@ def test_started_is_logged_once_the_socket_listens_and_never_when_binding_fails(
     assert taken.returncode == 3
     assert '"started"' not in taken.stderr
     assert "address already in use" in taken.stderr.lower()
+
+
+@pytest.mark.parametrize(
+    ("command", "config", "message"),
+    [
+        (["serve", "--store", "sqlite:MISSING/events.db"], "", "cannot open sqlite store"),
+        (["serve", "--store", "memory", "--issuer", "http://127.0.0.1:PORT"], "", "no authorization server metadata"),
+        (
+            ["gateway", "--store", "memory", "--config", "CONFIG"],
+            '[[upstream]]\nname = "up"\nurl = "http://127.0.0.1:PORT/mcp"\n'
+            'auth = { bearer_env = "MCPL_NO_SUCH_VAR" }\n',
+            "environment variable MCPL_NO_SUCH_VAR (an upstream's bearer token) is not set",
+        ),
+    ],
+)
+def test_a_start_up_failure_is_one_explained_line_without_a_traceback(
+    tmp_path: Path, command: list[str], config: str, message: str
+) -> None:
+    (tmp_path / "gateway.toml").write_text(config)
+    argv = [
+        a.replace("MISSING", str(tmp_path / "missing")).replace("CONFIG", str(tmp_path / "gateway.toml"))
+        for a in command
+    ]
+    argv = [a.replace("PORT", str(free_port())) for a in argv]
+    done = subprocess.run(
+        [*CLI, *argv, "--port", str(free_port())], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 3
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert '"started"' not in done.stderr

@@ -19,13 +19,13 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from ..asgi import Receive, Scope, Send, run_lifespan
 from ..core import errors
-from ..server.app import LosslessApp, create_app
+from ..server.app import STARTUP_FAILURES, LosslessApp, create_app
 from ..server.auth import TokenVerifier
 from ..server.config import ServerConfig
 from ..server.observability import log_decision
 from ..server.tools import MethodError, RawToolHandler, ToolContext, ToolRegistry, ToolReturn
 from ..stores.base import EventStore
-from .config import UpstreamConfig
+from .config import GatewayConfigError, UpstreamConfig
 from .http import HttpUpstream
 from .stdio import StdioUpstream
 from .table import ExposedTool, expose
@@ -95,7 +95,7 @@ class Gateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await run_lifespan(receive, send, self.startup, self.shutdown)
+            await run_lifespan(receive, send, self.startup, self.shutdown, (*STARTUP_FAILURES, GatewayConfigError))
         else:
             await self.app(scope, receive, send)
 

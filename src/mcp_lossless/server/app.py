@@ -15,7 +15,7 @@ import httpx
 from ..asgi import Receive, Scope, Send, headers, respond, respond_json, run_lifespan
 from ..core.resources import canonical_resource
 from ..devauth.server import DevAuthServer
-from ..stores import EventStore, TaskStore, open_store, task_store_beside
+from ..stores import EventStore, StoreUnavailable, TaskStore, open_store, task_store_beside
 from . import metadata
 from .auth import (
     INTROSPECTION_AUTH_METHODS,
@@ -31,6 +31,7 @@ from .auth import (
 )
 from .config import LOOPBACK_HOSTS, ServerConfig
 from .demo import demo_tools
+from .errors import ServerError
 from .modern import ModernLeg
 from .observability import log_decision, now
 from .state import ServerState
@@ -53,6 +54,10 @@ NOT_STARTED = (
     "mcp-lossless app not started: its lifespan did not run. Mounted in Starlette or FastAPI, pass "
     "lifespan=app.lifespan (or enter `async with app.lifespan():` in your own); see docs/deploy.md"
 )
+
+STARTUP_FAILURES = (ServerError, StoreUnavailable)
+"""Start-up failures the message explains whole (an issuer without metadata, a store that will not open):
+logged without a traceback."""
 
 
 class LosslessApp:
@@ -115,7 +120,7 @@ class LosslessApp:
                 with contextlib.suppress(Exception):
                     await respond_json(send, 500, rpc_error(-32603, "internal error"))
         elif kind == "lifespan":
-            await run_lifespan(receive, send, self.startup, self.shutdown)
+            await run_lifespan(receive, send, self.startup, self.shutdown, STARTUP_FAILURES)
 
     async def _http_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
