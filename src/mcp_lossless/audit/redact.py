@@ -8,7 +8,10 @@ from typing import Any
 JWT_PATTERN = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*")
 """Any compact JWS, even one the audit was never told about (e.g. echoed back by a server)."""
 
-BEARER_PATTERN = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+CHALLENGE_PARAMS = "realm|scope|error|error_description|error_uri|resource|resource_metadata"
+BEARER_PATTERN = re.compile(rf"(?i)\b(bearer|basic)\s+(?!(?:{CHALLENGE_PARAMS})=)[A-Za-z0-9._~+/=-]+")
+"""A credential after its scheme; a ``WWW-Authenticate`` challenge's parameters (RFC 6750, RFC 9728) are evidence,
+not secrets, and stay readable."""
 
 
 class Redactor:
