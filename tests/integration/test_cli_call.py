@@ -130,6 +130,14 @@ def test_authorization_needed_but_no_credentials(authorized: ServerProcess) -> N
     done = call(f"{authorized.base}/mcp", "search", "query=x")
     assert done.returncode == EXIT_AUTHORIZATION
     assert "authorization failed" in done.stderr and "no credentials" in done.stderr
+    assert "give --client-id" in done.stderr, "the way out is named"
+
+
+def test_a_url_without_an_mcp_endpoint_is_named_with_the_status_it_answered(open_server: ServerProcess) -> None:
+    done = call(f"{open_server.base}/nowhere", "search", "query=x")
+    assert done.returncode == EXIT_SERVER, done.stderr
+    assert "HTTP 404" in done.stderr and "no resource at /nowhere" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
 
 
 def test_wrong_secret_is_an_authorization_failure(authorized: ServerProcess) -> None:

@@ -203,7 +203,8 @@ def _failed(args: argparse.Namespace, error: BaseException, err: Console) -> int
     else:
         if isinstance(error, ToolFailed):
             print(error.reason)
-        err.print(f"mcp-lossless call: {_headline(status)} ({kind}): {reason}", markup=False)
+        hint = "; give --client-id (and --client-secret)" if status == EXIT_AUTHORIZATION and not args.client_id else ""
+        err.print(f"mcp-lossless call: {_headline(status)} ({kind}): {reason}{hint}", markup=False)
     return status
 
 

@@ -230,8 +230,10 @@ class ModernClient:
                 resources = resources | frozenset(challenge.resources) | named
                 await self._auth.reauthorize(resources, scopes)
                 continue
-            if answer is None:
-                raise RequestRejected(f"HTTP {response.status_code} without a JSON-RPC answer")
+            if answer is None or (response.status_code >= 400 and "jsonrpc" not in answer):
+                # e.g. a 404 from a URL with no MCP endpoint: refused, not a protocol breach (a legacy
+                # server then gets its handshake, which names the status and body)
+                raise RequestRejected(f"{method}: HTTP {response.status_code} without a JSON-RPC answer")
             error = answer.get("error")
             if isinstance(error, dict):
                 raise RemoteError(
