@@ -5,6 +5,7 @@ authorization (every store) and pushed to listen streams under the same rule, th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -54,6 +55,19 @@ def tools() -> ToolRegistry:
         """A task that waits for its owner's approval."""
         answer = await ctx.request("elicitation/create", {"message": f"Approve {item}?", "requestedSchema": {}})
         return f"{item}: {answer['action']}"
+
+    @registry.tool()
+    async def paced(ctx: ToolContext, steps: int = 3) -> str:
+        """Reports progress between awaits inside an asyncio timeout; says whether it stayed in one task."""
+        first = asyncio.current_task()
+        async with asyncio.timeout(10):
+            for step in range(1, steps + 1):
+                await ctx.report_progress(step, steps)
+                await asyncio.sleep(0.01)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(5)  # its own timeout fires: the tool, not the request, sees it
+        return f"paced {steps}, one task: {asyncio.current_task() is first}"
 
     region = {"type": "string", "x-mcp-header": "Region"}
     schema = {"type": "object", "properties": {"region": region, "n": {"type": "integer", "x-mcp-header": "N"}}}
@@ -276,3 +290,18 @@ async def test_task_state_is_pushed_only_to_a_listen_stream_whose_token_covers_t
             while (pushed := await next_message())["params"]["status"] != "completed":
                 assert pushed["params"]["status"] in ("working", "input_required"), pushed
             assert pushed["params"]["result"]["content"][0]["text"] == "po-9: accept"
+
+
+async def test_a_call_that_waits_streams_its_progress_in_order_and_keeps_its_own_timeouts(
+    http: httpx.AsyncClient, base: str
+) -> None:
+    """A call not answered at once goes on in its request's task: its timeouts and the order of its
+    notifications hold, and the answer comes last on the stream."""
+    peer = ModernPeer(http, base, await dev_token(http, base, f"{base}/mcp"), tasks=False)
+    read = await peer.request("tools/call", {"name": "paced", "arguments": {}, "_meta": {"progressToken": "t"}})
+    assert read.headers["content-type"] == "text/event-stream"
+    assert [m["params"]["progress"] for m in read.messages[:-1]] == [1, 2, 3]
+    final = read.messages[-1]["result"]
+    assert final["resultType"] == "complete" and final["content"][0]["text"] == "paced 3, one task: True"
+    quiet = answer(await peer.call("paced", steps=1))["result"]
+    assert quiet["content"][0]["text"] == "paced 1, one task: True", "no progress token: JSON, same answer"

@@ -21,7 +21,7 @@ import logging
 import re
 import secrets
 from base64 import b64decode
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Generator, Iterable
 from typing import Any
 
 from .. import __version__
@@ -541,59 +541,88 @@ class ModernLeg:
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         token = token if isinstance(token, (str, int)) and not isinstance(token, bool) else None
         ctx = ToolContext(grant, rid, token, channel)
-        loop = self.s.loop
-        job = loop.create_task(work(ctx))
-        await asyncio.sleep(0)  # one turn: the job's first step, all that a call answered at once needs
-        if job.done() and channel.queue.empty():
-            status, answer = self._outcome(rid, job, channel)
-            await respond(send, status, answer, b"application/json")  # no watcher, no stream: nothing to wait for
-            return
-        gone = loop.create_task(_disconnected(receive))
-        streaming = False
+        coro = work(ctx)
+        outcome = _Outcome()
         try:
-            while True:
-                getter = loop.create_task(channel.queue.get())
-                done, _ = await asyncio.wait({job, gone, getter}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    if not streaming:
-                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-                        streaming = True
-                    await send(
-                        {"type": "http.response.body", "body": frames.sse(None, getter.result()), "more_body": True}
-                    )
-                    continue
-                getter.cancel()
-                if gone in done:
-                    job.cancel("client disconnected")  # on this revision a closed response cancels the request
-                    with contextlib.suppress(BaseException):
-                        await job
-                    log_decision("modern_cancelled", request=str(rid))
-                    return
-                break
-            status, answer = self._outcome(rid, job, channel)
-            while not channel.queue.empty() and streaming:
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": frames.sse(None, channel.queue.get_nowait()),
-                        "more_body": True,
-                    }
-                )
+            yielded = coro.send(None)  # its first step, here: all that a call answered at once needs
+        except BaseException as exc:
+            outcome.settle(exc)
+            if channel.queue.empty():  # no task, no watcher, no stream: nothing else to wait for
+                await respond(send, *self._outcome(rid, outcome, channel), b"application/json")
+                return
+            yielded = None
+        else:
+            outcome.pending = True
+        await self._stream_while(receive, send, rid, coro, yielded, outcome, channel)
+
+    async def _stream_while(
+        self,
+        receive: Receive,
+        send: Send,
+        rid: RequestId,
+        coro: Coroutine[Any, Any, dict[str, Any]],
+        yielded: Any,
+        outcome: _Outcome,
+        channel: _RequestChannel,
+    ) -> None:
+        """The rest of a request that did not answer in its first step: the tool goes on *in this task* (its
+        timeouts and cancel scopes see the task they began in), its notifications stream as SSE from a pump
+        beside it, and a watcher cancels it when the client disconnects (on this revision, a cancellation)."""
+        loop = self.s.loop
+        me = asyncio.current_task()
+        assert me is not None
+        streaming = False
+        left = False
+
+        async def pump() -> None:
+            """Every notification in order, until the end mark the request puts behind the last one."""
+            nonlocal streaming
+            while (note := await channel.queue.get()) is not _END_OF_NOTES:
+                if not streaming:
+                    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                    streaming = True
+                await send({"type": "http.response.body", "body": frames.sse(None, note), "more_body": True})
+
+        async def watch() -> None:
+            nonlocal left
+            await _disconnected(receive)
+            left = True
+            if outcome.pending:
+                me.cancel("client disconnected")
+
+        pumping, watching = loop.create_task(pump()), loop.create_task(watch())
+        try:
+            if outcome.pending:
+                try:
+                    outcome.settle(None, await _Resumed(coro, yielded))
+                except BaseException as exc:
+                    if left and isinstance(exc, asyncio.CancelledError):
+                        me.uncancel()
+                        log_decision("modern_cancelled", request=str(rid))
+                        return
+                    outcome.settle(exc)
+            watching.cancel()
+            if left:
+                if me.cancelling():
+                    me.uncancel()
+                return
+            channel.queue.put_nowait(_END_OF_NOTES)
+            await pumping  # every notification is on the stream before the answer
+            status, answer = self._outcome(rid, outcome, channel)
             if streaming:
                 await send({"type": "http.response.body", "body": frames.sse(None, answer)})
             else:
                 await respond(send, status, answer, b"application/json")
         finally:
-            gone.cancel()
-            if not job.done():
-                job.cancel()
+            pumping.cancel()
+            watching.cancel()
+            if outcome.pending:
+                coro.close()
 
-    def _outcome(
-        self, rid: RequestId, job: asyncio.Task[dict[str, Any]], channel: _RequestChannel
-    ) -> tuple[int, bytes]:
-        """The finished job's answer, and its HTTP status if the response has not begun."""
+    def _outcome(self, rid: RequestId, outcome: _Outcome, channel: _RequestChannel) -> tuple[int, bytes]:
+        """The finished request's answer, and its HTTP status if the response has not begun."""
         try:
-            value = job.result()
+            value = outcome.result()
         except InputRequired as asked:
             return 200, frames.result(rid, {**self._input_required(asked, channel), "resultType": "input_required"})
         except MethodError as exc:
@@ -995,6 +1024,63 @@ def _input_before_task(tool: RegisteredTool, params: dict[str, Any], ctx: ToolCo
         with contextlib.suppress(RuntimeError):
             coro.close()
     return None
+
+
+_END_OF_NOTES = b""
+"""Put behind a request's last notification: its pump stops there (a notification is never empty)."""
+
+
+class _Outcome:
+    """How a request's work ended: its value, or what it raised (``pending`` while it runs)."""
+
+    __slots__ = ("error", "pending", "value")
+
+    def __init__(self) -> None:
+        self.pending = False
+        self.value: dict[str, Any] = {}
+        self.error: BaseException | None = None
+
+    def settle(self, error: BaseException | None, value: dict[str, Any] | None = None) -> None:
+        self.pending = False
+        if isinstance(error, StopIteration):
+            self.value = error.value
+        elif error is not None:
+            self.error = error
+        else:
+            self.value = value if value is not None else {}
+
+    def result(self) -> dict[str, Any]:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _Resumed:
+    """Awaiting it goes on with a coroutine already stepped once by hand (which yielded ``yielded``), in the
+    awaiting task, exactly as if that task had awaited the coroutine from its start: what the coroutine yields
+    goes to the task, what the task sends or throws (a cancellation) goes to the coroutine."""
+
+    __slots__ = ("coro", "yielded")
+
+    def __init__(self, coro: Coroutine[Any, Any, dict[str, Any]], yielded: Any) -> None:
+        self.coro = coro
+        self.yielded = yielded
+
+    def __await__(self) -> Generator[Any, Any, dict[str, Any]]:
+        coro, yielded = self.coro, self.yielded
+        while True:
+            try:
+                sent = yield yielded
+            except BaseException as exc:
+                try:
+                    yielded = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+            else:
+                try:
+                    yielded = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
 
 
 async def _disconnected(receive: Receive) -> None:
