@@ -13,6 +13,7 @@ keeps using an ``httpx.AsyncClient``.
 from __future__ import annotations
 
 import ssl
+from collections import deque
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Protocol
@@ -99,15 +100,16 @@ def _parsed(url: str) -> tuple[httpcore.URL, bytes]:
 class LeanHttp:
     """Keep-alive HTTP/1.1 connections to MCP endpoints; ``async with`` closes them.
 
-    Its own pool over httpcore's single connections (``httpcore.AsyncHTTPConnection``), not httpcore's
+    Its own pool of httpcore HTTP/1.1 connections (``httpcore.AsyncHTTP11Connection``), not httpcore's
     ``AsyncConnectionPool``: that one scans every connection it holds on each request, asking each idle one
     whether the server closed it (a readability poll each), which at a gateway's 16 concurrent calls was half
-    of the gateway's CPU per call. Here a request takes the most recently used idle connection to its origin
-    and checks that one only; a connection goes back after its response was read to the end and closed (one
-    that was not is closed: it cannot carry another request). At most ``max_connections`` requests are in
-    flight (more wait), at most ``max_keepalive_connections`` idle connections are kept, none idle longer than
-    ``keepalive_expiry`` (below the servers' own keep-alive timeout: uvicorn's is 5 s). Sockets are
-    httpcore's anyio backend unless ``network_backend`` says otherwise (the gateway's is asyncio's).
+    of the gateway's CPU per call; and each of its layers takes an anyio lock, whose every acquisition yields
+    to the event loop. Here a request takes the most recently used idle connection to its origin and checks
+    that one only (or connects a new one); a connection goes back after its response was read to the end and
+    closed (one that was not is closed: it cannot carry another request). At most ``max_connections``
+    requests are in flight (more wait), at most ``max_keepalive_connections`` idle connections are kept, none
+    idle longer than ``keepalive_expiry`` (below the servers' own keep-alive timeout: uvicorn's is 5 s).
+    Sockets are httpcore's anyio backend unless ``network_backend`` says otherwise (the gateway's is asyncio's).
     """
 
     def __init__(
@@ -120,12 +122,15 @@ class LeanHttp:
         read_timeout: float = 300.0,
         network_backend: httpcore.AsyncNetworkBackend | None = None,
     ) -> None:
-        self._slots = anyio.Semaphore(max_connections)
+        self._max = max_connections
+        self._in_flight = 0
+        self._waiting: deque[anyio.Event] = deque()
         self._keep = max_keepalive_connections
         self._expiry = keepalive_expiry
-        self._idle: dict[tuple[bytes, bytes, int], list[httpcore.AsyncHTTPConnection]] = {}
+        self._connect_timeout = connect_timeout
+        self._idle: dict[tuple[bytes, bytes, int], list[httpcore.AsyncHTTP11Connection]] = {}
         """Idle connections by origin (scheme, host, port), the most recently used last."""
-        self._busy: set[httpcore.AsyncHTTPConnection] = set()
+        self._busy: set[httpcore.AsyncHTTP11Connection] = set()
         self._urls: dict[str, tuple[httpcore.URL, bytes]] = {}
         """Each URL parsed once, with its ``Host`` header."""
         self._backend = network_backend or httpcore.AnyIOBackend()
@@ -151,17 +156,27 @@ class LeanHttp:
         if known is None:
             known = self._urls.setdefault(url, _parsed(url))
         target, host = known
-        wire = [
-            (b"host", host),
-            *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()),
-        ]
+        wire = [(b"host", host)]
+        wire += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
         if content is not None:
             wire.append((b"content-length", str(len(content)).encode()))
-        request = httpcore.Request(
-            method, target, headers=wire, content=content, extensions={"timeout": self._timeouts}
-        )
-        async with self._slots:
-            connection = await self._take(target.origin)
+        extensions = {"timeout": self._timeouts}
+        request = httpcore.Request(method, target, headers=wire, content=content, extensions=extensions)
+        while self._in_flight >= self._max:  # no lock: a free slot is taken without yielding to the loop
+            waiter = anyio.Event()
+            self._waiting.append(waiter)
+            try:
+                await waiter.wait()
+            except BaseException:
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
+                elif self._waiting:  # it was woken for a free slot it will not take: pass the slot on
+                    self._waiting.popleft().set()
+                raise
+        self._in_flight += 1
+        try:
+            with _as_httpx():
+                connection = await self._take(target.origin)
             self._busy.add(connection)
             try:
                 with _as_httpx():
@@ -174,21 +189,31 @@ class LeanHttp:
             finally:
                 self._busy.discard(connection)
                 await self._give_back(target.origin, connection)
+        finally:
+            self._in_flight -= 1
+            if self._waiting:
+                self._waiting.popleft().set()
 
-    async def _take(self, origin: httpcore.Origin) -> httpcore.AsyncHTTPConnection:
+    async def _take(self, origin: httpcore.Origin) -> httpcore.AsyncHTTP11Connection:
         idle = self._idle.get((origin.scheme, origin.host, origin.port))
         while idle:
             connection = idle.pop()
             if connection.is_idle() and not connection.has_expired():
                 return connection
             await connection.aclose()  # the server closed it, or it idled past the expiry
-        if origin.scheme == b"https" and self._ssl is None:
-            self._ssl = ssl.create_default_context(cafile=certifi.where())
-        return httpcore.AsyncHTTPConnection(
-            origin, ssl_context=self._ssl, keepalive_expiry=self._expiry, network_backend=self._backend
-        )
+        stream = await self._backend.connect_tcp(origin.host.decode("ascii"), origin.port, self._connect_timeout)
+        if origin.scheme == b"https":
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context(cafile=certifi.where())
+                self._ssl.set_alpn_protocols(["http/1.1"])
+            try:
+                stream = await stream.start_tls(self._ssl, origin.host.decode("ascii"), self._connect_timeout)
+            except BaseException:
+                await stream.aclose()
+                raise
+        return httpcore.AsyncHTTP11Connection(origin, stream, keepalive_expiry=self._expiry)
 
-    async def _give_back(self, origin: httpcore.Origin, connection: httpcore.AsyncHTTPConnection) -> None:
+    async def _give_back(self, origin: httpcore.Origin, connection: httpcore.AsyncHTTP11Connection) -> None:
         idle = self._idle.setdefault((origin.scheme, origin.host, origin.port), [])
         if connection.is_idle() and len(idle) < self._keep:
             idle.append(connection)
