@@ -173,22 +173,33 @@ class _RequestChannel:
     a method that may not be answered ``input_required``.
     """
 
-    __slots__ = ("answers", "binding", "capabilities", "min_level", "queue", "taken")
+    __slots__ = ("_queue", "answers", "binding", "capabilities", "min_level", "taken")
 
     def __init__(
         self,
         capabilities: dict[str, Any],
         log_level: object = None,
         answers: dict[str, dict[str, Any]] | None = None,
-        binding: mrtr.Binding | None = None,
+        binding: Callable[[], mrtr.Binding] | None = None,
     ) -> None:
         self.capabilities = capabilities
         self.min_level = LOG_LEVELS.index(log_level) if log_level in LOG_LEVELS else None
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._queue: asyncio.Queue[bytes] | None = None
         self.answers = answers
         self.binding = binding
+        """What a ``requestState`` of this request is bound to (made only when one is read or issued)."""
         self.taken: dict[str, dict[str, Any]] = {}
         """The answers the tool used so far: the next round's ``requestState`` carries exactly these."""
+
+    @property
+    def queue(self) -> asyncio.Queue[bytes]:
+        """The notifications not yet on the stream (made at the first: most requests send none)."""
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+        return self._queue
+
+    def quiet(self) -> bool:
+        return self._queue is None or self._queue.empty()
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         if method == "notifications/message":
@@ -378,15 +389,21 @@ class ModernLeg:
         capabilities = self._validate(index, method, params)
         rid: RequestId = message["id"]
         declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
-        answers = binding = None
-        if method in mrtr.MRTR_METHODS:  # (a call that carries no earlier round pays for no state)
-            binding = mrtr.Binding(grant.principal, method, params[NAMED[method]], params.get("arguments"))
-            try:
-                answers = mrtr.answers_of(self._state_key, params, binding, now())
-            except mrtr.BadInput as exc:
-                await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, str(exc)), b"application/json")
-                return
-        channel = _RequestChannel(capabilities, params["_meta"].get(META_LOG_LEVEL), answers, binding)
+        answers: dict[str, dict[str, Any]] | None = None
+        bound: Callable[[], mrtr.Binding] | None = None
+        if method in mrtr.MRTR_METHODS:
+
+            def binding() -> mrtr.Binding:
+                return mrtr.Binding(grant.principal, method, params[NAMED[method]], params.get("arguments"))
+
+            answers, bound = {}, binding
+            if "requestState" in params or "inputResponses" in params:  # a first round pays for no state
+                try:
+                    answers = mrtr.answers_of(self._state_key, params, binding(), now())
+                except mrtr.BadInput as exc:
+                    await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, str(exc)), b"application/json")
+                    return
+        channel = _RequestChannel(capabilities, params["_meta"].get(META_LOG_LEVEL), answers, bound)
         if method == "server/discover":
             await self._answer(send, rid, self._discover())
         elif method == "tools/list":
@@ -518,7 +535,7 @@ class ModernLeg:
     def _input_required(self, asked: InputRequired, channel: _RequestChannel) -> dict[str, Any]:
         """The ``InputRequiredResult``: what the tool asks, and the answers it took so far, sealed."""
         assert channel.binding is not None, "only a multi round-trip method reaches here"
-        state = mrtr.seal(self._state_key, channel.binding, asked.answers, now())
+        state = mrtr.seal(self._state_key, channel.binding(), asked.answers, now())
         log_decision("input_required", keys=sorted(asked.requests))
         return {"inputRequests": asked.requests, "requestState": state}
 
@@ -547,7 +564,7 @@ class ModernLeg:
             yielded = coro.send(None)  # its first step, here: all that a call answered at once needs
         except BaseException as exc:
             outcome.settle(exc)
-            if channel.queue.empty():  # no task, no watcher, no stream: nothing else to wait for
+            if channel.quiet():  # no task, no watcher, no stream: nothing else to wait for
                 await respond(send, *self._outcome(rid, outcome, channel), b"application/json")
                 return
             yielded = None
