@@ -197,6 +197,7 @@ async def test_metadata_at_every_well_known_uri_and_discovery(devauth: DevAuthSe
     origin = devauth.issuer.removesuffix(devauth.path_prefix)
     assert devauth.path_prefix == "/dev-as"
     for path in (
+        "/dev-as",  # the issuer URL serve prints
         "/.well-known/oauth-authorization-server/dev-as",
         "/.well-known/openid-configuration/dev-as",
         "/dev-as/.well-known/openid-configuration",

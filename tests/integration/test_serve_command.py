@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -223,3 +224,28 @@ def test_a_start_up_failure_is_one_explained_line_without_a_traceback(
     assert message in done.stderr
     assert "Traceback" not in done.stderr
     assert '"started"' not in done.stderr
+
+
+def test_every_url_the_banner_prints_answers() -> None:
+    """What a new user clicks first: each URL ``serve`` prints is served (a GET may be the wrong method for an
+    endpoint, never a 404)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--store", "memory", "--port", str(port)], stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    try:
+        banner = []
+        for line in proc.stderr:
+            if line.startswith("{") and '"started"' in line:
+                break
+            banner.append(line)
+        urls = [url for line in banner for url in re.findall(r"http://\S+", line)]
+        assert len(urls) >= 6, banner
+        with httpx.Client(timeout=10) as http:
+            answers = {url: http.get(url).status_code for url in urls}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stderr.close()
+    assert {url: status for url, status in answers.items() if status == 404 or status >= 500} == {}

@@ -87,6 +87,7 @@ class DevAuthServer:
         """How often the JWKS was served: lets tests prove a verifier does not fetch it in a storm."""
         self._metadata_paths = frozenset(
             {
+                self.path_prefix,  # the issuer URL itself, which `serve` prints: what a curious user opens first
                 "/.well-known/oauth-authorization-server" + self.path_prefix,
                 "/.well-known/openid-configuration" + self.path_prefix,
                 self.path_prefix + "/.well-known/openid-configuration",
