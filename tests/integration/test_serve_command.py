@@ -148,6 +148,11 @@ def test_the_example_config_file_is_valid_and_spells_out_the_defaults() -> None:
     config = build_config(_parse("--config", str(EXAMPLE)))
     assert config == ServerConfig()
     assert config.limits == Limits()
+    text = EXAMPLE.read_text()
+    tables = {"dev_clients", "limits"}
+    named = {f for f in [*ServerConfig.__dataclass_fields__, *Limits.__dataclass_fields__] if f not in tables}
+    unnamed = [name for name in named if not re.search(rf"^(# )?{name} = ", text, re.MULTILINE)]
+    assert sorted(unnamed) == [], "every setting is in the example, set to its default or commented out"
 
 
 def test_flags_override_the_file_and_reach_the_limits(tmp_path: Path) -> None:
