@@ -14,10 +14,11 @@ import pytest
 
 from mcp_lossless.core.errors import EXECUTION_LOST
 from tests.support.mcp_http import Peer, call, dev_token
-from tests.support.processes import CLI, ServerProcess, cli_server
+from tests.support.processes import CLI, ServerProcess, cli_server, free_port
 
 CREDENTIALS = ["--client-id", "dev-client", "--client-secret", "dev-secret"]
 UPSTREAM = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio"]
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.toml"
 STARTUP = 90
 """The gateway's start includes its stdio child's: on a box shared by several test runs that took a while."""
 
@@ -58,6 +59,32 @@ def test_call_through_the_gateway_cli_and_its_metrics(gateway: ServerProcess) ->
     log = gateway.log.read_text()
     assert '"event":"upstream_call"' in log and '"client_id":"dev-client"' in log, "one line per call, its principal"
     assert "dev-secret" not in log and "eyJ" not in log, "no secret and no token (a JWT) in the gateway's log"
+
+
+def test_the_example_config_puts_the_demo_server_behind_the_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/gateway.toml as its comment runs it (its upstream on a free port instead of 9001)."""
+    upstream = free_port()
+    text = EXAMPLE.read_text()
+    assert 'url = "http://127.0.0.1:9001/mcp"' in text and "UPSTREAM_SECRET=dev-secret" in text
+    config = tmp_path / "gateway.toml"
+    config.write_text(text.replace("127.0.0.1:9001", f"127.0.0.1:{upstream}"))
+    monkeypatch.setenv("UPSTREAM_SECRET", "dev-secret")
+    with (
+        cli_server(["--store", "memory"], tmp_path / "upstream.log", port=upstream),
+        cli_server(["--config", str(config)], tmp_path / "gateway.log", command="gateway", timeout=STARTUP) as gw,
+    ):
+        done = subprocess.run(
+            [*CLI, "call", f"{gw.base}/mcp", "demo_search", "query=x", *CREDENTIALS],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "search results for 'x': 3 documents\n"
+    assert "progress 3/3 search step 3/3" in done.stderr, "the upstream's progress reaches the client"
 
 
 @pytest.mark.parametrize(
