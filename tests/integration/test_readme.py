@@ -58,7 +58,7 @@ def test_every_block_is_run_or_known_not_to_be() -> None:
     runnable = {body.splitlines()[0] for lang, body in blocks() if lang == "sh" and "SERVER=$!" in body}
     python = {body.splitlines()[0] for lang, body in blocks() if lang == "python"}
     assert firsts - runnable - python == NOT_RUN
-    assert len(runnable) == 2 and len(python) == 2
+    assert len(runnable) == 3 and len(python) == 2
 
 
 def test_the_library_example_is_the_shipped_files() -> None:
@@ -93,3 +93,19 @@ def test_library_example_serves_and_calls_as_written() -> None:
         "progress page 3/3",
         "3 pages of results for 'lossless'",
     ]
+
+
+def test_call_from_the_shell_shows_progress_then_a_task_polled_to_its_result() -> None:
+    done = run_bash(script("mcp-lossless call $URL"))
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    assert done.stdout.splitlines() == [
+        "search results for 'lossless': 3 documents",
+        "contents of https://example.com: 19 bytes",
+    ]
+    progress = [line for line in done.stderr.splitlines() if line.startswith("progress")]
+    assert progress == [f"progress {n}/3 search step {n}/3" for n in (1, 2, 3)]
+    tasks = [line.split(" ", 2) for line in done.stderr.splitlines() if line.startswith("task ")]
+    assert len({task_id for _, task_id, _ in tasks}) == 1, "one task, named on each line"
+    states = [state for _, _, state in tasks]
+    assert states[-1] == "completed"
+    assert any(state.startswith("working: fetch step") for state in states), "the task's progress is shown"
