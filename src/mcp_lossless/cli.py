@@ -317,7 +317,11 @@ def main(argv: list[str] | None = None) -> None:
     _serve_parser(sub, "gateway")
     _audit_parser(sub)
     _call_parser(sub)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "call" and extra and not any(e.startswith("-") for e in extra):
+        args.arguments += extra  # tool arguments after an option: `call URL fetch --timeout 5 url=…`
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "serve":
         try:
             sys.exit(serve(args))

@@ -126,6 +126,13 @@ def test_arguments_follow_httpie_text_and_raw_json(open_server: ServerProcess) -
     ]
 
 
+def test_options_may_come_between_the_tools_arguments(open_server: ServerProcess) -> None:
+    done = call(f"{open_server.base}/mcp", "search", "--timeout", "20", "query=x", "--json", "steps:=2", "delay_ms:=0")
+    assert done.returncode == EXIT_RESULT, done.stderr
+    assert orjson.loads(done.stdout)["result"]["content"][0]["text"] == "search results for 'x': 3 documents"
+    assert "progress 2/2" in done.stderr
+
+
 def test_authorization_needed_but_no_credentials(authorized: ServerProcess) -> None:
     done = call(f"{authorized.base}/mcp", "search", "query=x")
     assert done.returncode == EXIT_AUTHORIZATION
