@@ -84,7 +84,11 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
         "--public-url",
         help="canonical server URI as clients see it, when behind a proxy (default: http://HOST:PORT/PATH)",
     )
-    p.add_argument("--store", help=f"memory | sqlite:PATH | redis://HOST:PORT[/DB][?prefix=P] {default(d.store)}")
+    p.add_argument(
+        "--store",
+        help=f"memory | sqlite:PATH[?S=V&…] | redis://HOST:PORT[/DB][?S=V&…], settings in docs/stores.md "
+        f"{default(d.store)}",
+    )
     p.add_argument(
         "--issuer", help=f"'dev' for the embedded authorization server, or an issuer URL {default(d.issuer)}"
     )

@@ -19,7 +19,7 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 NOT_RUN = {
     "make run    # installs into .venv and serves on http://127.0.0.1:8000/mcp (embedded dev authorization server, "
     "SQLite store)",
-    "mcp-lossless serve [TARGET] [--store memory | sqlite:PATH | redis://HOST:PORT[?prefix=P]] [--issuer dev | "
+    "mcp-lossless serve [TARGET] [--store memory | sqlite:PATH[?S=V] | redis://HOST:PORT[/DB][?S=V]] [--issuer dev | "
     "ISSUER_URL]",
     "src/mcp_lossless/",
 }
