@@ -311,6 +311,19 @@ def test_unreachable_target_and_bad_usage_exit_2(capsys: pytest.CaptureFixture[s
         assert message in capsys.readouterr().err
 
 
+def test_a_server_that_asks_for_a_token_is_answered_with_the_flags_that_give_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with (
+        lossless_server(lambda port: create_app(ServerConfig(port=port, store="memory"))) as base,
+        pytest.raises(SystemExit) as exited,
+    ):
+        main(["audit", f"{base}/mcp", "--call", "fetch", "url=x"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "answered HTTP 401" in err and "give --token-endpoint URL --client ID:SECRET" in err
+
+
 def test_a_check_that_could_not_run_fails_the_audit_unless_allowed(tmp_path: Path) -> None:
     """Without a second principal the checks that need one cannot run: no finding, yet not a clean pass (3)."""
     keys = tmp_path / "dev-keys.json"

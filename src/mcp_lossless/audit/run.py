@@ -43,7 +43,12 @@ async def _discover_resource(wire: Wire, settings: AuditSettings, principal: Tok
             "tools/list", {}, credential=credential, label="tools/list at 2026-07-28", request_id=request_id
         )
         if listing.terminal_for(request_id) is None or not listing.ok:
-            raise AuditError(f"{settings.url} did not complete initialize: {exc}; {_status_line(listing)}") from None
+            hint = ""
+            if principal is None and listing.status == 401:
+                hint = " (it asks for a token: give --token-endpoint URL --client ID:SECRET, or --token-command)"
+            raise AuditError(
+                f"{settings.url} did not complete initialize: {exc}; {_status_line(listing)}{hint}"
+            ) from None
     else:
         request_id = wire.next_id()
         message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/list"}
