@@ -1,5 +1,6 @@
 # Two entry points: `make run` (serve on embedded defaults) and `make test` (everything CI runs).
 PY ?= python3
+ARGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/mcp-lossless serve
+	$(BIN)/mcp-lossless serve $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check

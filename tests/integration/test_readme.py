@@ -109,3 +109,18 @@ def test_call_from_the_shell_shows_progress_then_a_task_polled_to_its_result() -
     states = [state for _, _, state in tasks]
     assert states[-1] == "completed"
     assert any(state.startswith("working: fetch step") for state in states), "the task's progress is shown"
+
+
+def test_make_run_passes_its_args_to_serve() -> None:
+    """The README's ``make run ARGS='…'``: the flags reach ``serve`` (``make -n`` prints the command it would run)."""
+    done = subprocess.run(
+        ["make", "-n", "run", "ARGS=--port 8001 --store memory"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert ".venv/bin/mcp-lossless serve --port 8001 --store memory" in done.stdout.splitlines()
+    assert "make run ARGS='--port 8001" in README.read_text()
