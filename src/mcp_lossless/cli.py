@@ -229,6 +229,8 @@ def build_config(args: argparse.Namespace, reserved: tuple[str, ...] = ()) -> Se
     settings: dict[str, Any] = _read_config(args.config) if args.config else {}
     for key in reserved:
         settings.pop(key, None)
+    if "upstream" in settings:  # reserved by the gateway, popped above
+        raise UsageError(f"{args.config}: [[upstream]] tables are for mcp-lossless gateway --config, not serve")
     if settings:
         try:
             config_from(settings)  # the file alone first, so that a bad value is blamed on it

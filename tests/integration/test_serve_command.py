@@ -122,6 +122,7 @@ def test_a_bad_target_exits_2_with_one_line(tmp_path: Path) -> None:
         ("[limits]\nheader_timeout = 0", "limits.header_timeout = 0.0: must be a positive number"),
         ("[limits]\nsessions = 5", "unknown setting: limits.sessions"),
         ("port = ", "is not valid TOML"),
+        ('[[upstream]]\nname = "x"', "[[upstream]] tables are for mcp-lossless gateway --config, not serve"),
     ],
 )
 def test_config_values_are_checked_by_type_naming_the_key_and_value(tmp_path: Path, toml: str, message: str) -> None:
