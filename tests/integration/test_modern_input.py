@@ -30,6 +30,7 @@ from mcp_lossless.stores.sqlite import SqliteStore
 from tests.integration.conftest import CLIENTS
 from tests.support.mcp_http import dev_token
 from tests.support.modern_http import ModernPeer, answer, meta
+from tests.support.processes import free_port
 from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio
@@ -305,3 +306,27 @@ async def test_a_call_that_waits_streams_its_progress_in_order_and_keeps_its_own
     assert final["resultType"] == "complete" and final["content"][0]["text"] == "paced 3, one task: True"
     quiet = answer(await peer.call("paced", steps=1))["result"]
     assert quiet["content"][0]["text"] == "paced 1, one task: True", "no progress token: JSON, same answer"
+
+
+async def test_an_answer_given_to_another_replica_reaches_the_waiting_task(
+    http: httpx.AsyncClient, redis_url: str, tmp_path: Path
+) -> None:
+    """Two servers on one Redis: the task waits on A, its tasks/update reaches B, A's tool goes on with it."""
+    prefix, keys = f"input-{uuid.uuid4().hex}", tmp_path / "dev-keys.json"
+    canonical = f"http://127.0.0.1:{free_port()}/mcp"
+
+    def make(port: int) -> object:
+        config = ServerConfig(port=port, store="memory", dev_clients=CLIENTS, dev_keys=str(keys), public_url=canonical)
+        return create_app(config, tools(), store=RedisStore(redis_url, prefix=prefix))
+
+    with lossless_server(make) as a, lossless_server(make) as b:
+        token = await dev_token(http, a, canonical)
+        on_a, on_b = with_elicitation(ModernPeer(http, a, token)), with_elicitation(ModernPeer(http, b, token))
+        task_id = answer(await on_a.call("approve", item="via-b"))["result"]["taskId"]
+        polled = await poll_while(on_b, task_id, "working")
+        assert polled["status"] == "input_required"
+        (key,) = polled["inputRequests"]
+        update = {"taskId": task_id, "inputResponses": {key: {"action": "accept"}}}
+        assert answer(await on_b.request("tasks/update", update))["result"] == {"resultType": "complete"}
+        done = await poll_while(on_b, task_id, "working", "input_required")
+        assert done["status"] == "completed" and done["result"]["content"][0]["text"] == "via-b: accept"
