@@ -3,6 +3,7 @@ called with ``mcp-lossless call``; its metrics count the upstream's calls; a wro
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -82,9 +83,22 @@ def test_the_example_config_puts_the_demo_server_behind_the_gateway(
             timeout=60,
             check=False,
         )
+        task = subprocess.run(
+            [*CLI, "call", f"{gw.base}/mcp", "demo_fetch", "url=u", "steps:=4", "delay_ms:=600", *CREDENTIALS],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "search results for 'x': 3 documents\n"
     assert "progress 3/3 search step 3/3" in done.stderr, "the upstream's progress reaches the client"
+    assert task.returncode == 0, task.stderr
+    assert task.stdout == "contents of u: 1 bytes\n"
+    described = [line for line in task.stderr.splitlines() if line.startswith("progress")]
+    assert described and all(re.fullmatch(r"progress \d+ fetch step [1-4]/4", line) for line in described), (
+        "the upstream ran fetch as a task: its status messages reach the client as progress"
+    )
 
 
 @pytest.mark.parametrize(

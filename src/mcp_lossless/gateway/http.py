@@ -38,7 +38,7 @@ from ..client import (
     ToolFailed,
 )
 from ..client.lean import LeanHttp
-from ..client.modern import ModernClient, NotModern
+from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
 from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
 from .sockets import AsyncioBackend
@@ -290,7 +290,18 @@ class HttpUpstream:
                 level, data, logger = str(params["level"]), params.get("data"), params.get("logger")
                 relay.put(lambda: reporter.log(level, data, logger if isinstance(logger, str) else None))
 
+        described = 0
+
+        def task_progress(update: TaskUpdate) -> None:
+            """A task upstream has no progress notifications: its status message is its progress."""
+            nonlocal described
+            if update.status == "working" and update.message:
+                described += 1
+                step, message = described, update.message
+                relay.put(lambda: reporter.report_progress(step, None, message))
+
         on_progress = progress if reporter.wants_progress else None
+        on_task_update = task_progress if reporter.wants_progress else None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeout
         for attempt in itertools.count():
@@ -299,7 +310,12 @@ class HttpUpstream:
                     timeout = max(0.0, deadline - loop.time())
                     if isinstance(client, ModernClient):  # logs of its stream are not read
                         result = await client.call_tool(
-                            tool, arguments, on_progress=on_progress, timeout=timeout, reissue=idempotent or None
+                            tool,
+                            arguments,
+                            on_progress=on_progress,
+                            timeout=timeout,
+                            reissue=idempotent or None,
+                            on_task_update=on_task_update,
                         )
                     else:
                         result = await client.call_tool(
