@@ -75,15 +75,18 @@ class Transport:
     async def announce(self, method: str) -> None:
         """A notification that belongs to no request (``notifications/tools/list_changed``) on the standalone
         GET stream of every session of this process that opened one: stored, so a client that resumes that
-        stream gets it. Untagged: every token of the session may receive it."""
+        stream gets it. Untagged: every token of the session may receive it. Each session's append on its own:
+        one whose client does not read (a full backlog waits for a reader) holds up no other."""
         data = frames.notification(method, {})
-        for session in self.state.sessions.all():
-            live = session.live.get(session.get_stream) if session.get_stream else None
-            if live is not None and not session.closing:
-                try:
-                    await live.append(data, STANDALONE)
-                except Exception as exc:  # a store that is down, a stream that ended: the next session goes on
-                    log.warning("cannot announce %s to session %s: %r", method, session.id, exc)
+
+        async def tell(session: ServerSession, live: LiveStream) -> None:
+            try:
+                await live.append(data, STANDALONE)
+            except Exception as exc:  # a store that is down, a stream that ended: the others go on
+                log.warning("cannot announce %s to session %s: %r", method, session.id, exc)
+
+        streams = [(s, s.live.get(s.get_stream)) for s in self.state.sessions.all() if s.get_stream and not s.closing]
+        await asyncio.gather(*(tell(session, live) for session, live in streams if live is not None))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Route by method; render whatever refusal the checks raise, before any byte of a response."""
