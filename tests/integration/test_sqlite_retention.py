@@ -164,6 +164,40 @@ async def test_the_file_gives_back_what_deleted_sessions_held(tmp_path: Path) ->
     assert path.stat().st_size < full / 10, "the free pages went back to the file system"
 
 
+async def test_a_running_store_gives_back_what_a_deleted_session_held_without_waiting_for_a_sweep(
+    tmp_path: Path,
+) -> None:
+    """Issue 11, M4: a live server's DELETE shrinks the database and its WAL (not only at close or the next sweep)."""
+    path = tmp_path / "live.db"
+    store = SqliteStore(str(path), sweep_seconds=3600)  # no periodic sweep during the test
+    await store.open()
+    try:
+
+        def on_disk() -> int:
+            return sum(f.stat().st_size for f in tmp_path.glob("live.db*") if not f.name.endswith("-shm"))
+
+        await store.put_session(session("kept", ALICE))
+        await store.open_stream(stream("small", "kept"))
+        await store.append(event("small", 0, session_id="kept"))
+        await store.put_session(session("big", ALICE))
+        for n in range(4):  # about 5 MB in all: the first step of the clean-up returns all of it (8 MiB at most)
+            key = f"big-{n}"
+            await store.open_stream(stream(key, "big"))
+            await asyncio.gather(
+                *(store.enqueue(event(key, seq, session_id="big")._replace(data=b"x" * 1_000)) for seq in range(300))
+            )
+        full = on_disk()
+        assert full > 3_000_000
+
+        await store.delete_session("big")
+        assert await store.get_session("kept") is not None  # queued after the delete: served after its clean-up
+
+        assert on_disk() < full / 10, f"{on_disk():,} bytes left of {full:,} after the DELETE"
+        assert [e.seq for e in await store.read_after("small", -1)] == [0]
+    finally:
+        await store.close()
+
+
 async def test_settings_come_from_the_store_spec(tmp_path: Path) -> None:
     spec = f"sqlite:{tmp_path}/s.db?retention_seconds=60&max_completed_streams_per_session=5&max_events_per_stream=9"
     store = open_store(spec)

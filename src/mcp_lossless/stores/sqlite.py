@@ -95,7 +95,10 @@ _VACUUM_PAGES = 2048
 _CHECKPOINT_EVERY = 100
 """Transactions between background checkpoints (a batch of appends is one transaction)."""
 _BATCH_LIMIT = 4096
-"""Queued operations one transaction takes at most: bounds the latency one batch adds to the next."""
+"""Queued operations after which a transaction takes no more loop turns' work: bounds the latency one batch adds
+to the next."""
+_BUSY_TIMEOUT_MS = 2000
+"""How long a write waits for another process's lock on the file before the store reports itself unavailable."""
 
 
 class _Checkpointer:
@@ -155,6 +158,17 @@ class _Append:
         self.future = future
 
 
+class _Open:
+    """A queued :meth:`SqliteStore.open_stream`: part of the batch's appends, so a call's stream record and its
+    answer arriving in one batch cost one row write and no read."""
+
+    __slots__ = ("future", "record")
+
+    def __init__(self, record: StreamRecord, future: asyncio.Future[None]) -> None:
+        self.record = record
+        self.future = future
+
+
 class _Call:
     """A queued write (``write=True``: inside the batch's transaction) or read (after its commit)."""
 
@@ -166,21 +180,38 @@ class _Call:
         self.future = future
 
 
-_Op = _Append | _Call
+_Op = _Append | _Open | _Call
 _Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
 
 
 class _StreamState:
-    """A stream's row as a batch of appends changes it; written back once per batch."""
+    """A stream's row as a batch of appends changes it; written back once per batch.
 
-    __slots__ = ("answered", "completes", "first_seq", "last_seq", "trimmed")
+    ``opened``: the stream's record as a queued :meth:`SqliteStore.open_stream` gave it (the row is written whole
+    then, and the stream's old events, if the key existed, deleted first). The answered ids are decoded on the
+    first answer of the batch and encoded once when written: per answer, a batch of many would be quadratic.
+    """
 
-    def __init__(self, first_seq: int, last_seq: int, answered: str) -> None:
+    __slots__ = ("answered", "answered_text", "completes", "first_seq", "last_seq", "opened", "trimmed")
+
+    def __init__(self, first_seq: int, last_seq: int, answered_text: str, opened: StreamRecord | None = None) -> None:
         self.first_seq = first_seq
         self.last_seq = last_seq
-        self.answered = answered
+        self.answered_text = answered_text
+        self.answered: dict[RequestId, None] | None = None
+        """The ids once one is added: insertion-ordered, and a membership test costs no scan."""
+        self.opened = opened
         self.completes = False
         self.trimmed = False
+
+    def answer(self, request_id: RequestId) -> None:
+        answered = self.answered
+        if answered is None:
+            answered = self.answered = dict.fromkeys(orjson.loads(self.answered_text))
+        answered[request_id] = None
+
+    def answered_json(self) -> str:
+        return self.answered_text if self.answered is None else _text(list(self.answered))
 
 
 class _Batch:
@@ -234,9 +265,7 @@ class _Batch:
         )
         state.last_seq = event.seq
         if event.terminal and request_id is not None:
-            ids = orjson.loads(state.answered)
-            if request_id not in ids:
-                state.answered = _text([*ids, request_id])
+            state.answer(request_id)
         if op.completes:
             state.completes = True
         limit = self.limit
@@ -244,6 +273,14 @@ class _Batch:
             state.first_seq = event.seq - limit + 1
             state.trimmed = True
         return None
+
+    def open(self, op: _Open) -> None:
+        """Start ``op``'s stream afresh: its row is written with this batch's appends to it."""
+        record = op.record
+        if record.stream in self.states:  # appends to the old stream in this batch: write them before it restarts
+            self.flush()
+        state = self.states[record.stream] = _StreamState(0, record.last_seq, _text(list(record.answered)), record)
+        state.completes = record.completed
 
     def _holds(self, event: StoredEvent) -> bool:
         self.flush()  # rows gathered so far may hold it
@@ -255,6 +292,9 @@ class _Batch:
     def flush(self) -> None:
         """Write what was gathered; the cache is dropped, since other writes may change streams next."""
         db = self.db
+        opened = [(key, state) for key, state in self.states.items() if state is not None and state.opened is not None]
+        if opened:  # an existing key starts afresh: its old events go before the new ones are written
+            db.executemany("DELETE FROM events WHERE stream = ?", [(key,) for key, _ in opened])
         if self.rows:
             db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self.rows)
             self.rows = []
@@ -263,10 +303,36 @@ class _Batch:
                 continue
             if state.trimmed:
                 db.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (key, state.first_seq))
+            record = state.opened
+            if record is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO streams VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        key,
+                        record.session_id,
+                        record.kind.value,
+                        record.owner,
+                        encode_requests(record.requests).decode(),
+                        state.last_seq,
+                        state.first_seq,
+                        int(state.completes),
+                        state.answered_json(),
+                        self.now if state.completes else None,
+                    ),
+                )
+                continue
             db.execute(
                 "UPDATE streams SET last_seq = ?, first_seq = ?, answered = ?, completed = completed OR ?,"
                 " completed_at = CASE WHEN ? AND completed_at IS NULL THEN ? ELSE completed_at END WHERE stream = ?",
-                (state.last_seq, state.first_seq, state.answered, state.completes, state.completes, self.now, key),
+                (
+                    state.last_seq,
+                    state.first_seq,
+                    state.answered_json(),
+                    state.completes,
+                    state.completes,
+                    self.now,
+                    key,
+                ),
             )
         self.states = {}
 
@@ -309,11 +375,16 @@ class SqliteStore:
         self.sweep_seconds = sweep_seconds
         self._clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
-        """Work for the writer thread, in order; ``None`` asks it to finish. A C queue: putting wakes a waiting
-        thread for a fraction of what a ``threading.Event`` costs (~13 us CPU per round trip, loop to thread and
-        back, measured, against ~25)."""
+        self._queue: queue.SimpleQueue[list[_Op] | None] = queue.SimpleQueue()
+        """Work for the writer thread, in order, a loop turn's worth at a time; ``None`` asks it to finish. A C queue:
+        putting wakes a waiting thread for a fraction of what a ``threading.Event`` costs (~13 us CPU per round trip,
+        loop to thread and back, measured, against ~25)."""
+        self._pending: list[_Op] = []
+        """Work queued during this turn of the loop, handed to the thread as one item at the turn's end: a tool
+        reporting progress in a loop, or many calls answered in one turn, wake the thread once, not once each."""
         self._thread: threading.Thread | None = None
+        self._next_sweep = 0.0
+        """When the writer thread sweeps next (``time.monotonic``); a deleted session's pages bring it forward."""
         self._secret: bytes | None = None
         self._interner = Interner()
         self._tag_texts: dict[frozenset[str], str] = {}
@@ -357,6 +428,7 @@ class SqliteStore:
         thread = self._thread
         if thread is None:
             return
+        self._hand_over()
         self._queue.put(None)
         await asyncio.to_thread(thread.join)
         self._loop = self._thread = None
@@ -383,34 +455,32 @@ class SqliteStore:
         checkpointer = _Checkpointer(self.path)
         commits = 0
         work = self._queue
-        next_sweep = time.monotonic() + self.sweep_seconds
+        self._next_sweep = time.monotonic() + self.sweep_seconds
         try:
             while True:
                 try:
-                    first = work.get(timeout=max(0.0, next_sweep - time.monotonic()))
+                    first = work.get(timeout=max(0.0, self._next_sweep - time.monotonic()))
                 except queue.Empty:
-                    more = self._sweep_quietly(db)
-                    next_sweep = time.monotonic() + (0 if more else self.sweep_seconds)
+                    self._sweep_quietly(db)
                     continue
                 batch: list[_Op] = []
-                op: _Op | None = first
-                while op is not None:
-                    batch.append(op)
+                turn: list[_Op] | None = first
+                while turn is not None:
+                    batch += turn
                     if len(batch) >= _BATCH_LIMIT:
                         break
                     try:
-                        op = work.get_nowait()
+                        turn = work.get_nowait()
                     except queue.Empty:
                         break
                 if batch and self._serve(db, batch, loop):
                     commits += 1
                     if commits % _CHECKPOINT_EVERY == 0:
                         checkpointer.wake()
-                if op is None:  # close(): everything queued before it was served just now
+                if turn is None:  # close(): everything queued before it was served just now
                     return
-                if time.monotonic() >= next_sweep:  # a busy store sweeps between batches
-                    more = self._sweep_quietly(db)
-                    next_sweep = time.monotonic() + (0 if more else self.sweep_seconds)
+                if time.monotonic() >= self._next_sweep:  # a busy store sweeps between batches
+                    self._sweep_quietly(db)
         finally:
             checkpointer.stop()
             db.close()
@@ -420,7 +490,7 @@ class SqliteStore:
         if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
             raise sqlite3.DatabaseError("the file system does not support a WAL journal")
         db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA busy_timeout=2000")
+        db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
         db.execute(f"PRAGMA journal_size_limit={_JOURNAL_SIZE_LIMIT}")
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, 1, _SCHEMA_VERSION):
@@ -443,7 +513,7 @@ class SqliteStore:
         failure (a bug) has each write retried alone, so the one that cannot be done does not take the others
         down.
         """
-        writes = [op for op in batch if isinstance(op, _Append) or op.write]
+        writes = [op for op in batch if not isinstance(op, _Call) or op.write]
         outcomes: list[_Outcome] = []
         committed = False
         if writes:
@@ -480,6 +550,10 @@ class SqliteStore:
                 if isinstance(op, _Append):
                     outcomes.append((op.future, None, batch.add(op)))
                     continue
+                if isinstance(op, _Open):
+                    batch.open(op)
+                    outcomes.append((op.future, None, None))
+                    continue
                 batch.flush()
                 outcomes.append((op.future, op.fn(db), None))
             batch.flush()
@@ -497,12 +571,14 @@ class SqliteStore:
             return StoreUnavailable(f"sqlite store {self.path!r}: {exc}")
         return exc
 
-    def _sweep_quietly(self, db: sqlite3.Connection) -> bool:
-        """The periodic sweep; its failure (the file locked, say) only leaves the work for the next one."""
+    def _sweep_quietly(self, db: sqlite3.Connection) -> None:
+        """The periodic sweep, and when it is due next; its failure (the file locked, say) only leaves the work
+        for the next one."""
         try:
-            return self._sweep(db, self._clock())
+            more = self._sweep(db, self._clock())
         except sqlite3.Error:
-            return False
+            more = False
+        self._next_sweep = time.monotonic() + (0 if more else self.sweep_seconds)
 
     def _sweep(self, db: sqlite3.Connection, now: float) -> bool:
         """One step of retention: delete up to a chunk of completed streams past their age or beyond their
@@ -544,6 +620,8 @@ class SqliteStore:
         free = db.execute("PRAGMA freelist_count").fetchone()[0]
         if free:
             db.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")  # execute() would free one page
+            if free <= _VACUUM_PAGES:  # the last free pages went: the WAL, which holds the moves, can go too
+                _truncate_wal(db)
         return len(doomed) >= _SWEEP_CHUNK or free > _VACUUM_PAGES
 
     async def sweep(self, now: float | None = None) -> None:
@@ -558,7 +636,17 @@ class SqliteStore:
     # -- queueing from the loop ------------------------------------------------------------------------
 
     def _submit(self, op: _Op) -> None:
-        self._queue.put(op)
+        pending = self._pending
+        pending.append(op)
+        if len(pending) == 1:
+            assert self._loop is not None
+            self._loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        pending = self._pending
+        if pending:
+            self._pending = []
+            self._queue.put(pending)
 
     def _future(self) -> asyncio.Future[Any]:
         if self._loop is None:
@@ -614,36 +702,28 @@ class SqliteStore:
         )
 
     async def delete_session(self, session_id: str) -> None:
-        await self._write(lambda db: _delete_session(db, session_id))
+        def delete(db: sqlite3.Connection) -> None:
+            _delete_session(db, session_id)
+            self._next_sweep = 0.0  # return what the session held to the file system now, not at the next sweep
+
+        await self._write(delete)
 
     async def expire_sessions(self, idle_before: float) -> list[str]:
         def expire(db: sqlite3.Connection) -> list[str]:
             gone = [row[0] for row in db.execute("SELECT session_id FROM sessions WHERE last_seen < ?", (idle_before,))]
             for session_id in gone:
                 _delete_session(db, session_id)
+            if gone:
+                self._next_sweep = 0.0
             return gone
 
         return await self._write(expire)
 
     async def open_stream(self, record: StreamRecord) -> None:
         """Create ``record``'s stream; opening an existing key starts it afresh, as the memory store does."""
-        row = (
-            record.stream,
-            record.session_id,
-            record.kind.value,
-            record.owner,
-            encode_requests(record.requests).decode(),
-            record.last_seq,
-            int(record.completed),
-            _text(list(record.answered)),
-        )
-
-        def open_stream(db: sqlite3.Connection) -> None:
-            db.execute("DELETE FROM events WHERE stream = ?", (record.stream,))
-            completed_at = self._clock() if record.completed else None
-            db.execute("INSERT OR REPLACE INTO streams VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?)", (*row, completed_at))
-
-        await self._write(open_stream)
+        future = self._future()
+        self._submit(_Open(record.copy(), future))
+        await future
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         rows = await self._read(
@@ -734,6 +814,15 @@ def _delete_session(db: sqlite3.Connection, session_id: str) -> None:
     )
     db.execute("DELETE FROM streams WHERE session_id = ?", (session_id,))
     db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+
+
+def _truncate_wal(db: sqlite3.Connection) -> None:
+    """Copy the WAL into the file and empty it, unless a reader holds it now (no waiting: appends queue behind)."""
+    db.execute("PRAGMA busy_timeout=0")
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    finally:
+        db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
 
 
 def _settle(outcomes: list[_Outcome]) -> None:
