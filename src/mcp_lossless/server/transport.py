@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from time import perf_counter
 from typing import Any
 
@@ -50,6 +50,9 @@ from .writer import LiveSource, RemoteTail, SseWriter, StoredSource
 __all__ = ["Transport", "rpc_error"]
 
 log = logging.getLogger("mcp_lossless.transport")
+
+ANSWER_GRACE_SECONDS = 0.05
+"""How long a call's response waits for its answer to be stored before its head and priming event go out alone."""
 
 
 STANDALONE = PendingRequest("", "standalone")
@@ -253,7 +256,8 @@ class Transport:
         if run is None:
             await writing
         else:
-            await _run_then_write(state.loop, run, writing)
+            rid = pending[0].request_id
+            await _run_then_write(state.loop, run, writing, lambda: rid in session.contexts)
         session.forget_if_finished(live)
 
     def _priming(self, live: LiveStream, version: str) -> bytes:
@@ -472,21 +476,37 @@ class Transport:
 
 
 async def _run_then_write(
-    loop: asyncio.AbstractEventLoop, run: Coroutine[Any, Any, None], writing: Coroutine[Any, Any, None]
+    loop: asyncio.AbstractEventLoop,
+    run: Coroutine[Any, Any, None],
+    writing: Coroutine[Any, Any, None],
+    working: Callable[[], bool],
 ) -> None:
     """Run a POST's one request in the request's own task, then write its stream.
 
     A call that answers without suspending needs no second task: its stream is written whole once it
-    returns. If it suspends, the writer starts in a task of its own on the next loop turn, so the priming
-    event and progress go out while the call runs (as for a POST with several requests).
+    returns. If it suspends while still ``working``, the writer starts in a task of its own on the next loop
+    turn, so the priming event and progress go out while the call runs (as for a POST with several requests).
+    A call whose first suspension is the store taking its answer gets :data:`ANSWER_GRACE_SECONDS` for it: a
+    second task, a watch for the client's disconnect and a write of the priming event alone would cost more
+    than the whole call (with SQLite, a commit takes longer than one turn of the loop), so once stored in time
+    the stream is written whole; a store slower than that (an outage being ridden out) has the writer start,
+    and the priming event go out, as for a call still working.
     """
     writer: asyncio.Task[None] | None = None
+    turn: asyncio.Handle
 
     def start_writer() -> None:
         nonlocal writer
         writer = loop.create_task(writing)
 
-    turn = loop.call_soon(start_writer)
+    def start_if_working() -> None:
+        nonlocal turn
+        if working():
+            start_writer()
+        else:
+            turn = loop.call_later(ANSWER_GRACE_SECONDS, start_writer)
+
+    turn = loop.call_soon(start_if_working)
     try:
         await run
     except BaseException:
