@@ -226,6 +226,9 @@ class _Batch:
         self.tag_texts = tag_texts
         self.rows: list[tuple[Any, ...]] = []
         self.states: dict[str, _StreamState | None] = {}
+        self.request_id: RequestId | None = None
+        self.request_id_text: str | None = None
+        """The last request id encoded: a request's events carry the same id object, encoded once."""
 
     def add(self, op: _Append) -> BaseException | None:
         """Record ``op``'s writes, or return why it is refused (nothing of it is written then)."""
@@ -256,7 +259,7 @@ class _Batch:
                 key,
                 event.seq,
                 event.event_id,
-                None if request_id is None else _text(request_id),
+                self._request_id_text(request_id),
                 event.tool,
                 tags,
                 event.data,
@@ -273,6 +276,12 @@ class _Batch:
             state.first_seq = event.seq - limit + 1
             state.trimmed = True
         return None
+
+    def _request_id_text(self, request_id: RequestId | None) -> str | None:
+        if request_id is not self.request_id:
+            self.request_id = request_id
+            self.request_id_text = None if request_id is None else _text(request_id)
+        return self.request_id_text
 
     def open(self, op: _Open) -> None:
         """Start ``op``'s stream afresh: its row is written with this batch's appends to it."""
@@ -778,13 +787,24 @@ class SqliteStore:
             " FROM events WHERE stream = ? AND seq > ? ORDER BY seq",
             (stream, seq),
         ).fetchall()
+        # Per row only what differs: consecutive events mostly share their request's id and tags, so each is
+        # decoded when it changes, and the tuple is built without the named tuple's Python-level constructor.
         value, tags = self._interner.value, self._interner.tags
-        events = []
+        make = tuple.__new__
+        raw_rid_before: str | None = None
+        raw_tags_before = ""
+        rid: RequestId | None = None
+        tag_set: frozenset[str] = frozenset()
+        events: list[StoredEvent] = []
+        append = events.append
         for position, event_id, raw_rid, tool, raw_tags, data, terminal in rows:
-            rid: RequestId | None = None if raw_rid is None else value(raw_rid)
-            events.append(
-                StoredEvent(session_id, stream, position, event_id, data, rid, tool, tags(raw_tags), bool(terminal))
-            )
+            if raw_rid != raw_rid_before:
+                raw_rid_before = raw_rid
+                rid = None if raw_rid is None else value(raw_rid)
+            if raw_tags != raw_tags_before:
+                raw_tags_before = raw_tags
+                tag_set = tags(raw_tags)
+            append(make(StoredEvent, (session_id, stream, position, event_id, data, rid, tool, tag_set, terminal == 1)))
         return events
 
     async def owner_alive(self, owner: str) -> bool:
