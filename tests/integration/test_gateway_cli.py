@@ -90,6 +90,8 @@ def test_the_example_config_puts_the_demo_server_behind_the_gateway(
             timeout=60,
             check=False,
         )
+    banner = (tmp_path / "gateway.log").read_text()
+    assert "mcp-lossless gateway: dev clients   dev-client (confidential)" in banner, "which client to call with"
     assert done.returncode == 0, done.stderr
     assert done.stdout == "search results for 'x': 3 documents\n"
     assert "progress 3/3 search step 3/3" in done.stderr, "the upstream's progress reaches the client"

@@ -29,6 +29,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"mcp-lossless gateway: upstream      {upstream.name}: {target}", file=sys.stderr)
     if config.issuer == "dev":
         print(f"mcp-lossless gateway: token URL     {config.dev_issuer}/token", file=sys.stderr)
+        clients = ", ".join(config.dev_clients)
+        print(
+            f"mcp-lossless gateway: dev clients   {clients} (confidential), dev-public (public, PKCE)", file=sys.stderr
+        )
     server = lossless_server(gateway.app, asgi=gateway)
     server.run()
     return 0 if server.started else STARTUP_FAILURE
