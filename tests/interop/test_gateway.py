@@ -298,6 +298,8 @@ async def test_upstream_eras_are_negotiated_modern_first_with_legacy_fallback(de
     done = await peer.post(call(2, "modern_work", progress="m", label="m", steps=3, delay_ms=20))
     assert answer(done, 2)["result"]["content"][0]["text"] == "work m done"  # type: ignore[index]
     assert progress_of(done, "m") == [1, 2, 3], "the modern upstream's progress, on the client's stream"
+    logs = [m["params"] for m in done.messages if m.get("method") == "notifications/message"]
+    assert [(entry["level"], entry["data"]) for entry in logs] == [("info", "work m started")], "and its log"
     old = await peer.post(call(3, "old_work", progress="o", label="o", steps=2, delay_ms=10))
     assert answer(old, 3)["result"]["content"][0]["text"] == "work o done"  # type: ignore[index]
     assert progress_of(old, "o") == [1, 2]

@@ -44,7 +44,7 @@ from .errors import (
 )
 from .lean import LeanHttp, Response
 from .oauth import Auth, parse_challenge
-from .session import NOT_SENT_ERRORS, ProgressCallback, ProgressUpdate
+from .session import NOT_SENT_ERRORS, MessageCallback, ProgressCallback, ProgressUpdate
 from .transport import ACCEPT_POST, VERSION_HEADER, media_type
 
 MODERN = protocol.STATELESS
@@ -113,6 +113,26 @@ def _required(answer: Mapping[str, Any] | None) -> tuple[frozenset[str], frozens
     )
 
 
+NoteCallback = Callable[[dict[str, Any]], None]
+"""Called with each notification on a request's own stream."""
+LOG_LEVEL_META = "io.modelcontextprotocol/logLevel"
+"""The ``_meta`` key asking a server for a request's log messages from that level up."""
+
+
+def _notes(on_progress: ProgressCallback | None, on_message: MessageCallback | None) -> NoteCallback:
+    """A call's notifications: progress to ``on_progress``, any other to ``on_message``."""
+
+    def note(frame: dict[str, Any]) -> None:
+        params = frame.get("params")
+        if frame.get("method") == "notifications/progress":
+            if on_progress is not None and isinstance(params, dict):
+                on_progress(ProgressUpdate(params.get("progress", 0), params.get("total"), params.get("message")))
+        elif on_message is not None:
+            on_message(frame)
+
+    return note
+
+
 class NotModern(Exception):
     """The server's answer to a modern request was not a modern one: it speaks a legacy revision."""
 
@@ -178,7 +198,7 @@ class ModernClient:
         return self._http.stream("POST", self.url, content=content, headers=headers)
 
     async def _post(
-        self, message: dict[str, Any], token: str | None, on_progress: ProgressCallback | None
+        self, message: dict[str, Any], token: str | None, on_note: NoteCallback | None
     ) -> tuple[Response, dict[str, Any] | None]:
         """One POST; the response and its JSON-RPC answer (JSON, or the last message of its SSE stream)."""
         async with self._stream(message, token) as response:
@@ -199,11 +219,8 @@ class ModernClient:
                         continue
                     if frame.get("id") == message["id"] and ("result" in frame or "error" in frame):
                         return response, frame
-                    params = frame.get("params")
-                    if frame.get("method") == "notifications/progress" and on_progress and isinstance(params, dict):
-                        on_progress(
-                            ProgressUpdate(params.get("progress", 0), params.get("total"), params.get("message"))
-                        )
+                    if on_note is not None and isinstance(frame.get("method"), str) and "id" not in frame:
+                        on_note(frame)
             raise httpx.RemoteProtocolError("the response stream ended before its answer")
 
     async def _request(
@@ -211,7 +228,7 @@ class ModernClient:
         method: str,
         params: Mapping[str, Any],
         resources: frozenset[str],
-        on_progress: ProgressCallback | None = None,
+        on_note: NoteCallback | None = None,
     ) -> tuple[dict[str, Any], frozenset[str]]:
         """The result of one request, authorizing as often as the server's challenges call for.
 
@@ -220,7 +237,7 @@ class ModernClient:
         """
         for _ in range(MAX_AUTHORIZATIONS + 1):
             message = self._message(method, params)
-            response, answer = await self._post(message, await self._auth.token(resources), on_progress)
+            response, answer = await self._post(message, await self._auth.token(resources), on_note)
             if response.status_code in (401, 403):
                 challenge = parse_challenge(response.headers.get("www-authenticate"))
                 if challenge is None:
@@ -323,13 +340,16 @@ class ModernClient:
         timeout: float | None = None,  # noqa: ASYNC109 - a per-call deadline, cancelling the task on the server
         reissue: bool | None = None,
         on_task_update: TaskUpdateCallback | None = None,
+        on_message: MessageCallback | None = None,
+        log_level: str | None = None,
     ) -> ToolResult:
         """Call ``name``: its result, :class:`~mcp_lossless.client.ToolFailed`, or another typed outcome.
 
         ``reissue`` as for :meth:`Client.call_tool`: ``None`` re-issues a call whose response broke only for
         idempotent tools. ``on_progress`` gets the progress of a call that runs within its request;
         ``on_task_update`` the state of one the server runs as a task (a task has no progress notifications:
-        its ``statusMessage`` describes its progress).
+        its ``statusMessage`` describes its progress). ``on_message`` gets every other notification on the
+        call's own stream: log messages, which a server sends at ``log_level`` and above only when asked.
         """
         if self._tools is None:
             await self.list_tools()
@@ -337,14 +357,20 @@ class ModernClient:
         resources = frozenset({tool.resource}) if tool is not None and tool.resource else frozenset()
         may_reissue = reissue if reissue is not None else tool is not None and tool.idempotent
         params: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
+        meta: dict[str, Any] = {}
         if on_progress is not None:
-            params["_meta"] = {"progressToken": f"p-{next(self._ids)}"}
+            meta["progressToken"] = f"p-{next(self._ids)}"
+        if log_level is not None:
+            meta[LOG_LEVEL_META] = log_level
+        if meta:
+            params["_meta"] = meta
+        on_note = _notes(on_progress, on_message) if on_progress or on_message else None
         task: list[str] = []
         try:
             with anyio.fail_after(self._deadline(timeout)):
                 for attempt in range(MAX_REISSUES + 1):
                     try:
-                        result, resources = await self._request("tools/call", params, resources, on_progress)
+                        result, resources = await self._request("tools/call", params, resources, on_note)
                         break
                     except httpx.ConnectError as exc:
                         if attempt == MAX_REISSUES:

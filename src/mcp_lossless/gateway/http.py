@@ -49,6 +49,9 @@ BACKOFF = Backoff(initial=0.2, maximum=2.0)
 """Reconnects and re-issues to an upstream that is coming back: prompt, since each call has a deadline."""
 WATCH_MAX_SECONDS = 30.0
 """Longest pause before the list-change stream is opened again."""
+UPSTREAM_LOG_LEVEL = "debug"
+"""What a 2026-07-28 upstream is asked to log on a call's stream: every level (as a legacy upstream sends them);
+the gateway's server passes them on to its own clients as it does its own tools' logs."""
 CLIENT_INFO = {"name": "mcp-lossless-gateway", "version": __version__}
 
 
@@ -308,7 +311,7 @@ class HttpUpstream:
             try:
                 async with relay.running():
                     timeout = max(0.0, deadline - loop.time())
-                    if isinstance(client, ModernClient):  # logs of its stream are not read
+                    if isinstance(client, ModernClient):
                         result = await client.call_tool(
                             tool,
                             arguments,
@@ -316,6 +319,8 @@ class HttpUpstream:
                             timeout=timeout,
                             reissue=idempotent or None,
                             on_task_update=on_task_update,
+                            on_message=message,
+                            log_level=UPSTREAM_LOG_LEVEL,
                         )
                     else:
                         result = await client.call_tool(
