@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from mcp_lossless.core.errors import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_PARAMS, TASK_DENIED
+from mcp_lossless.core.errors import HEADER_MISMATCH, INVALID_PARAMS, LIMIT_EXCEEDED, TASK_DENIED
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
@@ -208,7 +208,7 @@ async def test_past_the_running_task_cap_a_task_is_refused_with_503(http: httpx.
         refused = await peer.call("approve", item="b")
         assert refused.status == 503 and refused.headers["retry-after"] == "5"
         error = answer(refused)["error"]
-        assert error["code"] == INTERNAL_ERROR and error["data"]["limit"] == "running_tasks"
+        assert error["code"] == LIMIT_EXCEEDED and error["data"]["limit"] == "running_tasks"
         assert error["data"]["maximum"] == 1
         assert answer(await peer.task("tasks/cancel", first["taskId"]))["result"] == {"resultType": "complete"}
         assert (await poll_while(peer, first["taskId"], "working", "input_required"))["status"] == "cancelled"

@@ -15,6 +15,7 @@ from mcp_lossless.core.limits import Limits
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
 from tests.support.mcp_http import Peer, call, dev_token
+from tests.support.modern_http import ModernPeer, answer
 from tests.support.uvicorn_server import lossless_server
 
 CLIENTS = {"a": "secret-a", "b": "secret-b"}
@@ -97,6 +98,35 @@ async def test_calls_past_the_principal_cap_get_429_across_its_sessions(url: str
     assert admitted.status == 200 and admitted.messages[-1]["result"]["isError"] is False
     for peer in (first, other):
         await http.delete(peer.url, headers=peer.headers())
+
+
+@pytest.mark.anyio
+async def test_2026_calls_count_against_the_principal_cap_with_its_sessions_calls(
+    url: str, http: httpx.AsyncClient
+) -> None:
+    """One cap per principal in both eras: a legacy call and a 2026-07-28 call at work fill a's cap of 2, so a's
+    next call in either era gets 429 naming the limit; b is unaffected; a's call that ends frees its place."""
+    legacy = await _peer(http, url, "a")
+    modern = ModernPeer(http, url, await dev_token(http, url, f"{url}/mcp", client=("a", CLIENTS["a"])))
+    await _running_call(legacy, 1)
+    slow = modern.message("tools/call", {"name": "search", "arguments": {"query": "q", "steps": 10, "delay_ms": 300}})
+    slow["params"]["_meta"]["progressToken"] = "p"
+    async with http.stream("POST", modern.url, content=orjson.dumps(slow), headers=modern.headers(slow)) as held:
+        assert held.status_code == 200
+        lines = held.aiter_lines()  # kept: a loop's break would close it, and a closed stream cancels the call
+        while not (await anext(lines)).startswith("data:"):  # its first progress event: the call is at work
+            pass
+        refused = await modern.call("search", query="q", steps=1, delay_ms=0)
+        _limit_refusal(refused.status, refused.headers, refused.body, "calls_per_principal", 1)
+        read = await legacy.post(call(2, "search", query="q", steps=1, delay_ms=0))
+        _limit_refusal(read.status, read.headers, read.body, "calls_per_principal", 1)
+        other = ModernPeer(http, url, await dev_token(http, url, f"{url}/mcp", client=("b", CLIENTS["b"])))
+        assert answer(await other.call("search", query="q", steps=1, delay_ms=0))["result"]["isError"] is False
+        async for _ in lines:  # the held call ends: its place is free
+            pass
+    admitted = answer(await modern.call("search", query="q", steps=1, delay_ms=0))
+    assert admitted["result"]["isError"] is False
+    await http.delete(legacy.url, headers=legacy.headers())
 
 
 @pytest.mark.anyio

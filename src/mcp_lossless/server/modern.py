@@ -28,6 +28,7 @@ from .. import __version__
 from ..asgi import Receive, Send, respond
 from ..core import errors, frames, mrtr, protocol
 from ..core.events import RequestId
+from ..core.limits import LimitExceeded
 from ..core.limits import new_task as task_limit
 from ..core.principal import Grant
 from ..core.resources import describe, requirement, resources_in, scopes_in
@@ -148,6 +149,13 @@ def _refused(
 
 _OUTSIDE_FIELD_VALUE = re.compile(rb"[^\x20-\x7e\t]")
 """A byte a plain header value may not hold: anything but visible ASCII, space and tab."""
+
+
+def _over_limit(exceeded: LimitExceeded) -> Refused:
+    """A limit of :mod:`mcp_lossless.core.limits` in this leg's error shape: its status, the code and data the
+    legacy leg answers it with (``LIMIT_EXCEEDED`` naming the limit)."""
+    body = exceeded.body()["error"]
+    return _refused(exceeded.status, body["code"], body["message"], body["data"], exceeded.headers())
 
 
 def _header_value(raw: bytes) -> str:
@@ -507,22 +515,28 @@ class ModernLeg:
             description = f"token does not cover {describe(missing)}"
             data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
             raise _refused(403, errors.TOOL_FORBIDDEN, description, data, self._challenge(description, missing, tags))
-        if tool.task is not None and declared:
-            if tool.input_before_task:
-                asked = _input_before_task(tool, params, ToolContext(grant, rid, None, channel))
-                if asked is not None:
-                    await self._answer(send, rid, self._input_required(asked, channel), "input_required")
-                    return
-            task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
-            await self._create_task(send, grant, rid, tool, params, task_channel)
-            return
-        if tool.task == "required":
+        if tool.task == "required" and not declared:
             raise self._missing_extension()
+        exceeded = s.sessions.start_call(grant.principal)  # one cap per principal, both eras counted
+        if exceeded is not None:
+            raise _over_limit(exceeded)
+        try:
+            if tool.task is not None and declared:
+                if tool.input_before_task:
+                    asked = _input_before_task(tool, params, ToolContext(grant, rid, None, channel))
+                    if asked is not None:
+                        await self._answer(send, rid, self._input_required(asked, channel), "input_required")
+                        return
+                task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
+                await self._create_task(send, grant, rid, tool, params, task_channel)
+                return
 
-        async def work(ctx: ToolContext) -> dict[str, Any]:
-            return await run_tool(tool, params, ctx)
+            async def work(ctx: ToolContext) -> dict[str, Any]:
+                return await run_tool(tool, params, ctx)
 
-        await self._run_now(receive, send, grant, rid, params, work, channel)
+            await self._run_now(receive, send, grant, rid, params, work, channel)
+        finally:
+            s.sessions.end_call(grant.principal)
 
     def _mirrored(self, tool: RegisteredTool) -> tuple[_Mirrored, ...]:
         """The tool's ``x-mcp-header`` parameters, read from its schema once (again if the tool was replaced)."""
@@ -783,8 +797,7 @@ class ModernLeg:
         exceeded = task_limit(s.config.limits, len(self.running))
         if exceeded is not None:  # a running task holds this process's memory, whatever the store
             s.metrics.limit_refusals.labels(exceeded.limit).inc()
-            data = {"limit": exceeded.limit, "maximum": exceeded.maximum, "retryAfter": exceeded.retry_after}
-            raise _refused(exceeded.status, errors.INTERNAL_ERROR, exceeded.message, data, exceeded.headers())
+            raise _over_limit(exceeded)
         at = now()
         if at - self._purged_at > PURGE_EVERY_SECONDS:
             self._purged_at = at
@@ -800,6 +813,7 @@ class ModernLeg:
             raise _refused(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"5")]) from None
         channel.task_id = record.task_id
         self.inboxes[record.task_id] = _Inbox()
+        s.sessions.hold_call(grant.principal)  # the task takes its request's place under the principal's cap
         self.running[record.task_id] = s.loop.create_task(self._run_task(record, tool, params, grant, channel))
         log_decision("task_created", task=record.task_id[:8], tool=tool.name)
         await self._answer(send, rid, task_view(record, self.poll_ms), "task")
@@ -825,6 +839,7 @@ class ModernLeg:
             self.running.pop(task_id, None)
             self.inboxes.pop(task_id, None)
             self.cancelling.discard(task_id)
+            self.s.sessions.end_call(grant.principal)
 
     async def await_input(self, task_id: str, requests: InputRequests) -> dict[str, dict[str, Any]]:
         """A running task's tool asks the client: the task shows ``input_required`` with ``requests`` (beside any

@@ -110,6 +110,8 @@ class SessionRegistry:
         self._sessions: dict[str, ServerSession] = {}
         self._held: dict[Principal, dict[str, ServerSession]] = {}
         """Each principal's sessions in this process, for its caps."""
+        self._sessionless: dict[Principal, int] = {}
+        """Each principal's 2026-07-28 calls and tasks at work in this process: no session holds them."""
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -131,8 +133,33 @@ class SessionRegistry:
         self._check(verdicts.new_stream(limits, len(session.live)))
         calls = sum(1 for request in requests if request.tool is not None)
         if calls:
-            running = sum(len(s.tasks) for s in self._held.get(session.principal, {}).values())
-            self._check(verdicts.new_calls(limits, running, calls))
+            self._check(verdicts.new_calls(limits, self.running_calls(session.principal), calls))
+
+    def running_calls(self, principal: Principal) -> int:
+        """The principal's requests at work in this process, in both eras: what its cap of concurrent calls counts."""
+        in_sessions = sum(len(s.tasks) for s in self._held.get(principal, {}).values())
+        return in_sessions + self._sessionless.get(principal, 0)
+
+    def start_call(self, principal: Principal) -> LimitExceeded | None:
+        """A sessionless (2026-07-28) call of ``principal`` starts: the verdict past its cap, else it is counted
+        until :meth:`end_call` (the modern leg renders the verdict in its own error shape)."""
+        exceeded = verdicts.new_calls(self._limits, self.running_calls(principal), 1)
+        if exceeded is not None:
+            self._on_refusal(exceeded.limit)
+            return exceeded
+        self.hold_call(principal)
+        return None
+
+    def hold_call(self, principal: Principal) -> None:
+        """Count a call admitted already (a task taking over its request's place) until :meth:`end_call`."""
+        self._sessionless[principal] = self._sessionless.get(principal, 0) + 1
+
+    def end_call(self, principal: Principal) -> None:
+        left = self._sessionless.get(principal, 0) - 1
+        if left > 0:
+            self._sessionless[principal] = left
+        else:
+            self._sessionless.pop(principal, None)
 
     def _check(self, exceeded: LimitExceeded | None) -> None:
         if exceeded is not None:
