@@ -15,6 +15,7 @@ from .errors import (
     ClientClosed,
     ConnectionFailed,
     DeadlineExceeded,
+    InputUnanswered,
     McpClientError,
     ProtocolViolation,
     RemoteError,
@@ -22,6 +23,7 @@ from .errors import (
     SessionLost,
     ToolFailed,
 )
+from .handlers import InputHandler
 from .lean import LeanHttp, LeanResponse
 from .oauth import Auth, AuthorizationCodeGrant, BearerToken, Challenge, LoopbackRedirect, OAuth
 from .registration import ClientRegistration
@@ -42,6 +44,8 @@ __all__ = [
     "ClientRegistration",
     "ConnectionFailed",
     "DeadlineExceeded",
+    "InputHandler",
+    "InputUnanswered",
     "LeanHttp",
     "LeanResponse",
     "LoopbackRedirect",

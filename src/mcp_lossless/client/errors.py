@@ -96,6 +96,15 @@ class ConnectionFailed(McpClientError):
     kind = "connection"
 
 
+class InputUnanswered(McpClientError):
+    """The server needed client input this client could not give: no handler registered for what it asked
+    (or the server refused to ask for lack of the capability), or it kept asking past
+    :data:`~mcp_lossless.client.handlers.MAX_INPUT_ROUNDS`. The call did not complete; a task it started was
+    cancelled."""
+
+    kind = "input_unanswered"
+
+
 class ClientClosed(McpClientError):
     """The client was closed while the call was pending."""
 

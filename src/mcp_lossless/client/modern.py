@@ -5,7 +5,10 @@ mirrored headers. A call whose server answers with a task is polled with ``tasks
 ``pollIntervalMs``, growing while nothing changes) until it is terminal. A denial of the task's poll (403
 with :data:`~mcp_lossless.core.errors.TASK_DENIED`, the token no longer covers the tool) is repaired with a
 fresh grant for the union of what the call needed and what the denial names (a refresh cannot widen), and the
-same task id is polled again; only an unknown task id ends the call as may-have-run. A broken response on a
+same task id is polled again; only an unknown task id ends the call as may-have-run. Input the server asks
+for (an ``input_required`` answer, re-sent with the answers and the sealed ``requestState``; a task waiting
+``input_required``, answered with ``tasks/update``) comes from the user's handlers (:mod:`.handlers`), within
+:data:`~.MAX_INPUT_ROUNDS` rounds per call (docs/decisions/0015). A broken response on a
 call that runs within its request cancelled it (the server must treat a disconnect so): it is re-issued under
 a new id only for idempotent tools, else it ends as :class:`CallMayHaveRun`.
 
@@ -15,6 +18,7 @@ answer is not a modern one) and returns this client or the legacy :class:`~mcp_l
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from base64 import b64encode
@@ -38,10 +42,12 @@ from .errors import (
     CallMayHaveRun,
     ConnectionFailed,
     DeadlineExceeded,
+    InputUnanswered,
     ProtocolViolation,
     RemoteError,
     RequestRejected,
 )
+from .handlers import MAX_INPUT_ROUNDS, InputHandler, answer_input, capabilities, checked
 from .lean import LeanHttp, Response
 from .oauth import Auth, parse_challenge
 from .session import NOT_SENT_ERRORS, MessageCallback, ProgressCallback, ProgressUpdate
@@ -150,8 +156,12 @@ class ModernClient:
         client_info: Mapping[str, Any] | None = None,
         on_task: TaskHook | None = None,
         lean: LeanHttp | None = None,
+        input_handlers: Mapping[str, InputHandler] | None = None,
     ) -> None:
         self.url = url
+        self._handlers = checked(input_handlers)
+        """Answers to the server's requests for input, by method (``elicitation/create``, …)."""
+        self._capabilities = {"extensions": {EXTENSION: {}}, **capabilities(self._handlers)}
         self._lean = lean
         """Where requests go when given (a gateway's pool); ``http`` still serves OAuth."""
         self.timeout = timeout
@@ -183,7 +193,7 @@ class ModernClient:
     def _message(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
         meta = {
             "io.modelcontextprotocol/protocolVersion": MODERN,
-            "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXTENSION: {}}},
+            "io.modelcontextprotocol/clientCapabilities": self._capabilities,
             "io.modelcontextprotocol/clientInfo": self._client_info,
         }
         body = {**params, "_meta": {**meta, **params.get("_meta", {})}}
@@ -350,6 +360,8 @@ class ModernClient:
         ``on_task_update`` the state of one the server runs as a task (a task has no progress notifications:
         its ``statusMessage`` describes its progress). ``on_message`` gets every other notification on the
         call's own stream: log messages, which a server sends at ``log_level`` and above only when asked.
+        Input the tool asks for comes from the client's input handlers;
+        :class:`~mcp_lossless.client.InputUnanswered` when none can give it.
         """
         if self._tools is None:
             await self.list_tools()
@@ -368,18 +380,18 @@ class ModernClient:
         task: list[str] = []
         try:
             with anyio.fail_after(self._deadline(timeout)):
-                for attempt in range(MAX_REISSUES + 1):
-                    try:
-                        result, resources = await self._request("tools/call", params, resources, on_note)
+                result, resources = await self._send_call(name, params, resources, on_note, may_reissue)
+                for rounds in itertools.count(1):
+                    if result.get("resultType") != "input_required":
                         break
-                    except httpx.ConnectError as exc:
-                        if attempt == MAX_REISSUES:
-                            raise ConnectionFailed(f"cannot reach {self.url}: {exc!r}") from None
-                    except httpx.TransportError as exc:
-                        if not may_reissue or attempt == MAX_REISSUES:
-                            raise CallMayHaveRun(
-                                f"the response of {name} broke ({exc!r}); the call may have run"
-                            ) from None
+                    if rounds > MAX_INPUT_ROUNDS:
+                        raise InputUnanswered(f"{name} asked for input more than {MAX_INPUT_ROUNDS} rounds")
+                    answers = await answer_input(self._handlers, result.get("inputRequests"), name)
+                    state = result.get("requestState")
+                    retry = {**params, "inputResponses": answers}
+                    if isinstance(state, str):
+                        retry["requestState"] = state
+                    result, resources = await self._send_call(name, retry, resources, on_note, may_reissue)
                 if result.get("resultType") != "task":
                     return _tool_result(name, result)
                 task.append(str(result["taskId"]))
@@ -393,6 +405,30 @@ class ModernClient:
                 with anyio.move_on_after(2, shield=True):
                     await self._request("tasks/cancel", {"taskId": task[0]}, resources)
             raise DeadlineExceeded(f"{name} did not finish within its deadline") from None
+
+    async def _send_call(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        resources: frozenset[str],
+        on_note: NoteCallback | None,
+        may_reissue: bool,
+    ) -> tuple[dict[str, Any], frozenset[str]]:
+        """One ``tools/call`` (one round of it), sent again while it could not have run or may run twice."""
+        for attempt in range(MAX_REISSUES + 1):
+            try:
+                return await self._request("tools/call", params, resources, on_note)
+            except httpx.ConnectError as exc:
+                if attempt == MAX_REISSUES:
+                    raise ConnectionFailed(f"cannot reach {self.url}: {exc!r}") from None
+            except httpx.TransportError as exc:
+                if not may_reissue or attempt == MAX_REISSUES:
+                    raise CallMayHaveRun(f"the response of {name} broke ({exc!r}); the call may have run") from None
+            except RemoteError as exc:
+                if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
+                    raise _unanswered(name, exc.data) from None
+                raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def resume_task(
         self,
@@ -419,6 +455,9 @@ class ModernClient:
         """``tasks/get`` until terminal: at the server's interval, growing while the task is unchanged."""
         interval = interval_ms / 1000 if isinstance(interval_ms, int) and interval_ms > 0 else 0.5
         delay = interval
+        given: dict[str, dict[str, Any]] = {}
+        """Each input key answered so far: a key shown again (its answer still on its way) is sent as before."""
+        updates = 0
         while True:
             await anyio.sleep(delay)
             try:
@@ -441,6 +480,8 @@ class ModernClient:
                 error: dict[str, Any] = raw if isinstance(raw, dict) else {}
                 if error.get("code") == errors.TASK_EXECUTION_LOST:
                     raise CallMayHaveRun(f"task {task_id} of {name}: {error.get('message')}", error)
+                if error.get("code") == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
+                    raise _unanswered(f"task {task_id} of {name}", error.get("data"))
                 raise RemoteError(
                     int(error.get("code", errors.INTERNAL_ERROR)), str(error.get("message")), error.get("data")
                 )
@@ -451,10 +492,46 @@ class ModernClient:
             served = task.get("pollIntervalMs")
             interval = served / 1000 if isinstance(served, int) and served > 0 else interval
             delay = min(POLL_CEILING_SECONDS, max(interval, delay * 1.5))
+            if status == "input_required":
+                updates += 1
+                await self._give_input(name, task_id, resources, task.get("inputRequests"), given, updates)
+                delay = interval  # the answer moves the task on: look again at the server's pace
+
+    async def _give_input(
+        self,
+        name: str,
+        task_id: str,
+        resources: frozenset[str],
+        requests: object,
+        given: dict[str, dict[str, Any]],
+        updates: int,
+    ) -> None:
+        """Answer a task waiting ``input_required`` with ``tasks/update``; a task that cannot be answered is
+        cancelled, so it does not wait for its TTL, and the call ends with why."""
+        what = f"task {task_id} of {name}"
+        try:
+            if updates > MAX_INPUT_ROUNDS:
+                raise InputUnanswered(f"{what} asked for input more than {MAX_INPUT_ROUNDS} times")
+            answers = await answer_input(self._handlers, requests, what, given)
+        except BaseException:
+            with anyio.move_on_after(2, shield=True):
+                await self._request("tasks/cancel", {"taskId": task_id}, resources)
+            raise
+        given.update(answers)
+        # a lost update is told by the next poll: its keys still outstanding (sent again, not asked), or the task gone
+        with contextlib.suppress(httpx.TransportError, RemoteError):
+            await self._request("tasks/update", {"taskId": task_id, "inputResponses": answers}, resources)
 
     def _deadline(self, timeout: float | None) -> float | None:
         value = self.timeout if timeout is None else timeout
         return None if math.isinf(value) else value
+
+
+def _unanswered(what: str, data: object) -> InputUnanswered:
+    """The server would not ask for input this client declared no handler for (-32021)."""
+    needed = data.get("requiredCapabilities") if isinstance(data, dict) else None
+    named = sorted(needed) if isinstance(needed, dict) else "client input"
+    return InputUnanswered(f"{what} needs {named} and no handler for it is registered")
 
 
 class _TaskWatch:
@@ -483,14 +560,19 @@ async def open_client(
     timeout: float = 60.0,  # noqa: ASYNC109 - the clients' default per-call deadline
     http: httpx.AsyncClient | None = None,
     on_task: TaskHook | None = None,
+    input_handlers: Mapping[str, InputHandler] | None = None,
     **legacy: Any,
 ) -> AsyncIterator[ModernClient | Client]:
     """The client for ``url``'s era: 2026-07-28 when its ``server/discover`` answers as a modern server, else
     the legacy session client (``legacy`` holds that client's further options). The era is remembered per
-    origin for the life of the process, and probed again if a cached modern verdict fails."""
+    origin for the life of the process, and probed again if a cached modern verdict fails. ``input_handlers``
+    answer a modern server's requests for client input; the legacy client does not take them yet (it answers
+    a server's requests with method-not-found)."""
     origin = _origin(url)
     if _eras.get(origin) != "legacy":
-        modern = ModernClient(url, auth=auth, timeout=timeout, http=http, on_task=on_task)
+        modern = ModernClient(
+            url, auth=auth, timeout=timeout, http=http, on_task=on_task, input_handlers=input_handlers
+        )
         async with modern:
             try:
                 await modern.discover()
