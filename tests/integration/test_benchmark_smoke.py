@@ -59,3 +59,36 @@ def test_quick_benchmark_run_against_the_sdk_reports_verified_results(tmp_path: 
     report = report_path.read_text()
     assert "| sdk-sse |" in report
     assert results_file.name in report
+
+
+def test_quick_modern_benchmark_of_our_server_reports_verified_calls_and_tasks(tmp_path: Path) -> None:
+    """benchmarks/modern.py --quick on ours-none alone (the SDK and SQLite rows are load, run by hand): every
+    stateless call answered with the expected result, every task created and polled to ``completed``."""
+    report_path = tmp_path / "RESULTS-modern.md"
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "modern.py"),
+        "--quick",
+        "--only",
+        "ours-none",
+        "--results-dir",
+        str(tmp_path),
+        "--report",
+        str(report_path),
+    ]
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+
+    [results_file] = tmp_path.glob("modern-*.json")
+    document = json.loads(results_file.read_text())
+    assert list(document["configs"]) == ["ours-none"] and document["plan"]["reps"] == 1
+    [window] = document["windows"]
+    assert "failed" not in window, window.get("failed")
+    assert [row["concurrency"] for row in window["call"]] == document["plan"]["concurrency"]
+    for row in [*window["call"], window["tasks"]]:
+        assert row["errors"] == 0, row["error_samples"]
+        assert row["operations"] > 0 and row["ops_per_s"] > 0
+    assert window["tasks"]["requests"] >= 2 * window["tasks"]["operations"], "each task: its call and >= 1 poll"
+    summary = document["summary"]
+    assert summary["call"]["ours-none"]["16"]["rps"] > 0 and summary["tasks"]["ours-none"]["tasks_per_s"] > 0
+    assert results_file.name in report_path.read_text()
