@@ -5,6 +5,7 @@ handler, or past the rounds bound, the call ends with :class:`InputUnanswered` (
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -45,6 +46,15 @@ def tools() -> ToolRegistry:
         answer = await ctx.request("elicitation/create", {"message": f"Approve {item}?", "requestedSchema": {}})
         SEEN.append(f"approve={answer['action']}")
         return f"{item}: {answer['action']}"
+
+    @registry.tool(task="required", input_before_task=True)
+    async def greet(ctx: ToolContext) -> str:
+        """Asks the name on the tools/call (a round), then runs as a task that asks again in place."""
+        name = await ctx.request("elicitation/create", {"message": "Name?", "requestedSchema": NAME_SCHEMA})
+        await asyncio.sleep(0)  # the first await that is not an ask: the task starts here
+        sure = await ctx.request("elicitation/create", {"message": "Sure?", "requestedSchema": {"type": "object"}})
+        SEEN.append(f"greet={name['content']['name']},{sure['action']}")
+        return f"hello {name['content']['name']} ({sure['action']})"
 
     @registry.tool()
     async def pester(ctx: ToolContext) -> str:
@@ -137,6 +147,26 @@ async def test_a_task_waiting_for_input_is_answered_with_tasks_update_and_polled
         key: {"action": "accept"} for key in waiting.received_json()["result"]["inputRequests"]
     }
     assert update.received_json()["result"] == {"resultType": "complete"}
+
+
+async def test_input_before_a_task_then_inside_it_comes_from_the_same_handler(
+    served: tuple[str, RecordingTransport, httpx.AsyncClient],
+) -> None:
+    url, recorder, http = served
+    SEEN.clear()
+    elicit = Elicitor()
+    created: list[str] = []
+    auth = OAuth("dev-client", "dev-secret")
+    handlers = {"elicitation/create": elicit}
+    async with ModernClient(
+        url, auth=auth, http=http, input_handlers=handlers, on_task=lambda t, _: created.append(t)
+    ) as client:
+        result = await client.call_tool("greet")
+    assert result.text == "hello Alice (accept)" and SEEN == ["greet=Alice,accept"]
+    assert elicit.asked == ["Name?", "Sure?"], "the round's question, then the task's"
+    calls = [c.received_json()["result"]["resultType"] for c in sent(recorder, "tools/call")]
+    assert calls == ["input_required", "task"], "the round resolved before the task was created"
+    assert len(created) == 1 and len(sent(recorder, "tasks/update")) == 1
 
 
 async def test_without_a_handler_the_call_ends_with_input_unanswered(
