@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mcp_lossless.client import InputUnanswered, OAuth
+from mcp_lossless.client import Client, InputUnanswered, OAuth, RemoteError
 from mcp_lossless.client.handlers import MAX_INPUT_ROUNDS
 from mcp_lossless.client.modern import ModernClient, TaskUpdate
 from mcp_lossless.server.app import create_app
@@ -208,3 +208,30 @@ async def test_past_the_rounds_bound_a_call_and_a_task_end_with_input_unanswered
     assert len(sent(recorder, "tasks/update")) == MAX_INPUT_ROUNDS
     (cancel,) = sent(recorder, "tasks/cancel")
     assert cancel.received_json()["result"] == {"resultType": "complete"}, "the task does not wait for its TTL"
+
+
+async def test_the_legacy_client_answers_the_servers_requests_from_the_same_handlers(
+    served: tuple[str, RecordingTransport, httpx.AsyncClient],
+) -> None:
+    """One way to register them: a 2025-11-25 session gets the same questions as requests on the call's stream."""
+    url, recorder, http = served
+    SEEN.clear()
+    elicit = Elicitor()
+    auth = OAuth("dev-client", "dev-secret")
+    async with Client(url, auth=auth, http=http, input_handlers={"elicitation/create": elicit}) as client:
+        result = await client.call_tool("book", {"city": "Oslo"})
+    assert result.text == "booked Oslo for Alice (accept)"
+    assert elicit.asked == ["Name?", "Sure?"] and SEEN == ["name=Alice", "sure=accept"], "one run, two answers"
+    (handshake,) = sent(recorder, "initialize")
+    assert handshake.sent_json()["params"]["capabilities"] == {"elicitation": {}}
+    replies = [e.sent_json() for e in recorder.to("/mcp") if "result" in (e.sent_json() or {})]
+    assert [r["result"]["action"] for r in replies] == ["accept", "accept"]
+
+    async def refuse(params: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("the user closed the dialog")
+
+    SEEN.clear()
+    async with Client(url, auth=auth, http=http, input_handlers={"elicitation/create": refuse}) as client:
+        with pytest.raises(RemoteError, match="closed the dialog"):
+            await client.call_tool("book", {"city": "Rome"}, timeout=10)
+    assert SEEN == [], "the tool got the handler's failure as an error, and the call ended with it"

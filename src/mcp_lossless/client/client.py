@@ -26,6 +26,7 @@ from ..core import protocol
 from ..core.actions import CallSpec, RecoveryPolicy
 from ..core.protocol import RESOURCE_META_KEY
 from .errors import McpClientError, RequestRejected, ToolFailed
+from .handlers import InputHandler
 from .lean import LeanHttp
 from .oauth import Auth
 from .session import MessageCallback, ProgressCallback, ServerInfo, Session
@@ -102,6 +103,8 @@ class Client:
     says otherwise. ``protocol_version`` is the revision offered in ``initialize`` (default the newest;
     offer ``"2025-03-26"`` to let :meth:`call_tools` send JSON-RPC batches). ``lean`` (a
     :class:`~.lean.LeanHttp` pool, as a gateway keeps) carries the MCP requests instead of ``http``.
+    ``input_handlers`` answer the server's requests for client input on a call's stream, by method
+    (:mod:`~mcp_lossless.client.handlers`); the capabilities they declare are offered in ``initialize``.
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class Client:
         client_info: Mapping[str, Any] | None = None,
         protocol_version: str = protocol.LATEST,
         lean: LeanHttp | None = None,
+        input_handlers: Mapping[str, InputHandler] | None = None,
     ) -> None:
         if protocol_version not in protocol.SUPPORTED:
             raise ValueError(
@@ -132,6 +136,7 @@ class Client:
         self._idle_timeout = idle_timeout
         self._client_info = client_info
         self._lean = lean
+        self._input_handlers = input_handlers
         self._stack: AsyncExitStack | None = None
         self._session: Session | None = None
         self._tools: dict[str, Tool] | None = None
@@ -152,6 +157,7 @@ class Client:
                 backoff=self._backoff,
                 client_info=self._client_info,
                 protocol_version=self.protocol_version,
+                input_handlers=self._input_handlers,
             )
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)

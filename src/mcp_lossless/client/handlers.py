@@ -4,9 +4,12 @@ A 2026-07-28 server asks for input (elicitation, sampling, the roots) by answeri
 or by a task waiting ``input_required`` (docs/decisions/0015); the client answers from these handlers and
 declares, in every request's capabilities, exactly the methods it has a handler for, so a server never asks
 what nobody here can answer. A handler gets the request's ``params`` and returns its result (an
-``ElicitResult``, a ``CreateMessageResult``, a ``ListRootsResult``); an exception it raises ends the call with
-that exception. Input the client cannot give, and asking past :data:`MAX_INPUT_ROUNDS`, end the call with
-:class:`~mcp_lossless.client.InputUnanswered`: never a wait that cannot end, never an answer made up.
+``ElicitResult``, a ``CreateMessageResult``, a ``ListRootsResult``); an exception it raises ends a 2026-07-28
+call with that exception, and answers a legacy session's request with an error (the tool waiting for it goes
+on). The legacy :class:`~mcp_lossless.client.Client` takes the same handlers for the requests a 2025-11-25
+server sends on a call's stream. On 2026-07-28, input the client cannot give and asking past
+:data:`MAX_INPUT_ROUNDS` end the call with :class:`~mcp_lossless.client.InputUnanswered`: never a wait that
+cannot end, never an answer made up.
 """
 
 from __future__ import annotations

@@ -566,8 +566,7 @@ async def open_client(
     """The client for ``url``'s era: 2026-07-28 when its ``server/discover`` answers as a modern server, else
     the legacy session client (``legacy`` holds that client's further options). The era is remembered per
     origin for the life of the process, and probed again if a cached modern verdict fails. ``input_handlers``
-    answer a modern server's requests for client input; the legacy client does not take them yet (it answers
-    a server's requests with method-not-found)."""
+    answer the server's requests for client input, in either era."""
     origin = _origin(url)
     if _eras.get(origin) != "legacy":
         modern = ModernClient(
@@ -582,5 +581,5 @@ async def open_client(
                 _eras[origin] = "modern"
                 yield modern
                 return
-    async with Client(url, auth=auth, timeout=timeout, http=http, **legacy) as client:
+    async with Client(url, auth=auth, timeout=timeout, http=http, input_handlers=input_handlers, **legacy) as client:
         yield client

@@ -58,6 +58,7 @@ from .errors import (
     RequestRejected,
     SessionLost,
 )
+from .handlers import InputHandler, answer_input, capabilities, checked
 from .lean import Response
 from .oauth import Auth, parse_challenge
 from .transport import Backoff, HttpTransport, ResponseTooLarge, media_type
@@ -116,6 +117,7 @@ class Session:
         client_info: Mapping[str, Any] | None = None,
         rng: random.Random | None = None,
         protocol_version: str = protocol.LATEST,
+        input_handlers: Mapping[str, InputHandler] | None = None,
     ) -> None:
         if protocol_version not in HANDSHAKE_VERSIONS:
             raise ValueError(f"protocol version {protocol_version!r} is not one of {', '.join(HANDSHAKE_VERSIONS)}")
@@ -128,6 +130,8 @@ class Session:
         """Wire ids start with this unguessable prefix, so they never collide with another client's."""
         self.ledger = Ledger(self._prefix, policy)
         self.client_info = dict(client_info or {"name": "mcp-lossless", "version": __version__})
+        self._handlers = checked(input_handlers)
+        """Answers to the server's requests on a call's stream (elicitation, sampling, roots), by method."""
         self.server: ServerInfo | None = None
         self._tg: TaskGroup | None = None
         self._waiters: dict[CallKey, _Waiter] = {}
@@ -168,7 +172,11 @@ class Session:
             "jsonrpc": "2.0",
             "id": f"{self._prefix}-init-{self._handshakes}",
             "method": "initialize",
-            "params": {"protocolVersion": self.offered_version, "capabilities": {}, "clientInfo": self.client_info},
+            "params": {
+                "protocolVersion": self.offered_version,
+                "capabilities": capabilities(self._handlers),
+                "clientInfo": self.client_info,
+            },
         }
         response, session_id = await self._exchange(message)
         if "error" in response:
@@ -396,6 +404,9 @@ class Session:
     def _incoming(self, stream: StreamKey, message: Mapping[str, Any]) -> None:
         method = message.get("method")
         if "id" in message:
+            if isinstance(method, str) and method in self._handlers:
+                self._require_tg().start_soon(self._answer_request, message)
+                return
             reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
             if method == "ping":
                 reply["result"] = {}
@@ -416,6 +427,21 @@ class Session:
             severe = params.get("level") in ("error", "critical", "alert", "emergency")
             level = logging.WARNING if severe else logging.INFO
             log.log(level, "server log [%s]: %s", params.get("logger", "-"), _snippet(orjson.dumps(params.get("data"))))
+
+    async def _answer_request(self, message: Mapping[str, Any]) -> None:
+        """A server's request for client input, answered from its handler (as a 2026-07-28 server's rounds are);
+        a handler that fails is answered with an error, so the tool waiting for it goes on."""
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+        method, params = message["method"], message.get("params")
+        try:
+            asked = {"request": {"method": method, "params": params if isinstance(params, dict) else {}}}
+            reply["result"] = (await answer_input(self._handlers, asked, f"the server's {method}"))["request"]
+        except McpClientError as exc:
+            reply["error"] = {"code": codes.INTERNAL_ERROR, "message": exc.reason}
+        except Exception as exc:
+            log.exception("the %s handler failed", method)
+            reply["error"] = {"code": codes.INTERNAL_ERROR, "message": f"the client's {method} handler failed: {exc}"}
+        self._notify_quietly(reply)
 
     # ---- connections --------------------------------------------------------------------------------
 
