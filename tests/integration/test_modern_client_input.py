@@ -235,3 +235,25 @@ async def test_the_legacy_client_answers_the_servers_requests_from_the_same_hand
         with pytest.raises(RemoteError, match="closed the dialog"):
             await client.call_tool("book", {"city": "Rome"}, timeout=10)
     assert SEEN == [], "the tool got the handler's failure as an error, and the call ended with it"
+
+
+async def test_a_handler_that_fails_ends_the_call_once_and_its_task_is_cancelled(
+    served: tuple[str, RecordingTransport, httpx.AsyncClient],
+) -> None:
+    url, recorder, http = served
+    SEEN.clear()
+
+    async def closed(params: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("the user closed the dialog")
+
+    auth = OAuth("dev-client", "dev-secret")
+    async with ModernClient(url, auth=auth, http=http, input_handlers={"elicitation/create": closed}) as client:
+        with pytest.raises(InputUnanswered, match="closed the dialog") as round_trip:
+            await client.call_tool("book", {"city": "Oslo"})
+        assert isinstance(round_trip.value.__cause__, RuntimeError)
+        with pytest.raises(InputUnanswered, match="closed the dialog"):
+            await client.call_tool("approve", {"item": "po-2"})
+    assert SEEN == [] and len(sent(recorder, "tools/call")) == 2, "no retry sent without an answer"
+    assert sent(recorder, "tasks/update") == []
+    (cancel,) = sent(recorder, "tasks/cancel")
+    assert cancel.received_json()["result"] == {"resultType": "complete"}, "the task does not wait for its TTL"

@@ -98,7 +98,8 @@ class ConnectionFailed(McpClientError):
 
 class InputUnanswered(McpClientError):
     """The server needed client input this client could not give: no handler registered for what it asked
-    (or the server refused to ask for lack of the capability), or it kept asking past
+    (or the server refused to ask for lack of the capability), the handler failed (its exception is the
+    cause), or the server kept asking past
     :data:`~mcp_lossless.client.handlers.MAX_INPUT_ROUNDS`. The call did not complete; a task it started was
     cancelled."""
 

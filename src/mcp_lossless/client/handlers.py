@@ -4,12 +4,11 @@ A 2026-07-28 server asks for input (elicitation, sampling, the roots) by answeri
 or by a task waiting ``input_required`` (docs/decisions/0015); the client answers from these handlers and
 declares, in every request's capabilities, exactly the methods it has a handler for, so a server never asks
 what nobody here can answer. A handler gets the request's ``params`` and returns its result (an
-``ElicitResult``, a ``CreateMessageResult``, a ``ListRootsResult``); an exception it raises ends a 2026-07-28
-call with that exception, and answers a legacy session's request with an error (the tool waiting for it goes
-on). The legacy :class:`~mcp_lossless.client.Client` takes the same handlers for the requests a 2025-11-25
-server sends on a call's stream. On 2026-07-28, input the client cannot give and asking past
-:data:`MAX_INPUT_ROUNDS` end the call with :class:`~mcp_lossless.client.InputUnanswered`: never a wait that
-cannot end, never an answer made up.
+``ElicitResult``, a ``CreateMessageResult``, a ``ListRootsResult``). The legacy
+:class:`~mcp_lossless.client.Client` takes the same handlers for the requests a 2025-11-25 server sends on a
+call's stream, and answers one whose handler raises with an error (the tool waiting for it goes on). On
+2026-07-28 a handler that raises, input the client cannot give and asking past :data:`MAX_INPUT_ROUNDS` end the
+call with :class:`~mcp_lossless.client.InputUnanswered`: never a wait that cannot end, never an answer made up.
 """
 
 from __future__ import annotations
@@ -67,7 +66,10 @@ async def answer_input(
         handler = handlers.get(method)
         if handler is None:
             raise InputUnanswered(f"{what} asks for {method} (input {key!r}) and no handler for it is registered")
-        result = await handler(params)
+        try:
+            result = await handler(params)
+        except Exception as exc:
+            raise InputUnanswered(f"{what}: the {method} handler failed: {exc!r}") from exc
         if not isinstance(result, Mapping):
             raise InputUnanswered(f"{what}: the {method} handler returned {type(result).__name__}, not an object")
         answers[key] = dict(result)

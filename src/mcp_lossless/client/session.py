@@ -436,11 +436,9 @@ class Session:
         try:
             asked = {"request": {"method": method, "params": params if isinstance(params, dict) else {}}}
             reply["result"] = (await answer_input(self._handlers, asked, f"the server's {method}"))["request"]
-        except McpClientError as exc:
+        except McpClientError as exc:  # the handler failed, or answered something that is not a result
+            log.warning("answering the server's %s with an error: %s", method, exc.reason)
             reply["error"] = {"code": codes.INTERNAL_ERROR, "message": exc.reason}
-        except Exception as exc:
-            log.exception("the %s handler failed", method)
-            reply["error"] = {"code": codes.INTERNAL_ERROR, "message": f"the client's {method} handler failed: {exc}"}
         self._notify_quietly(reply)
 
     # ---- connections --------------------------------------------------------------------------------
