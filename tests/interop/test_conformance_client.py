@@ -7,9 +7,14 @@ scenario and spawns the driver. Runs, each a real ``conformance client`` process
 - ``initialize``, ``tools_call`` and ``json-schema-2020-12-preservation`` one by one;
 - the authorization scenarios the suite files under 2026-07-28 (``auth/resource-mismatch``, ``auth/iss-*``,
   ...) and the ``auth/client-credentials-basic`` extension, at the 2025-11-25 wire with ``--force``: what
-  they check is the OAuth flow, which does not change with the revision, and this client never speaks
-  2026-07-28;
-- ``sse-retry`` last and alone: it times the reconnection.
+  they check is the OAuth flow of the legacy client;
+- ``sse-retry`` last and alone: it times the reconnection;
+- in a test of its own, every client scenario the suite runs at the 2026-07-28 wire (:data:`MODERN_SCENARIOS`
+  and :data:`MODERN_AUTH`, plus the ``auth/client-credentials-basic`` extension with ``--force``), each with
+  ``--spec-version 2026-07-28``: the suite passes the wire as ``MCP_CONFORMANCE_PROTOCOL_VERSION`` and the
+  driver plays them with the client ``open_client`` picks, which must be the 2026-07-28 one. They include every
+  client scenario of the suite's frozen 2026-07-28 requirement set (checked against its file). A few
+  ``http-standard-headers`` checks stay SKIPPED (:data:`NOT_EXERCISED`): methods this client never sends.
 
 The suite's exit status ignores the driver's own exit status in suite mode, so the driver's verdict is
 checked here too: ``ok`` for every scenario where the client must succeed, and the expected refusal where
@@ -115,6 +120,68 @@ EVIDENCE = {
     "initialize": {"mcp-client-initialization"},
 }
 """Checks that must be SUCCESS: proof the scenario reached what it is about, not just that nothing failed."""
+MODERN = "2026-07-28"
+MODERN_SCENARIOS = {
+    "tools_call": {"tool-add-numbers"},
+    "json-schema-2020-12-preservation": {
+        "json-schema-2020-12-client-echo-completed",
+        "json-schema-2020-12-client-$schema-preserved",
+        "json-schema-2020-12-client-$defs-preserved",
+        "sep-2106-client-composition-keywords-preserved",
+    },
+    "request-metadata": {
+        "sep-2575-http-client-sends-version-header",
+        "sep-2575-client-populates-meta",
+        "sep-2575-client-sends-client-info",
+        "sep-2575-http-version-header-matches-meta",
+        "sep-2575-client-declares-elicitation-capability",
+        "sep-2575-client-retry-supported-version",
+    },
+    "sep-2322-client-request-state": {
+        "sep-2322-client-request-state-echoed",
+        "sep-2322-client-jsonrpc-id-different",
+        "sep-2322-client-no-state-omitted",
+        "sep-2322-client-parallel-isolation",
+        "sep-2322-default-result-type-complete",
+    },
+    "http-standard-headers": {"sep-2243-client-includes-standard-headers"},
+    "http-custom-headers": {
+        "sep-2243-client-supports-custom-headers",
+        "sep-2243-client-mirrors-designated-params",
+        "sep-2243-client-encode-values",
+        "sep-2243-client-base64-unsafe",
+        "sep-2243-client-omit-null",
+    },
+    "http-invalid-tool-headers": {
+        "sep-2243-client-reject-invalid-tool",
+        "sep-2243-x-mcp-header-not-empty",
+        "sep-2243-x-mcp-header-primitive-only",
+        "sep-2243-x-mcp-header-unique",
+        "sep-2243-x-mcp-header-charset",
+    },
+    "json-schema-ref-no-deref": {"sep-2106-no-network-ref-deref"},
+}
+"""The 2026-07-28 client scenarios besides ``auth/*``, and the checks each must show SUCCESS."""
+MODERN_AUTH = sorted((SUITES["auth"] | set(FORCED)) - {"auth/client-credentials-basic"})
+"""The authorization scenarios the suite runs at 2026-07-28 (its ``auth/client-credentials-basic`` extension
+is run there too, with ``--force``), with the same evidence and refusals as at 2025-11-25."""
+MODERN_REFUSALS = {**REFUSALS, "auth/scope-retry-limit": "server/discover was still refused after 2 fresh grants"}
+"""The 2026-07-28 client's own reason where the scope step-up never succeeds (its first request is the probe)."""
+NOT_EXERCISED = {
+    ("http-standard-headers", f"ClientMcp{header}Header_{method}")
+    for header, method in (
+        ("Method", "initialize"),
+        ("Method", "notifications_initialized"),
+        ("Method", "resources_list"),
+        ("Method", "resources_read"),
+        ("Method", "prompts_list"),
+        ("Method", "prompts_get"),
+        ("Name", "resources_read"),
+        ("Name", "prompts_get"),
+    )
+}
+"""Checks the suite reports SKIPPED because this client never sends the method: no handshake at 2026-07-28,
+and no resources or prompts API yet. Only these may be SKIPPED; every other check must be SUCCESS or INFO."""
 PARALLEL_RUNS = 4
 RUN_TIMEOUT = 120
 _RUN_DIR = re.compile(r"^(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T[\d-]+Z$")
@@ -193,6 +260,47 @@ def test_every_claimed_client_scenario_passes(tmp_path: Path) -> None:
     )
 
 
+def _required_client_scenarios() -> set[str]:
+    """The client scenarios of the suite's frozen 2026-07-28 requirement set (``--requirements 2026-07-28``)."""
+    text = (conformance_cli().parents[1] / "requirements" / f"{MODERN}.yaml").read_text()
+    section = text.split("\nclient:\n", 1)[1].split("\n\n", 1)[0]
+    return {line.removeprefix("  - ").strip() for line in section.splitlines() if line.startswith("  - ")}
+
+
+def test_every_2026_07_28_client_scenario_passes(tmp_path: Path) -> None:
+    node_binary(), conformance_cli()
+    required = _required_client_scenarios()
+    assert len(required) > 20 and required <= {*MODERN_SCENARIOS, *MODERN_AUTH}, "every required scenario is run"
+    jobs = [(name, ["--scenario", name, "--spec-version", MODERN]) for name in [*MODERN_SCENARIOS, *MODERN_AUTH]]
+    extension = "auth/client-credentials-basic"
+    jobs.append((extension, ["--scenario", extension, "--spec-version", MODERN, "--force"]))
+    with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
+        runs = list(pool.map(lambda job: Run(job[0], job[1], tmp_path / job[0].replace("/", "_")), jobs))
+    failed_runs = [run.report for run in runs if run.returncode != 0]
+    assert failed_runs == [], "\n\n".join(failed_runs)
+
+    folders = {scenario: folder for run in runs for scenario, folder in run.results().items()}
+    assert set(folders) == {*MODERN_SCENARIOS, *MODERN_AUTH, "auth/client-credentials-basic"}
+    problems = defaultdict(list)
+    for scenario, folder in folders.items():
+        found = orjson.loads((folder / "checks.json").read_bytes())
+        for check in found:
+            skipped_here = check["status"] == "SKIPPED" and (scenario, check["name"]) in NOT_EXERCISED
+            if check["status"] not in PASSING and not skipped_here:
+                problems[scenario].append(f"{check['status']} {check['name']}: {check.get('errorMessage') or ''}")
+        succeeded = {c["id"] for c in found if c["status"] == "SUCCESS"}
+        missing = (MODERN_SCENARIOS.get(scenario) or EVIDENCE.get(scenario, set())) - succeeded
+        if missing or not succeeded:
+            problems[scenario].append(f"never reached {sorted(missing) or 'any SUCCESS'}")
+        stdout, stderr = (folder / "stdout.txt").read_text(), (folder / "stderr.txt").read_text()
+        if scenario in MODERN_REFUSALS:
+            if f"{scenario}: authorization: " not in stderr or MODERN_REFUSALS[scenario] not in stderr:
+                problems[scenario].append(f"not the expected refusal: {stderr[-2000:]}")
+        elif f"{scenario}: ok: " not in stdout:
+            problems[scenario].append(f"the driver did not succeed: {stderr[-3000:]}")
+    assert dict(problems) == {}
+
+
 def test_the_driver_refuses_scenarios_it_does_not_play() -> None:
     """Excluded scenarios (docs/conformance.md) end with exit 2 and a usage line, never a false pass."""
     env = {**os.environ, "MCP_CONFORMANCE_SCENARIO": "elicitation-sep1034-client-defaults"}
@@ -200,4 +308,4 @@ def test_the_driver_refuses_scenarios_it_does_not_play() -> None:
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "usage: MCP_CONFORMANCE_SCENARIO=" in done.stderr
-    assert set(SCENARIOS) == CLAIMED, "the driver plays exactly the scenarios this test claims"
+    assert set(SCENARIOS) == CLAIMED | set(MODERN_SCENARIOS), "the driver plays exactly the scenarios claimed here"

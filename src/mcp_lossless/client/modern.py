@@ -5,12 +5,15 @@ mirrored headers. A call whose server answers with a task is polled with ``tasks
 ``pollIntervalMs``, growing while nothing changes) until it is terminal. A denial of the task's poll (403
 with :data:`~mcp_lossless.core.errors.TASK_DENIED`, the token no longer covers the tool) is repaired with a
 fresh grant for the union of what the call needed and what the denial names (a refresh cannot widen), and the
-same task id is polled again; only an unknown task id ends the call as may-have-run. Input the server asks
-for (an ``input_required`` answer, re-sent with the answers and the sealed ``requestState``; a task waiting
-``input_required``, answered with ``tasks/update``) comes from the user's handlers (:mod:`.handlers`), within
-:data:`~.MAX_INPUT_ROUNDS` rounds per call (docs/decisions/0015). A broken response on a
-call that runs within its request cancelled it (the server must treat a disconnect so): it is re-issued under
-a new id only for idempotent tools, else it ends as :class:`CallMayHaveRun`.
+same task id is polled again; only an unknown task id ends the call as may-have-run. A tool's ``x-mcp-header``
+parameters are mirrored into ``Mcp-Param-*`` headers on each of its calls, and a tool published with a malformed
+annotation is left out of :meth:`ModernClient.list_tools` and never called (:mod:`..core.param_headers`). A
+request refused as ``UNSUPPORTED_PROTOCOL_VERSION`` by a server that lists 2026-07-28 is sent once more.
+Input the server asks for (an ``input_required`` answer, re-sent with the answers and the sealed
+``requestState``; a task waiting ``input_required``, answered with ``tasks/update``) comes from the user's
+handlers (:mod:`.handlers`), within :data:`~.MAX_INPUT_ROUNDS` rounds per call (docs/decisions/0015). A broken
+response on a call that runs within its request cancelled it (the server must treat a disconnect so): it is
+re-issued under a new id only for idempotent tools, else it ends as :class:`CallMayHaveRun`.
 
 :func:`open_client` probes the server's era once per origin (``server/discover`` first, ``initialize`` when the
 answer is not a modern one) and returns this client or the legacy :class:`~mcp_lossless.client.Client`.
@@ -20,8 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
-from base64 import b64encode
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ import httpx
 import orjson
 
 from ..core import errors, protocol
+from ..core.param_headers import InvalidAnnotation, Mirrored, header_safe, mirrored_params, param_headers
 from ..core.sse import SseDecoder
 from ..core.tasks import EXTENSION
 from .client import Client, Tool, ToolResult, _tool_result
@@ -61,6 +65,8 @@ MAX_AUTHORIZATIONS = 2
 MAX_REISSUES = 3
 POLL_CEILING_SECONDS = 5.0
 
+_log = logging.getLogger(__name__)
+
 TaskHook = Callable[[str, str], None]
 """Called with (task id, tool name) once a call became a task: persist it to resume polling after a restart."""
 
@@ -86,21 +92,13 @@ def _origin(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _header_safe(value: str) -> str:
-    """Plain ASCII as is; anything else (or the sentinel itself) in the ``=?base64?…?=`` form."""
-    plain = value.isascii() and value.isprintable() and value == value.strip()
-    if plain and not (value.startswith("=?base64?") and value.endswith("?=")):
-        return value
-    return "=?base64?" + b64encode(value.encode()).decode() + "?="
-
-
 def _headers(message: Mapping[str, Any], token: str | None) -> dict[str, str]:
     """The headers of a POST of ``message``: the revision and the mirrored method and name (SEP-2243)."""
     headers = {"accept": ACCEPT_POST, "content-type": "application/json", VERSION_HEADER: MODERN}
     headers["mcp-method"] = message["method"]
     field = NAMED.get(message["method"])
     if field is not None:
-        headers["mcp-name"] = _header_safe(str(message["params"][field]))
+        headers["mcp-name"] = header_safe(str(message["params"][field]))
     if token is not None:
         headers["authorization"] = f"Bearer {token}"
     return headers
@@ -117,6 +115,18 @@ def _required(answer: Mapping[str, Any] | None) -> tuple[frozenset[str], frozens
         frozenset(r for r in resources if isinstance(r, str)) if isinstance(resources, list) else frozenset(),
         frozenset(s for s in scopes if isinstance(s, str)) if isinstance(scopes, list) else frozenset(),
     )
+
+
+def _version_refused(answer: Mapping[str, Any] | None) -> bool:
+    """An ``UNSUPPORTED_PROTOCOL_VERSION`` error whose ``supported`` list names the revision this client sent."""
+    error = answer.get("error") if answer is not None else None
+    data = error.get("data") if isinstance(error, dict) else None
+    if not isinstance(error, dict) or not isinstance(data, dict):
+        return False
+    if error.get("code") != errors.UNSUPPORTED_PROTOCOL_VERSION:
+        return False
+    supported = data.get("supported")
+    return isinstance(supported, list) and MODERN in supported
 
 
 NoteCallback = Callable[[dict[str, Any]], None]
@@ -172,6 +182,10 @@ class ModernClient:
         self._stack: AsyncExitStack | None = None
         self._ids = itertools.count(1)
         self._tools: dict[str, Tool] | None = None
+        self._mirrored: dict[str, tuple[Mirrored, ...]] = {}
+        """Each listed tool's ``x-mcp-header`` parameters, mirrored on each of its calls (SEP-2243)."""
+        self._excluded: dict[str, str] = {}
+        """Listed tools left out for a malformed ``x-mcp-header``, with the reason: never called."""
 
     async def __aenter__(self) -> ModernClient:
         stack = AsyncExitStack()
@@ -202,6 +216,9 @@ class ModernClient:
     def _stream(self, message: dict[str, Any], token: str | None) -> AbstractAsyncContextManager[Response]:
         """POST ``message``: the response, open for reading inside the block."""
         content, headers = orjson.dumps(message), _headers(message, token)
+        if message["method"] == "tools/call":
+            params = message["params"]
+            headers |= param_headers(self._mirrored.get(params["name"], ()), params.get("arguments"))
         if self._lean is not None:
             return self._lean.stream("POST", self.url, content=content, headers=headers)
         assert self._http is not None, "use the client inside 'async with'"
@@ -246,8 +263,12 @@ class ModernClient:
         ``httpx.TransportError`` passes through: whether to send again is the caller's decision.
         """
         for _ in range(MAX_AUTHORIZATIONS + 1):
-            message = self._message(method, params)
-            response, answer = await self._post(message, await self._auth.token(resources), on_note)
+            token = await self._auth.token(resources)
+            response, answer = await self._post(self._message(method, params), token, on_note)
+            if _version_refused(answer):
+                # a server that lists 2026-07-28 yet refused it (e.g. one replica behind a balancer still
+                # rolling out): the request did not run; sent once more under a new id, then the refusal stands
+                response, answer = await self._post(self._message(method, params), token, on_note)
             if response.status_code in (401, 403):
                 challenge = parse_challenge(response.headers.get("www-authenticate"))
                 if challenge is None:
@@ -338,8 +359,18 @@ class ModernClient:
             cursor = result.get("nextCursor") if isinstance(result.get("nextCursor"), str) else None
             if cursor is None:
                 break
-        self._tools = {t.name: t for t in tools}
-        return tools
+        kept: list[Tool] = []
+        self._mirrored, self._excluded = {}, {}
+        for tool in tools:
+            try:
+                self._mirrored[tool.name] = mirrored_params(tool.input_schema)
+            except InvalidAnnotation as exc:
+                self._excluded[tool.name] = str(exc)
+                _log.warning("tool %r left out: %s", tool.name, exc)
+            else:
+                kept.append(tool)
+        self._tools = {t.name: t for t in kept}
+        return kept
 
     async def call_tool(
         self,
@@ -365,6 +396,8 @@ class ModernClient:
         """
         if self._tools is None:
             await self.list_tools()
+        if name in self._excluded:
+            raise ProtocolViolation(f"{name} is not called: the server published it with {self._excluded[name]}")
         tool = (self._tools or {}).get(name)
         resources = frozenset({tool.resource}) if tool is not None and tool.resource else frozenset()
         may_reissue = reissue if reissue is not None else tool is not None and tool.idempotent
