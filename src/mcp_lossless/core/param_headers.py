@@ -23,6 +23,9 @@ MIRRORABLE_TYPES = frozenset({"string", "integer", "boolean"})
 _TOKEN = frozenset(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~")
 """RFC 9110 ``tchar``: what a header field name may be made of."""
 
+Annotated = tuple[tuple[str, ...], object, dict[str, Any]]
+"""A property carrying the annotation: its path, the annotation's value as written, the property's schema."""
+
 Mirrored = tuple[tuple[str, ...], str]
 """A mirrored parameter: its path of ``properties`` keys in the arguments, and its header's (lower-case) name."""
 
@@ -34,7 +37,7 @@ class InvalidAnnotation(ValueError):
 def mirrored_params(schema: Mapping[str, Any]) -> tuple[Mirrored, ...]:
     """The parameters ``schema`` marks, reachable from its root through ``properties``;
     :class:`InvalidAnnotation` when any annotation is malformed."""
-    found = tuple(_walk(schema, ()))
+    found = tuple(_checked(annotated(schema)))
     seen: dict[str, str] = {}
     for path, header in found:
         where = ".".join(path)
@@ -44,23 +47,38 @@ def mirrored_params(schema: Mapping[str, Any]) -> tuple[Mirrored, ...]:
     return found
 
 
-def _walk(schema: Mapping[str, Any], path: tuple[str, ...]) -> Iterator[Mirrored]:
+def annotated(schema: Mapping[str, Any], path: tuple[str, ...] = ()) -> Iterator[Annotated]:
+    """Every property reachable from the root through ``properties`` that carries :data:`ANNOTATION`, in schema
+    order. The one walk: the client checks what it
+    finds (:func:`mirrored_params`), the server reads its own tools' annotations from it."""
     properties = schema.get("properties")
     if not isinstance(properties, dict):
         return
     for name, prop in properties.items():
         if not isinstance(prop, dict):
             continue
-        where = ".".join((*path, name))
         if ANNOTATION in prop:
-            header = prop[ANNOTATION]
-            if not isinstance(header, str) or not header or not set(header) <= _TOKEN:
-                raise InvalidAnnotation(f"{where}: {ANNOTATION} {header!r} is not a header name token")
-            kind = prop.get("type")
-            if not isinstance(kind, str) or kind not in MIRRORABLE_TYPES:
-                raise InvalidAnnotation(f"{where}: {ANNOTATION} on type {kind!r}, not a string, integer or boolean")
-            yield (*path, name), header.lower()
-        yield from _walk(prop, (*path, name))
+            yield (*path, name), prop[ANNOTATION], prop
+        yield from annotated(prop, (*path, name))
+
+
+def _checked(found: Iterator[Annotated]) -> Iterator[Mirrored]:
+    for path, header, prop in found:
+        where = ".".join(path)
+        if not isinstance(header, str) or not header or not set(header) <= _TOKEN:
+            raise InvalidAnnotation(f"{where}: {ANNOTATION} {header!r} is not a header name token")
+        kind = prop.get("type")
+        if not isinstance(kind, str) or kind not in MIRRORABLE_TYPES:
+            raise InvalidAnnotation(f"{where}: {ANNOTATION} on type {kind!r}, not a string, integer or boolean")
+        yield path, header.lower()
+
+
+def argument_at(arguments: object, path: tuple[str, ...]) -> object:
+    """The argument at ``path`` of a call's ``arguments``; ``None`` when absent."""
+    value = arguments
+    for step in path:
+        value = value.get(step) if isinstance(value, dict) else None
+    return value
 
 
 def header_safe(value: str) -> str:
@@ -75,9 +93,7 @@ def param_headers(mirrored: tuple[Mirrored, ...], arguments: object) -> dict[str
     """The ``Mcp-Param-*`` headers of a call with ``arguments``: one per mirrored argument present and not null."""
     headers: dict[str, str] = {}
     for path, header in mirrored:
-        value: object = arguments
-        for step in path:
-            value = value.get(step) if isinstance(value, dict) else None
+        value = argument_at(arguments, path)
         if isinstance(value, bool):
             headers[PREFIX + header] = "true" if value else "false"
         elif isinstance(value, int):

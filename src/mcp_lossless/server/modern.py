@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import __version__
 from ..asgi import Receive, Send, respond
-from ..core import errors, frames, mrtr, protocol
+from ..core import errors, frames, mrtr, param_headers, protocol
 from ..core.events import RequestId
 from ..core.limits import LimitExceeded
 from ..core.limits import new_task as task_limit
@@ -542,7 +542,7 @@ class ModernLeg:
         """The tool's ``x-mcp-header`` parameters, read from its schema once (again if the tool was replaced)."""
         cached = self._mirrors.get(tool.name)
         if cached is None or cached[0] is not tool:
-            cached = (tool, tuple(_mirrored_params(tool.input_schema(), ())))
+            cached = (tool, tuple(_mirrored_params(tool.input_schema())))
             self._mirrors[tool.name] = cached
         return cached[1]
 
@@ -994,18 +994,12 @@ _Mirrored = tuple[tuple[str, ...], bytes]
 """An ``x-mcp-header`` parameter: its path of ``properties`` keys in the arguments, and its header's name."""
 
 
-def _mirrored_params(schema: dict[str, Any], path: tuple[str, ...]) -> Iterable[_Mirrored]:
-    """The parameters a schema marks ``x-mcp-header``, reachable from its root through ``properties`` only."""
-    properties = schema.get("properties")
-    if not isinstance(properties, dict):
-        return
-    for name, prop in properties.items():
-        if not isinstance(prop, dict):
-            continue
-        header = prop.get("x-mcp-header")
+def _mirrored_params(schema: dict[str, Any]) -> Iterable[_Mirrored]:
+    """The parameters a schema marks ``x-mcp-header`` with a non-empty name (the server's own tools: taken as
+    written, not checked as a client checks a server's)."""
+    for path, header, _ in param_headers.annotated(schema):
         if isinstance(header, str) and header:
-            yield (*path, name), b"mcp-param-" + header.lower().encode("latin-1")
-        yield from _mirrored_params(prop, (*path, name))
+            yield path, param_headers.PREFIX.encode() + header.lower().encode("latin-1")
 
 
 def _same(text: str, value: object) -> bool:
@@ -1026,9 +1020,7 @@ def _check_mirrored(index: dict[bytes, bytes], params: dict[str, Any], mirrored:
     after decoding (-32020/400); an absent or null argument expects no header."""
     arguments = params.get("arguments")
     for path, header in mirrored:
-        value: object = arguments
-        for step in path:
-            value = value.get(step) if isinstance(value, dict) else None
+        value = param_headers.argument_at(arguments, path)
         if value is None:
             continue
         name = header.decode("latin-1")
