@@ -29,6 +29,7 @@ from .errors import McpClientError, RequestRejected, ToolFailed
 from .handlers import InputHandler
 from .lean import LeanHttp
 from .oauth import Auth
+from .paging import collect_pages
 from .session import MessageCallback, ProgressCallback, ServerInfo, Session
 from .transport import Backoff, HttpTransport, media_type
 
@@ -192,16 +193,12 @@ class Client:
 
     async def list_tools(self, *, timeout: float | None = None) -> list[Tool]:  # noqa: ASYNC109
         """Every tool the server offers (all pages); also remembers their annotations and resources."""
-        tools: list[Tool] = []
-        cursor: str | None = None
-        while True:
-            params = {"cursor": cursor} if cursor is not None else {}
-            spec = CallSpec("tools/list", params, idempotent=True)
-            result = await self._require().request(spec, self._deadline(timeout))
-            tools += [Tool.from_wire(t) for t in result.get("tools", []) if isinstance(t, dict) and "name" in t]
-            cursor = result.get("nextCursor") if isinstance(result.get("nextCursor"), str) else None
-            if cursor is None:
-                break
+        session, deadline = self._require(), self._deadline(timeout)
+
+        async def page(params: dict[str, Any]) -> dict[str, Any]:
+            return await session.request(CallSpec("tools/list", params, idempotent=True), deadline)
+
+        tools = [Tool.from_wire(t) for t in await collect_pages(page, "tools") if "name" in t]
         self._tools = {t.name: t for t in tools}
         return tools
 

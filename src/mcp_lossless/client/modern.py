@@ -54,6 +54,7 @@ from .errors import (
 from .handlers import MAX_INPUT_ROUNDS, InputHandler, answer_input, capabilities, checked
 from .lean import LeanHttp, Response
 from .oauth import Auth, parse_challenge
+from .paging import collect_pages
 from .session import NOT_SENT_ERRORS, MessageCallback, ProgressCallback, ProgressUpdate
 from .transport import ACCEPT_POST, VERSION_HEADER, media_type
 
@@ -351,14 +352,11 @@ class ModernClient:
     # -- tools ---------------------------------------------------------------------------------------
 
     async def list_tools(self) -> list[Tool]:
-        tools: list[Tool] = []
-        cursor: str | None = None
-        while True:
-            result, _ = await self._request("tools/list", {"cursor": cursor} if cursor else {}, frozenset())
-            tools += [Tool.from_wire(t) for t in result.get("tools", []) if isinstance(t, dict) and "name" in t]
-            cursor = result.get("nextCursor") if isinstance(result.get("nextCursor"), str) else None
-            if cursor is None:
-                break
+        async def page(params: dict[str, Any]) -> dict[str, Any]:
+            result, _ = await self._request("tools/list", params, frozenset())
+            return result
+
+        tools = [Tool.from_wire(t) for t in await collect_pages(page, "tools") if "name" in t]
         kept: list[Tool] = []
         self._mirrored, self._excluded = {}, {}
         for tool in tools:

@@ -20,7 +20,6 @@ from typing import Any, Literal
 
 import httpx
 
-from .. import __version__
 from ..client import (
     Auth,
     AuthorizationFailed,
@@ -42,7 +41,7 @@ from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
 from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
 from .sockets import AsyncioBackend
-from .upstream import FailureReason, Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
+from .upstream import CLIENT_INFO, FailureReason, Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
 
 log = logging.getLogger("mcp_lossless.gateway")
 BACKOFF = Backoff(initial=0.2, maximum=2.0)
@@ -52,7 +51,6 @@ WATCH_MAX_SECONDS = 30.0
 UPSTREAM_LOG_LEVEL = "debug"
 """What a 2026-07-28 upstream is asked to log on a call's stream: every level (as a legacy upstream sends them);
 the gateway's server passes them on to its own clients as it does its own tools' logs."""
-CLIENT_INFO = {"name": "mcp-lossless-gateway", "version": __version__}
 
 
 async def _listed(client: Client | ModernClient) -> list[UpstreamTool]:

@@ -26,9 +26,11 @@ from typing import Any
 
 import orjson
 
+from ..client.errors import ProtocolViolation
+from ..client.paging import collect_pages
 from ..core import errors
 from .config import UpstreamConfig
-from .upstream import Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
+from .upstream import CLIENT_INFO, Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
 
 log = logging.getLogger("mcp_lossless.gateway")
 MAX_LINE_BYTES = 8 * 1024 * 1024
@@ -122,7 +124,7 @@ class StdioUpstream:
                     {
                         "protocolVersion": PROTOCOL_VERSION,
                         "capabilities": {},
-                        "clientInfo": {"name": "mcp-lossless-gateway", "version": "0.1.0"},
+                        "clientInfo": CLIENT_INFO,
                     },
                 )
                 if not isinstance(init.get("protocolVersion"), str):
@@ -140,19 +142,14 @@ class StdioUpstream:
         self._ready.set()
 
     async def _list_tools(self) -> list[UpstreamTool]:
-        tools: list[UpstreamTool] = []
-        cursor: str | None = None
-        for _ in range(100):  # a bound on pages: an upstream cycling cursors must not stall a start
-            page = await self._request("tools/list", {"cursor": cursor} if cursor else {})
-            entries = page.get("tools")
-            for entry in entries if isinstance(entries, list) else []:
-                tool = UpstreamTool.from_wire(entry) if isinstance(entry, dict) else None
-                if tool is not None:
-                    tools.append(tool)
-            cursor = page.get("nextCursor") if isinstance(page.get("nextCursor"), str) else None
-            if cursor is None:
-                break
-        return tools
+        async def page(params: dict[str, Any]) -> dict[str, Any]:
+            return await self._request("tools/list", params)
+
+        try:
+            entries = await collect_pages(page, "tools")
+        except ProtocolViolation as exc:  # an upstream cycling cursors must not stall a start
+            raise UpstreamFailure("protocol", str(exc), may_have_run=False) from exc
+        return [tool for entry in entries if (tool := UpstreamTool.from_wire(entry)) is not None]
 
     async def _supervise(self) -> None:
         while not self._closing:

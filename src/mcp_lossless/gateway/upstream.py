@@ -14,6 +14,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from .. import __version__
+
+CLIENT_INFO = {"name": "mcp-lossless-gateway", "version": __version__}
+"""How the gateway names itself to every upstream, in both transports."""
+
 FailureReason = Literal["execution_lost", "deadline", "unreachable", "rejected", "unauthorized", "protocol", "closed"]
 
 
