@@ -8,6 +8,7 @@ offers the same for scripts.
 """
 
 from ..core.actions import RecoveryPolicy
+from .catalog import Prompt, PromptResult, Resource
 from .client import Client, Tool, ToolCall, ToolResult
 from .errors import (
     AuthorizationFailed,
@@ -52,10 +53,13 @@ __all__ = [
     "McpClientError",
     "OAuth",
     "ProgressUpdate",
+    "Prompt",
+    "PromptResult",
     "ProtocolViolation",
     "RecoveryPolicy",
     "RemoteError",
     "RequestRejected",
+    "Resource",
     "ResponseTooLarge",
     "ServerInfo",
     "SessionLost",

@@ -25,7 +25,7 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -40,6 +40,7 @@ from ..core import errors, protocol
 from ..core.param_headers import InvalidAnnotation, Mirrored, header_safe, mirrored_params, param_headers
 from ..core.sse import SseDecoder
 from ..core.tasks import EXTENSION
+from .catalog import Prompt, PromptResult, Resource, resource_contents
 from .client import Client, Tool, ToolResult, _tool_result
 from .errors import (
     AuthorizationFailed,
@@ -352,11 +353,7 @@ class ModernClient:
     # -- tools ---------------------------------------------------------------------------------------
 
     async def list_tools(self) -> list[Tool]:
-        async def page(params: dict[str, Any]) -> dict[str, Any]:
-            result, _ = await self._request("tools/list", params, frozenset())
-            return result
-
-        tools = [Tool.from_wire(t) for t in await collect_pages(page, "tools") if "name" in t]
+        tools = [Tool.from_wire(t) for t in await self._listing("tools") if "name" in t]
         kept: list[Tool] = []
         self._mirrored, self._excluded = {}, {}
         for tool in tools:
@@ -369,6 +366,67 @@ class ModernClient:
                 kept.append(tool)
         self._tools = {t.name: t for t in kept}
         return kept
+
+    async def list_resources(self) -> list[Resource]:
+        """Every resource the server lists (all pages)."""
+        return [Resource.from_wire(r) for r in await self._listing("resources") if "uri" in r]
+
+    async def read_resource(self, uri: str, *, timeout: float | None = None) -> list[Mapping[str, Any]]:  # noqa: ASYNC109
+        """The contents of ``uri``; a server error (an unknown resource, say) is :class:`RemoteError`."""
+        with anyio.fail_after(self._deadline(timeout)):
+            return resource_contents(uri, await self._answering(uri, {"uri": uri}, self._reader("resources/read")))
+
+    async def list_prompts(self) -> list[Prompt]:
+        """Every prompt the server offers (all pages)."""
+        return [Prompt.from_wire(p) for p in await self._listing("prompts") if "name" in p]
+
+    async def get_prompt(
+        self,
+        name: str,
+        arguments: Mapping[str, str] | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> PromptResult:
+        """The prompt ``name`` filled in with ``arguments``; input it asks for comes from the input handlers."""
+        params = {"name": name, "arguments": dict(arguments or {})}
+        with anyio.fail_after(self._deadline(timeout)):
+            return PromptResult.from_wire(name, await self._answering(name, params, self._reader("prompts/get")))
+
+    async def _listing(self, kind: str) -> list[dict[str, Any]]:
+        return await collect_pages(self._reader(f"{kind}/list"), kind)
+
+    def _reader(self, method: str) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+        """Sends ``method``, a request that changes nothing on the server: sent again while its response breaks."""
+
+        async def send(params: dict[str, Any]) -> dict[str, Any]:
+            for attempt in range(MAX_REISSUES + 1):
+                try:
+                    result, _ = await self._request(method, params, frozenset())
+                    return result
+                except httpx.TransportError as exc:
+                    if attempt == MAX_REISSUES:
+                        raise ConnectionFailed(f"{method} to {self.url} failed: {exc!r}") from None
+            raise AssertionError("unreachable: the last attempt returns or raises")
+
+        return send
+
+    async def _answering(
+        self, name: str, params: dict[str, Any], send: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """The result of ``params`` once every round of client input it asks for is answered (SEP-2322)."""
+        result = await send(params)
+        for rounds in itertools.count(1):
+            if result.get("resultType") != "input_required":
+                return result
+            if rounds > MAX_INPUT_ROUNDS:
+                raise InputUnanswered(f"{name} asked for input more than {MAX_INPUT_ROUNDS} rounds")
+            answers = await answer_input(self._handlers, result.get("inputRequests"), name)
+            retry = {**params, "inputResponses": answers}
+            state = result.get("requestState")
+            if isinstance(state, str):
+                retry["requestState"] = state
+            result = await send(retry)
+        raise AssertionError("unreachable: the loop returns or raises")
 
     async def call_tool(
         self,
@@ -409,20 +467,15 @@ class ModernClient:
             params["_meta"] = meta
         on_note = _notes(on_progress, on_message) if on_progress or on_message else None
         task: list[str] = []
+
+        async def send(round_params: dict[str, Any]) -> dict[str, Any]:
+            nonlocal resources  # a refusal's fresh grant widens what the later rounds and polls ask for
+            answer, resources = await self._send_call(name, round_params, resources, on_note, may_reissue)
+            return answer
+
         try:
             with anyio.fail_after(self._deadline(timeout)):
-                result, resources = await self._send_call(name, params, resources, on_note, may_reissue)
-                for rounds in itertools.count(1):
-                    if result.get("resultType") != "input_required":
-                        break
-                    if rounds > MAX_INPUT_ROUNDS:
-                        raise InputUnanswered(f"{name} asked for input more than {MAX_INPUT_ROUNDS} rounds")
-                    answers = await answer_input(self._handlers, result.get("inputRequests"), name)
-                    state = result.get("requestState")
-                    retry = {**params, "inputResponses": answers}
-                    if isinstance(state, str):
-                        retry["requestState"] = state
-                    result, resources = await self._send_call(name, retry, resources, on_note, may_reissue)
+                result = await self._answering(name, params, send)
                 if result.get("resultType") != "task":
                     return _tool_result(name, result)
                 task.append(str(result["taskId"]))

@@ -144,9 +144,13 @@ async def request_state(url: str, context: Mapping[str, Any]) -> str:
 
 
 async def standard_headers(url: str, context: Mapping[str, Any]) -> str:
-    """``Mcp-Method`` on every request, ``Mcp-Name`` on every call (a hyphenated name included)."""
+    """``Mcp-Method`` on every request, ``Mcp-Name`` on every call, read and prompt (the name of a call, the URI
+    of a read: percent-encoded, with a query string; a hyphenated tool name)."""
     async with connect(url) as client:
-        return ", ".join([(await client.call_tool(tool.name)).text for tool in await client.list_tools()])
+        texts = [(await client.call_tool(tool.name)).text for tool in await client.list_tools()]
+        reads = [len(await client.read_resource(resource.uri)) for resource in await client.list_resources()]
+        prompts = [len((await client.get_prompt(p.name)).messages) for p in await client.list_prompts()]
+        return f"{', '.join(texts)}; {len(reads)} resources read, {len(prompts)} prompts got"
 
 
 async def custom_headers(url: str, context: Mapping[str, Any]) -> str:
