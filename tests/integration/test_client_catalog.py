@@ -11,6 +11,7 @@ import pytest
 
 from mcp_lossless.client import Client, Prompt, RemoteError, Resource
 from mcp_lossless.client.modern import ModernClient
+from mcp_lossless.client.sync import SyncClient
 from mcp_lossless.core.errors import INVALID_PARAMS
 from mcp_lossless.server.config import ServerConfig
 from mcp_lossless.server.conformance import INPUT_PROMPT, RESOURCE_NOT_FOUND, conformance_app
@@ -83,3 +84,13 @@ async def test_input_a_prompt_asks_for_comes_from_the_handlers(era: str, url: st
         result = await client.get_prompt(INPUT_PROMPT)
         (message,) = result.messages
         assert message["content"]["text"] == ("Answer within this context: asked: What context should the prompt use?")
+
+
+def test_the_blocking_client_reads_the_same(url: str) -> None:
+    with SyncClient(url, timeout=10) as client:
+        assert "test://static-text" in {r.uri for r in client.list_resources()}
+        (contents,) = client.read_resource("test://static-text")
+        assert contents["text"] == "This is the content of the static text resource."
+        assert "test_simple_prompt" in {p.name for p in client.list_prompts()}
+        (message,) = client.get_prompt("test_simple_prompt").messages
+        assert message["content"]["text"] == "This is a simple prompt for testing."

@@ -16,6 +16,7 @@ from typing import Any
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from .catalog import Prompt, PromptResult, Resource
 from .client import Client, Tool, ToolResult
 from .session import ProgressCallback, ServerInfo
 
@@ -47,6 +48,20 @@ class SyncClient:
 
     def list_tools(self, *, timeout: float | None = None) -> list[Tool]:
         return self._require().call(partial(self._client.list_tools, timeout=timeout))
+
+    def list_resources(self, *, timeout: float | None = None) -> list[Resource]:
+        return self._require().call(partial(self._client.list_resources, timeout=timeout))
+
+    def read_resource(self, uri: str, *, timeout: float | None = None) -> list[Mapping[str, Any]]:
+        return self._require().call(partial(self._client.read_resource, uri, timeout=timeout))
+
+    def list_prompts(self, *, timeout: float | None = None) -> list[Prompt]:
+        return self._require().call(partial(self._client.list_prompts, timeout=timeout))
+
+    def get_prompt(
+        self, name: str, arguments: Mapping[str, str] | None = None, *, timeout: float | None = None
+    ) -> PromptResult:
+        return self._require().call(partial(self._client.get_prompt, name, arguments, timeout=timeout))
 
     def call_tool(
         self,
