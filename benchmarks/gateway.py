@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import os
+import signal
 import socket
 import statistics
 import sys
@@ -54,12 +56,14 @@ out, script = sys.argv[1], sys.argv[2]
 sys.argv = sys.argv[2:]
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # uvicorn re-raises the signal it handled: exit cleanly
 profile = cProfile.Profile(time.process_time)  # CPU, not wall time: the box is shared
+signal.signal(signal.SIGUSR1, lambda *_: profile.enable())
+signal.signal(signal.SIGUSR2, lambda *_: profile.disable())
 atexit.register(lambda: (profile.disable(), profile.dump_stats(out)))
-profile.enable()
 runpy.run_path(script, run_name="__main__")
 """
 """Runs a script under cProfile, writing the stats at exit (``-m cProfile`` writes none: uvicorn ends the process
-by re-raising the SIGTERM it handled)."""
+by re-raising the SIGTERM it handled). SIGUSR1 starts the profile and SIGUSR2 stops it: it covers the
+measured window only, not the start-up or the warm-up."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,11 @@ async def closed_loop(target: loadgen.Target, pids: dict[str, int], concurrency:
         await asyncio.sleep(window_start - time.perf_counter())
         for meter in meters.values():
             meter.start()
+        if plan.profile:
+            os.kill(pids["gateway"], signal.SIGUSR1)
         await asyncio.sleep(window_end - time.perf_counter())
+        if plan.profile:
+            os.kill(pids["gateway"], signal.SIGUSR2)
         return {name: meter.stop() for name, meter in meters.items()}
 
     cpu_task = asyncio.create_task(sample())

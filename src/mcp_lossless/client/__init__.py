@@ -25,7 +25,6 @@ from .errors import (
     ToolFailed,
 )
 from .handlers import InputHandler
-from .lean import LeanHttp, LeanResponse
 from .oauth import Auth, AuthorizationCodeGrant, BearerToken, Challenge, LoopbackRedirect, OAuth
 from .registration import ClientRegistration
 from .session import ProgressUpdate, ServerInfo
@@ -47,8 +46,6 @@ __all__ = [
     "DeadlineExceeded",
     "InputHandler",
     "InputUnanswered",
-    "LeanHttp",
-    "LeanResponse",
     "LoopbackRedirect",
     "McpClientError",
     "OAuth",

@@ -28,11 +28,10 @@ from ..core.protocol import RESOURCE_META_KEY
 from .catalog import Prompt, PromptResult, Resource, resource_contents
 from .errors import McpClientError, RequestRejected, ToolFailed
 from .handlers import InputHandler
-from .lean import LeanHttp
 from .oauth import Auth
 from .paging import collect_pages
 from .session import MessageCallback, ProgressCallback, ServerInfo, Session
-from .transport import Backoff, HttpTransport, media_type
+from .transport import Backoff, HttpPool, HttpTransport, media_type
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -103,8 +102,8 @@ class Client:
     ``timeout`` is the default per-call deadline in seconds (``math.inf`` for none). ``policy`` says how
     hard to try before failing a call; re-issuing is automatic only for idempotent tools unless a call
     says otherwise. ``protocol_version`` is the revision offered in ``initialize`` (default the newest;
-    offer ``"2025-03-26"`` to let :meth:`call_tools` send JSON-RPC batches). ``lean`` (a
-    :class:`~.lean.LeanHttp` pool, as a gateway keeps) carries the MCP requests instead of ``http``.
+    offer ``"2025-03-26"`` to let :meth:`call_tools` send JSON-RPC batches). ``pool`` (an
+    :class:`~.transport.HttpPool`, as a gateway keeps) carries the MCP requests instead of ``http``.
     ``input_handlers`` answer the server's requests for client input on a call's stream, by method
     (:mod:`~mcp_lossless.client.handlers`); the capabilities they declare are offered in ``initialize``.
     """
@@ -121,7 +120,7 @@ class Client:
         idle_timeout: float = 300.0,
         client_info: Mapping[str, Any] | None = None,
         protocol_version: str = protocol.LATEST,
-        lean: LeanHttp | None = None,
+        pool: HttpPool | None = None,
         input_handlers: Mapping[str, InputHandler] | None = None,
     ) -> None:
         if protocol_version not in protocol.SUPPORTED:
@@ -137,7 +136,7 @@ class Client:
         self._http = http
         self._idle_timeout = idle_timeout
         self._client_info = client_info
-        self._lean = lean
+        self._pool = pool
         self._input_handlers = input_handlers
         self._stack: AsyncExitStack | None = None
         self._session: Session | None = None
@@ -153,7 +152,7 @@ class Client:
                 http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, follow_redirects=False))
             self._auth.bind(http, self.url)
             session = Session(
-                HttpTransport(self.url, http, lean=self._lean),
+                HttpTransport(self.url, http, pool=self._pool),
                 self._auth,
                 policy=self._policy,
                 backoff=self._backoff,

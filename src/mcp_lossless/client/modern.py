@@ -53,11 +53,10 @@ from .errors import (
     RequestRejected,
 )
 from .handlers import MAX_INPUT_ROUNDS, InputHandler, answer_input, capabilities, checked
-from .lean import LeanHttp, Response
 from .oauth import Auth, parse_challenge
 from .paging import collect_pages
 from .session import NOT_SENT_ERRORS, MessageCallback, ProgressCallback, ProgressUpdate
-from .transport import ACCEPT_POST, VERSION_HEADER, media_type
+from .transport import ACCEPT_POST, VERSION_HEADER, HttpPool, Response, media_type
 
 MODERN = protocol.STATELESS
 NAMED = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
@@ -167,14 +166,14 @@ class ModernClient:
         http: httpx.AsyncClient | None = None,
         client_info: Mapping[str, Any] | None = None,
         on_task: TaskHook | None = None,
-        lean: LeanHttp | None = None,
+        pool: HttpPool | None = None,
         input_handlers: Mapping[str, InputHandler] | None = None,
     ) -> None:
         self.url = url
         self._handlers = checked(input_handlers)
         """Answers to the server's requests for input, by method (``elicitation/create``, …)."""
         self._capabilities = {"extensions": {EXTENSION: {}}, **capabilities(self._handlers)}
-        self._lean = lean
+        self._pool = pool
         """Where requests go when given (a gateway's pool); ``http`` still serves OAuth."""
         self.timeout = timeout
         self._auth = auth or Auth()
@@ -221,8 +220,8 @@ class ModernClient:
         if message["method"] == "tools/call":
             params = message["params"]
             headers |= param_headers(self._mirrored.get(params["name"], ()), params.get("arguments"))
-        if self._lean is not None:
-            return self._lean.stream("POST", self.url, content=content, headers=headers)
+        if self._pool is not None:
+            return self._pool.stream("POST", self.url, content=content, headers=headers)
         assert self._http is not None, "use the client inside 'async with'"
         return self._http.stream("POST", self.url, content=content, headers=headers)
 

@@ -59,9 +59,8 @@ from .errors import (
     SessionLost,
 )
 from .handlers import InputHandler, answer_input, capabilities, checked
-from .lean import Response
 from .oauth import Auth, parse_challenge
-from .transport import Backoff, HttpTransport, ResponseTooLarge, media_type
+from .transport import Backoff, HttpTransport, Response, ResponseTooLarge, media_type
 
 log = logging.getLogger("mcp_lossless.client")
 

@@ -9,19 +9,41 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
 
 from ..core.sse import DEFAULT_MAX_EVENT_BYTES, SseDecoder, SseEvent
-from .lean import LeanHttp, Response
 
 ACCEPT_POST = "application/json, text/event-stream"
 ACCEPT_SSE = "text/event-stream"
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class Response(Protocol):
+    """What the clients read of an HTTP response (an ``httpx.Response`` is one)."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    async def aread(self) -> bytes: ...
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+
+class HttpPool(Protocol):
+    """Where a client sends its MCP requests instead of its ``httpx.AsyncClient``, when given one (the gateway's
+    upstream connections, :mod:`mcp_lossless.gateway.pool`). Failures are raised as httpx's: a connection that
+    could not be made is ``httpx.ConnectError``, any other breakage another ``httpx.TransportError``."""
+
+    def stream(
+        self, method: str, url: str, *, content: bytes | None = None, headers: Mapping[str, str]
+    ) -> AbstractAsyncContextManager[Response]:
+        """Send the request; the response is open for reading inside the block."""
+        ...
 
 
 class ResponseTooLarge(Exception):
@@ -64,12 +86,12 @@ class HttpTransport:
         *,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        lean: LeanHttp | None = None,
+        pool: HttpPool | None = None,
     ) -> None:
         self.url = url
         self.http = http
-        self.lean = lean
-        """Where POSTs and GETs go when given (a gateway's pool, :mod:`.lean`); ``http`` serves the rest."""
+        self.pool = pool
+        """Where POSTs and GETs go when given (a gateway's pool); ``http`` serves the rest."""
         self.max_event_bytes = max_event_bytes
         self.max_body_bytes = max_body_bytes
         self.session_id: str | None = None
@@ -112,8 +134,8 @@ class HttpTransport:
     def _stream(
         self, method: str, headers: dict[str, str], content: bytes | None = None
     ) -> AbstractAsyncContextManager[Response]:
-        if self.lean is not None:
-            return self.lean.stream(method, self.url, content=content, headers=headers)
+        if self.pool is not None:
+            return self.pool.stream(method, self.url, content=content, headers=headers)
         return self.http.stream(method, self.url, content=content, headers=headers)
 
     async def delete(self, token: str | None) -> int:

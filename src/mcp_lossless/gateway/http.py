@@ -36,11 +36,10 @@ from ..client import (
     RequestRejected,
     ToolFailed,
 )
-from ..client.lean import LeanHttp
 from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
 from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
-from .sockets import AsyncioBackend
+from .pool import UpstreamPool
 from .upstream import CLIENT_INFO, FailureReason, Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
 
 log = logging.getLogger("mcp_lossless.gateway")
@@ -131,20 +130,11 @@ class HttpUpstream:
         config = self.config
         try:
             async with contextlib.AsyncExitStack() as stack:
-                limits = httpx.Limits(
-                    max_connections=32 * config.sessions, max_keepalive_connections=4 * config.sessions
-                )
                 http = await stack.enter_async_context(
-                    httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=300.0), limits=limits, follow_redirects=False)
+                    httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=300.0), follow_redirects=False)
                 )
-                lean = await stack.enter_async_context(
-                    LeanHttp(
-                        max_connections=32 * config.sessions,
-                        max_keepalive_connections=4 * config.sessions,
-                        network_backend=AsyncioBackend(),
-                    )
-                )
-                clients = await self._connect(stack, http, lean)
+                pool = await stack.enter_async_context(UpstreamPool(max_connections=32 * config.sessions))
+                clients = await self._connect(stack, http, pool)
                 self._tools = (await asyncio.gather(*(_listed(c) for c in clients)))[0]  # each learns annotations
                 self._clients, self._in_flight = clients, [0] * len(clients)
                 ready.set_result(None)
@@ -170,11 +160,10 @@ class HttpUpstream:
             self._clients, self._in_flight = [], []
 
     async def _connect(
-        self, stack: contextlib.AsyncExitStack, http: httpx.AsyncClient, lean: LeanHttp
+        self, stack: contextlib.AsyncExitStack, http: httpx.AsyncClient, pool: UpstreamPool
     ) -> list[Client | ModernClient]:
         """The clients for the upstream's era: 2026-07-28 first unless the config says ``legacy``. Calls go over
-        ``lean`` (httpcore's pool: httpx's request path cost as much CPU as the rest of a call), OAuth over
-        ``http``."""
+        ``pool`` (aiohttp's: the upstream request is the gateway's hot path), OAuth over ``http``."""
         config = self.config
         assert config.url is not None
         if config.era != "legacy":
@@ -184,7 +173,7 @@ class HttpUpstream:
                 timeout=config.timeout,
                 http=http,
                 client_info=CLIENT_INFO,
-                lean=lean,
+                pool=pool,
             )
             await stack.enter_async_context(modern)
             try:
@@ -205,7 +194,7 @@ class HttpUpstream:
                 backoff=BACKOFF,
                 http=http,
                 client_info=CLIENT_INFO,
-                lean=lean,
+                pool=pool,
             )
             clients.append(await stack.enter_async_context(client))
         self.era = "legacy"
