@@ -29,7 +29,7 @@ from .oauth import Auth, AuthorizationCodeGrant, BearerToken, Challenge, Loopbac
 from .registration import ClientRegistration
 from .session import ProgressUpdate, ServerInfo
 from .sync import SyncClient
-from .transport import Backoff, ResponseTooLarge
+from .transport import Backoff, HttpPool, Response, ResponseTooLarge
 
 __all__ = [
     "Auth",
@@ -44,6 +44,7 @@ __all__ = [
     "ClientRegistration",
     "ConnectionFailed",
     "DeadlineExceeded",
+    "HttpPool",
     "InputHandler",
     "InputUnanswered",
     "LoopbackRedirect",
@@ -57,6 +58,7 @@ __all__ = [
     "RemoteError",
     "RequestRejected",
     "Resource",
+    "Response",
     "ResponseTooLarge",
     "ServerInfo",
     "SessionLost",
