@@ -4,7 +4,8 @@ The era is the server's: 2026-07-28 when its ``server/discover`` answers as a mo
 task is polled to its outcome), else a legacy session (:func:`~mcp_lossless.client.modern.open_client`).
 Progress goes to stderr (a bar on a terminal, one line per update otherwise), and so does a task's state as
 its polls show it (its id, status and status message); the outcome goes to stdout (the result's text, or with
-``--json`` one JSON document) and, for errors, a sentence on stderr.
+``--json`` one JSON document) and, for errors, a sentence on stderr. Input the tool asks for is answered as
+:mod:`~.cli_input` says.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from ..core.arguments import ArgumentError, parse_tool_arguments
+from .cli_input import Ask, input_handlers
 from .client import Client, ToolResult
 from .errors import (
     AuthorizationFailed,
@@ -32,6 +34,7 @@ from .errors import (
     McpClientError,
     ToolFailed,
 )
+from .handlers import InputHandler
 from .modern import ModernClient, TaskUpdate, open_client
 from .oauth import Auth, AuthorizationCodeGrant, LoopbackRedirect, OAuth
 from .session import ProgressUpdate
@@ -52,6 +55,10 @@ Arguments follow httpie: KEY=TEXT is the string TEXT, KEY:=JSON is raw JSON (n:=
 Without --client-id no credentials are sent (enough for servers that ask for none). With --client-id and
 --client-secret the client_credentials grant is used; with --client-id alone, authorization code + PKCE:
 open the printed URL in a browser, which redirects back to a listener on 127.0.0.1.
+
+Input the tool asks for: --root DIR lists DIR as a root; --elicit KEY=TEXT|KEY:=JSON answers an elicitation
+(declined when the values miss a required field); without --elicit, on a terminal, each field is asked.
+Sampling is not offered.
 
 Exit status:
   0  the tool returned a result
@@ -77,6 +84,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client-secret", help="OAuth client secret")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="deadline of the call (default 60)")
     p.add_argument("--json", action="store_true", help="print one JSON document: the outcome, for machines")
+    p.add_argument(
+        "--root", action="append", default=[], metavar="DIR", help="a root to list when the tool asks (repeatable)"
+    )
+    p.add_argument(
+        "--elicit",
+        action="append",
+        metavar="KEY=TEXT|KEY:=JSON",
+        help="answer the tool's elicitation with these values (repeatable); without it a terminal asks",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log the client's recovery decisions to stderr")
 
 
@@ -103,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.url.startswith(("http://", "https://")):
             raise CallUsageError(f"{args.url!r} is not an http:// or https:// URL")
         arguments = parse_tool_arguments(args.arguments)
+        given = parse_tool_arguments(args.elicit) if args.elicit is not None else None
         if args.timeout <= 0:
             raise CallUsageError("--timeout must be positive")
         if args.client_secret is not None and args.client_id is None:
@@ -111,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"mcp-lossless call: {exc}", markup=False)
         return EXIT_USAGE
     try:
-        result = anyio.run(_call, args, arguments, err)
+        result = anyio.run(_call, args, arguments, given, err)
     except (McpClientError, TimeoutError) as exc:
         return _failed(args, exc, err)
     if args.json:
@@ -121,21 +138,46 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_RESULT
 
 
-async def _call(args: argparse.Namespace, arguments: dict[str, Any], err: Console) -> ToolResult:
+async def _call(
+    args: argparse.Namespace, arguments: dict[str, Any], given: dict[str, Any] | None, err: Console
+) -> ToolResult:
     with _progress_display(err, args.tool) as show:
+        interactive = given is None and err.is_terminal and sys.stdin.isatty()
+        handlers = input_handlers(args.root, given, _terminal(show) if interactive else None)
         if args.client_id is not None and args.client_secret is None:
             async with LoopbackRedirect(lambda url: err.print(f"Open to authorize: {url}", markup=False)) as redirect:
                 auth = OAuth(args.client_id, grant=AuthorizationCodeGrant(redirect.uri, redirect))
-                return await _call_with(args, arguments, auth, show)
+                return await _call_with(args, arguments, auth, show, handlers)
         credentials = OAuth(args.client_id, args.client_secret) if args.client_id is not None else Auth()
-        return await _call_with(args, arguments, credentials, show)
+        return await _call_with(args, arguments, credentials, show, handlers)
 
 
-async def _call_with(args: argparse.Namespace, arguments: dict[str, Any], auth: Auth, show: Display) -> ToolResult:
+def _terminal(show: Display) -> Ask:
+    """Asks on the terminal (stderr and stdin: stdout is the outcome's), the progress bar put aside meanwhile."""
+
+    def ask(prompt: str) -> str:
+        with show.pause():
+            sys.stderr.write(prompt)
+            sys.stderr.flush()
+            line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\n")
+
+    return ask
+
+
+async def _call_with(
+    args: argparse.Namespace,
+    arguments: dict[str, Any],
+    auth: Auth,
+    show: Display,
+    handlers: dict[str, InputHandler],
+) -> ToolResult:
     """The era probe (or handshake), the tool list and the call share one deadline; the call's own fires first."""
     deadline = anyio.current_time() + args.timeout
     with anyio.fail_after(args.timeout + SAFETY_MARGIN):
-        async with open_client(args.url, auth=auth, timeout=args.timeout) as client:
+        async with open_client(args.url, auth=auth, timeout=args.timeout, input_handlers=handlers) as client:
             remaining = max(deadline - anyio.current_time(), MINIMUM_WAIT)
             if isinstance(client, ModernClient):
                 return await client.call_tool(
@@ -151,6 +193,8 @@ class Display:
 
     progress: Callable[[ProgressUpdate], None]
     task: Callable[[TaskUpdate], None]
+    pause: Callable[[], AbstractContextManager[None]]
+    """Puts the display aside while the terminal asks for input."""
 
 
 def _task_line(update: TaskUpdate) -> str:
@@ -170,7 +214,7 @@ def _progress_display(err: Console, tool: str) -> Iterator[Display]:
         def task_line(update: TaskUpdate) -> None:
             print(_task_line(update), file=sys.stderr, flush=True)
 
-        yield Display(line, task_line)
+        yield Display(line, task_line, nullcontext)
         return
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"), TimeElapsedColumn(),
@@ -185,7 +229,15 @@ def _progress_display(err: Console, tool: str) -> Iterator[Display]:
             note = update.status + (f": {update.message}" if update.message else "")
             bar.update(task, description=f"{tool} (task {update.task_id[:8]}…)", note=note)
 
-        yield Display(update_bar, update_task)
+        @contextmanager
+        def pause() -> Iterator[None]:
+            bar.stop()
+            try:
+                yield
+            finally:
+                bar.start()
+
+        yield Display(update_bar, update_task, pause)
 
 
 def _failed(args: argparse.Namespace, error: BaseException, err: Console) -> int:
