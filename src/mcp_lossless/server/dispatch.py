@@ -103,7 +103,7 @@ class Dispatcher:
         if isinstance(run, bytes):
             await live.append(run, request, terminal=True)
         else:
-            session.tasks[request.request_id] = asyncio.create_task(run)
+            session.start_task(request.request_id, asyncio.create_task(run))
 
     async def prepare_inline(
         self, session: ServerSession, live: LiveStream, grant: Grant, message: dict[str, Any], request: PendingRequest
@@ -116,7 +116,7 @@ class Dispatcher:
             return None
         task = asyncio.current_task(self.state.loop)
         assert task is not None, "inline work runs in the request's task"
-        session.tasks[request.request_id] = task
+        session.start_task(request.request_id, task)
         return run
 
     def _route(
@@ -222,7 +222,7 @@ class Dispatcher:
             log.error("answer to request %s could not be stored; its stream reports the loss", rid)
             live.fail()
         finally:
-            session.tasks.pop(rid, None)
+            session.end_task(rid)
             session.forget_if_finished(live)
 
     def cancel(self, session: ServerSession, params: object) -> None:

@@ -42,6 +42,7 @@ class ServerSession:
         "closing",
         "contexts",
         "get_stream",
+        "held",
         "id",
         "last_touch",
         "live",
@@ -57,6 +58,9 @@ class ServerSession:
         self.version = version
         self.live: dict[str, LiveStream] = {}
         self.tasks: dict[str | int, asyncio.Task[None]] = {}
+        """Requests at work, by id: changed through :meth:`start_task` and :meth:`end_task` only."""
+        self.held: Held | None = None
+        """The principal's entry in the registry that holds this session (``None`` once forgotten)."""
         self.contexts: dict[str | int, ToolContext] = {}
         """Requests whose work still runs: the cancellable ones (``tasks`` also holds those recording an answer)."""
         self.outbound: dict[str, asyncio.Future[dict[str, Any]]] = {}
@@ -66,6 +70,18 @@ class ServerSession:
         self.last_touch = 0.0
         self.closing: str | None = None
         """Why the session's calls are being cancelled: ``deleted``, ``expired`` or ``shutdown``."""
+
+    def start_task(self, request_id: str | int, task: asyncio.Task[None]) -> None:
+        """``task`` works on request ``request_id`` until :meth:`end_task`; it counts against the principal's cap."""
+        tasks = self.tasks
+        held = self.held
+        if held is not None and request_id not in tasks:
+            held.running += 1
+        tasks[request_id] = task
+
+    def end_task(self, request_id: str | int) -> None:
+        if self.tasks.pop(request_id, None) is not None and self.held is not None:
+            self.held.running -= 1
 
     async def close(self, reason: str) -> None:
         """Cancel running calls and wait for them (and for answers being recorded) to record their outcome."""
@@ -89,6 +105,21 @@ class ServerSession:
             self.live.pop(live.record.stream, None)
 
 
+class Held:
+    """One principal's sessions in this process, and its requests at work across them and without a session.
+
+    ``running`` is what the cap of concurrent calls counts, kept in step where a request starts and ends
+    (:meth:`ServerSession.start_task`, :meth:`SessionRegistry.hold_call`): admitting a call costs no walk over the
+    principal's sessions.
+    """
+
+    __slots__ = ("running", "sessions")
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, ServerSession] = {}
+        self.running = 0
+
+
 def new_session_id() -> str:
     """32 random bytes, base64url: visible ASCII (0x21-0x7E) as the spec requires."""
     return new_key(os.urandom(32))
@@ -108,10 +139,9 @@ class SessionRegistry:
         self._limits = limits or Limits()
         self._on_refusal = on_refusal
         self._sessions: dict[str, ServerSession] = {}
-        self._held: dict[Principal, dict[str, ServerSession]] = {}
-        """Each principal's sessions in this process, for its caps."""
-        self._sessionless: dict[Principal, int] = {}
-        """Each principal's 2026-07-28 calls and tasks at work in this process: no session holds them."""
+        self._held: dict[Principal, Held] = {}
+        """Each principal's sessions and requests at work in this process, for its caps; an entry goes with the
+        principal's last session and request."""
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -119,7 +149,7 @@ class SessionRegistry:
     async def create(self, principal: Principal, version: str, now: float) -> ServerSession:
         """A new session for ``principal``; 429 when it holds its maximum already."""
         held = self._held.get(principal)
-        self._check(verdicts.new_session(self._limits, len(held) if held else 0))
+        self._check(verdicts.new_session(self._limits, len(held.sessions) if held else 0))
         session = ServerSession(new_session_id(), principal, version)
         await self._store.put_session(SessionRecord(session.id, principal, version, now, now))
         self._add(session)
@@ -137,8 +167,8 @@ class SessionRegistry:
 
     def running_calls(self, principal: Principal) -> int:
         """The principal's requests at work in this process, in both eras: what its cap of concurrent calls counts."""
-        in_sessions = sum(len(s.tasks) for s in self._held.get(principal, {}).values())
-        return in_sessions + self._sessionless.get(principal, 0)
+        held = self._held.get(principal)
+        return 0 if held is None else held.running
 
     def start_call(self, principal: Principal) -> LimitExceeded | None:
         """A sessionless (2026-07-28) call of ``principal`` starts: the verdict past its cap, else it is counted
@@ -152,14 +182,20 @@ class SessionRegistry:
 
     def hold_call(self, principal: Principal) -> None:
         """Count a call admitted already (a task taking over its request's place) until :meth:`end_call`."""
-        self._sessionless[principal] = self._sessionless.get(principal, 0) + 1
+        held = self._held.get(principal)
+        if held is None:
+            held = self._held[principal] = Held()
+        held.running += 1
 
     def end_call(self, principal: Principal) -> None:
-        left = self._sessionless.get(principal, 0) - 1
-        if left > 0:
-            self._sessionless[principal] = left
-        else:
-            self._sessionless.pop(principal, None)
+        held = self._held.get(principal)
+        if held is not None:
+            held.running -= 1
+            self._drop_if_idle(principal, held)
+
+    def _drop_if_idle(self, principal: Principal, held: Held) -> None:
+        if not held.sessions and held.running <= 0:
+            del self._held[principal]
 
     def _check(self, exceeded: LimitExceeded | None) -> None:
         if exceeded is not None:
@@ -168,16 +204,23 @@ class SessionRegistry:
 
     def _add(self, session: ServerSession) -> None:
         self._sessions[session.id] = session
-        self._held.setdefault(session.principal, {})[session.id] = session
+        held = self._held.get(session.principal)
+        if held is None:
+            held = self._held[session.principal] = Held()
+        held.sessions[session.id] = session
+        held.running += len(session.tasks)
+        session.held = held
 
     def _forget(self, session_id: str) -> ServerSession | None:
+        """Stop holding a session: its requests still at work (a closing session's) no longer count."""
         session = self._sessions.pop(session_id, None)
         if session is not None:
-            held = self._held.get(session.principal)
+            held = session.held
+            session.held = None
             if held is not None:
-                held.pop(session_id, None)
-                if not held:
-                    del self._held[session.principal]
+                del held.sessions[session_id]
+                held.running -= len(session.tasks)
+                self._drop_if_idle(session.principal, held)
         return session
 
     async def find(self, session_id: str, principal: Principal) -> ServerSession | None:
