@@ -129,4 +129,6 @@ class AudiencePolicy:
         if not gap:
             return gap
         whole = self.canonical in audience
+        if whole and gap <= self.tool_resources:  # tool resources only (no scope tag): the aggregate covers them
+            return frozenset()
         return frozenset(t for t in gap if (t[len(SCOPE_TAG) :] not in scopes if is_scope_tag(t) else not whole))

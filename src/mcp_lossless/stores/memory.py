@@ -194,11 +194,12 @@ class MemoryStore:
                 return  # a retry of a stored append (its outcome was lost to a cancel): already done
             raise ValueError(f"append of position {event.seq} to stream {event.stream} after {record.last_seq}")
         tags = stream.tags
-        try:
-            tag_index = tags.index(event.resources)
-        except ValueError:
+        resources = event.resources
+        if resources in tags:  # not ``index`` and ``ValueError``: a stream's first event would raise (and format it)
+            tag_index = tags.index(resources)
+        else:
             tag_index = len(tags)
-            tags.append(event.resources)
+            tags.append(resources)
         data = bytes(memoryview(event.data)) if event.data else b""  # an exact-size copy
         held = (event.event_id, data, event.request_id, event.tool, tag_index, event.terminal)
         stream.events.append(held)
