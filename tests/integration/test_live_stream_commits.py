@@ -78,7 +78,10 @@ async def test_an_event_is_published_only_once_the_file_holds_it(tmp_path: Path)
                 waiter = live.waiter()
                 await waiter
                 if live.events:
-                    (stored,) = witness.execute("SELECT max(seq) FROM events WHERE stream = 'live-1'").fetchone()
+                    (stored,) = witness.execute(
+                        "SELECT max(seq) FROM events JOIN streams ON events.stream_id = streams.id"
+                        " WHERE streams.stream = 'live-1'"
+                    ).fetchone()
                     assert stored is not None and stored >= live.events[-1].seq
                     checked.append(live.events[-1].seq)
 

@@ -1,5 +1,5 @@
 """SQLite retention: completed streams trimmed by age and by count per session, the file's free pages returned,
-a sweep that runs by itself, settings from the store spec, and files of schema version 1 carried forward."""
+a sweep that runs by itself, settings from the store spec, and files of schema versions 1 and 2 carried forward."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from mcp_lossless.core.events import PendingRequest, StoredEvent
 from mcp_lossless.stores import open_store
+from mcp_lossless.stores.base import EventsEvicted
 from mcp_lossless.stores.sqlite import SqliteStore
 from tests.integration.test_store_contract import ALICE, BOB, TOOL_A, event, session, stream
 
@@ -266,4 +267,87 @@ async def test_a_version_1_file_is_carried_forward(tmp_path: Path) -> None:
         await store.close()
     with sqlite3.connect(path) as reopened:
         assert reopened.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
-        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 3
+
+
+VERSION_2 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE sessions (session_id TEXT PRIMARY KEY, issuer TEXT NOT NULL, subject TEXT NOT NULL,
+    client_id TEXT NOT NULL, protocol_version TEXT NOT NULL, created_at REAL NOT NULL, last_seen REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX sessions_by_last_seen ON sessions (last_seen);
+CREATE TABLE streams (stream TEXT PRIMARY KEY, session_id TEXT NOT NULL, kind TEXT NOT NULL, owner TEXT NOT NULL,
+    requests TEXT NOT NULL, last_seq INTEGER NOT NULL, first_seq INTEGER NOT NULL, completed INTEGER NOT NULL,
+    answered TEXT NOT NULL, completed_at REAL
+) WITHOUT ROWID;
+CREATE INDEX streams_by_session ON streams (session_id);
+CREATE INDEX completed_streams_by_session ON streams (session_id, completed_at) WHERE completed_at IS NOT NULL;
+CREATE TABLE events (stream TEXT NOT NULL, seq INTEGER NOT NULL, event_id TEXT NOT NULL, request_id TEXT, tool TEXT,
+    resources TEXT NOT NULL, data BLOB NOT NULL, terminal INTEGER NOT NULL, PRIMARY KEY (stream, seq)
+) WITHOUT ROWID;
+INSERT INTO meta VALUES ('secret', x'000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f');
+INSERT INTO sessions VALUES ('s1', 'https://issuer.example', 'alice', 'client-1', '2025-11-25', 50.0, 100.0);
+INSERT INTO sessions VALUES ('s2', 'https://issuer.example', 'bob', 'client-2', '2025-11-25', 50.0, 100.0);
+INSERT INTO streams VALUES ('done', 's1', 'post', 'instance-1',
+    '[{"id":1,"method":"tools/call","tool":"a","resources":["https://mcp.example/tools/a"]}]', 2, 1, 1, '[1]', 900.0);
+INSERT INTO streams VALUES ('open', 's1', 'post', 'instance-1',
+    '[{"id":"2","method":"tools/call","tool":"a","resources":["https://mcp.example/tools/a"]}]', 1, 0, 0, '[]', NULL);
+INSERT INTO streams VALUES ('bobs', 's2', 'get', 'instance-1', '[]', 0, 0, 0, '[]', NULL);
+INSERT INTO events VALUES ('done', 1, 'done.1.mac', NULL, 'a', '["https://mcp.example/tools/a"]', x'', 0);
+INSERT INTO events VALUES ('done', 2, 'done.2.mac', '1', 'a', '["https://mcp.example/tools/a"]', x'7b7d', 1);
+INSERT INTO events VALUES ('open', 0, 'open.0.mac', '"2"', 'a', '["https://mcp.example/tools/a"]', x'5b5d', 0);
+INSERT INTO events VALUES ('open', 1, 'open.1.mac', '"2"', 'a', '["https://mcp.example/tools/a"]', x'5b315d', 0);
+PRAGMA user_version = 2;
+"""
+
+
+async def test_a_version_2_file_is_carried_forward(tmp_path: Path) -> None:
+    """Every record of a version-2 file reads back the same from schema 3, and the store goes on from it: the open
+    stream takes its next position and completes, a new stream is added, retention and DELETE still apply."""
+    path = tmp_path / "v2.db"
+    with sqlite3.connect(path) as old:
+        old.executescript(VERSION_2)
+    clock = Clock(5_000.0)
+    store = SqliteStore(str(path), retention_seconds=1_000, clock=clock)
+    await store.open()
+    try:
+        assert await store.secret() == bytes(range(32))
+        assert await store.get_session("s2") == session("s2", BOB)
+        done = await store.get_stream("done")
+        assert done is not None and (done.completed, done.last_seq, done.answered) == (True, 2, frozenset({1}))
+        assert done.requests == (CALL,)
+        assert await store.read_after("done", 0) == [
+            StoredEvent("s1", "done", 1, "done.1.mac", b"", None, "a", TOOL_A, False),
+            StoredEvent("s1", "done", 2, "done.2.mac", b"{}", 1, "a", TOOL_A, True),
+        ]
+        with pytest.raises(EventsEvicted):  # its first position was trimmed before: still so
+            await store.read_after("done", -1)
+        call = PendingRequest("2", "tools/call", "a", TOOL_A)
+        with pytest.raises(ValueError):  # the migrated stream's last position is still 1
+            await store.append(event("open", 3, request_id="2"))
+        await store.append(StoredEvent("s1", "open", 2, "open.2.mac", b"{}", "2", "a", TOOL_A, True), completes=True)
+        opened = await store.get_stream("open")
+        assert opened is not None and (opened.completed, opened.last_seq, opened.requests) == (True, 2, (call,))
+        assert [(e.seq, e.request_id, e.data) for e in await store.read_after("open", -1)] == [
+            (0, "2", b"[]"),
+            (1, "2", b"[1]"),
+            (2, "2", b"{}"),
+        ]
+        await finished_call(store, "new", "s2")
+        assert [e.seq for e in await store.read_after("new", -1)] == [0, 1, 2]
+        assert await store.read_after("bobs", -1) == []
+
+        await store.sweep(now=1_901.0)  # "done" completed at 900 in the old file
+        assert await store.get_stream("done") is None
+        assert await store.get_stream("open") is not None
+        await store.delete_session("s2")
+        assert await store.get_stream("new") is None and await store.get_stream("bobs") is None
+        assert await store.read_after("new", -1) == []
+        assert [e.seq for e in await store.read_after("open", -1)] == [0, 1, 2]
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as reopened:
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 3
+        tables = {row[0] for row in reopened.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert tables == {"meta", "sessions", "streams", "events"}
+        assert reopened.execute("SELECT count(*) FROM events").fetchone()[0] == 3

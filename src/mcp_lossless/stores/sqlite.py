@@ -40,7 +40,7 @@ from .base import EventsEvicted, SessionRecord, StoreUnavailable
 
 T = TypeVar("T")
 
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sessions (
@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS sessions (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS sessions_by_last_seen ON sessions (last_seen);
 CREATE TABLE IF NOT EXISTS streams (
-    stream TEXT PRIMARY KEY,
+    id INTEGER PRIMARY KEY,
+    stream TEXT NOT NULL UNIQUE,
     session_id TEXT NOT NULL,
     kind TEXT NOT NULL,
     owner TEXT NOT NULL,
@@ -64,12 +65,10 @@ CREATE TABLE IF NOT EXISTS streams (
     completed INTEGER NOT NULL,
     answered TEXT NOT NULL,
     completed_at REAL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS streams_by_session ON streams (session_id);
-CREATE INDEX IF NOT EXISTS completed_streams_by_session ON streams (session_id, completed_at)
-    WHERE completed_at IS NOT NULL;
+);
+CREATE INDEX IF NOT EXISTS streams_by_session ON streams (session_id, completed_at);
 CREATE TABLE IF NOT EXISTS events (
-    stream TEXT NOT NULL,
+    stream_id INTEGER NOT NULL,
     seq INTEGER NOT NULL,
     event_id TEXT NOT NULL,
     request_id TEXT,
@@ -77,15 +76,35 @@ CREATE TABLE IF NOT EXISTS events (
     resources TEXT NOT NULL,
     data BLOB NOT NULL,
     terminal INTEGER NOT NULL,
-    PRIMARY KEY (stream, seq)
+    PRIMARY KEY (stream_id, seq)
 ) WITHOUT ROWID;
 """
-"""One partial index serves retention: completed streams per session (the count), and scanned whole (it covers
-the query) by age. A second index by age alone would cost every completing commit one more page write."""
+"""Schema 3 (ADR 0017): a stream's events are keyed by its row's integer id, which grows with each stream opened,
+so the events of the streams in work sit together at the end of their B-tree and a commit writes a few pages,
+not one page per stream (the random 144-bit stream key placed each stream's events, and its row, on a page
+of their own: a group commit of 16 calls rewrote ~50 pages). The key is looked up once, by the ``UNIQUE``
+index. One index by (session, completion time) serves deleting a session, the count of a session's completed
+streams and, scanned whole (it covers the query), retention by age."""
 _MIGRATE_FROM_1 = (
     "ALTER TABLE streams ADD COLUMN completed_at REAL; UPDATE streams SET completed_at = {now} WHERE completed;"
 )
 """Version 1 had no completion times: its completed streams count as completed when the file is opened."""
+_MIGRATE_FROM_2 = """
+DROP INDEX IF EXISTS streams_by_session;
+DROP INDEX IF EXISTS completed_streams_by_session;
+ALTER TABLE streams RENAME TO streams_v2;
+ALTER TABLE events RENAME TO events_v2;
+{schema}
+INSERT INTO streams (stream, session_id, kind, owner, requests, last_seq, first_seq, completed, answered, completed_at)
+    SELECT stream, session_id, kind, owner, requests, last_seq, first_seq, completed, answered, completed_at
+    FROM streams_v2;
+INSERT INTO events SELECT s.id, e.seq, e.event_id, e.request_id, e.tool, e.resources, e.data, e.terminal
+    FROM events_v2 AS e JOIN streams AS s ON s.stream = e.stream;
+DROP TABLE events_v2;
+DROP TABLE streams_v2;
+"""
+"""Versions 1 and 2 keyed streams and events by the stream key: rebuilt in schema 3's tables, in one transaction
+(events of no stream, which a version-2 store never left, are dropped)."""
 _JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 """Bytes the WAL file is truncated to after a checkpoint resets it (else it keeps its high-water size)."""
 _SWEEP_CHUNK = 500
@@ -192,9 +211,18 @@ class _StreamState:
     first answer of the batch and encoded once when written: per answer, a batch of many would be quadratic.
     """
 
-    __slots__ = ("answered", "answered_text", "completes", "first_seq", "last_seq", "opened", "trimmed")
+    __slots__ = ("answered", "answered_text", "completes", "first_seq", "last_seq", "opened", "stream_id", "trimmed")
 
-    def __init__(self, first_seq: int, last_seq: int, answered_text: str, opened: StreamRecord | None = None) -> None:
+    def __init__(
+        self,
+        stream_id: int,
+        first_seq: int,
+        last_seq: int,
+        answered_text: str,
+        opened: StreamRecord | None = None,
+    ) -> None:
+        self.stream_id = stream_id
+        """The row's integer id, which keys its events (schema 3)."""
         self.first_seq = first_seq
         self.last_seq = last_seq
         self.answered_text = answered_text
@@ -215,7 +243,7 @@ class _StreamState:
 
 
 class _Batch:
-    """The appends of one transaction, gathered per stream, then written with one ``executemany``."""
+    """The appends of one transaction, gathered per stream, then written with one ``executemany`` per statement."""
 
     def __init__(
         self, db: sqlite3.Connection, limit: int | None, now: float, tag_texts: dict[frozenset[str], str]
@@ -226,6 +254,9 @@ class _Batch:
         self.tag_texts = tag_texts
         self.rows: list[tuple[Any, ...]] = []
         self.states: dict[str, _StreamState | None] = {}
+        self.next_id = 0
+        """The id the next stream opened in this transaction gets (0: not read yet); ids only grow, so a new
+        stream's row and events go at the end of their tables."""
         self.request_id: RequestId | None = None
         self.request_id_text: str | None = None
         """The last request id encoded: a request's events carry the same id object, encoded once."""
@@ -239,13 +270,13 @@ class _Batch:
             state = states[key]
         else:
             found = self.db.execute(
-                "SELECT first_seq, last_seq, answered FROM streams WHERE stream = ?", (key,)
+                "SELECT id, first_seq, last_seq, answered FROM streams WHERE stream = ?", (key,)
             ).fetchone()
             state = states[key] = None if found is None else _StreamState(*found)
         if state is None:
             return KeyError(f"append to unknown stream {key}")
         if event.seq != state.last_seq + 1:
-            if event.seq <= state.last_seq and self._holds(event):
+            if event.seq <= state.last_seq and self._holds(state, event):
                 return None  # a retry of a stored append (its outcome was lost to a cancel): already done
             return ValueError(f"append of position {event.seq} to stream {key} after {state.last_seq}")
         request_id = event.request_id
@@ -256,7 +287,7 @@ class _Batch:
             tags = self.tag_texts[event.resources] = encode_tags(event.resources).decode()
         self.rows.append(
             (
-                key,
+                state.stream_id,
                 event.seq,
                 event.event_id,
                 self._request_id_text(request_id),
@@ -288,35 +319,39 @@ class _Batch:
         record = op.record
         if record.stream in self.states:  # appends to the old stream in this batch: write them before it restarts
             self.flush()
-        state = self.states[record.stream] = _StreamState(0, record.last_seq, _text(list(record.answered)), record)
+        stream_id = self.next_id
+        if not stream_id:
+            stream_id = self.db.execute("SELECT coalesce(max(id), 0) + 1 FROM streams").fetchone()[0]
+        self.next_id = stream_id + 1
+        answered = _text(list(record.answered))
+        state = self.states[record.stream] = _StreamState(stream_id, 0, record.last_seq, answered, record)
         state.completes = record.completed
 
-    def _holds(self, event: StoredEvent) -> bool:
+    def _holds(self, state: _StreamState, event: StoredEvent) -> bool:
         self.flush()  # rows gathered so far may hold it
         found = self.db.execute(
-            "SELECT event_id, data FROM events WHERE stream = ? AND seq = ?", (event.stream, event.seq)
+            "SELECT event_id, data FROM events WHERE stream_id = ? AND seq = ?", (state.stream_id, event.seq)
         ).fetchone()
         return found is not None and tuple(found) == (event.event_id, event.data)
 
     def flush(self) -> None:
         """Write what was gathered; the cache is dropped, since other writes may change streams next."""
         db = self.db
-        opened = [(key, state) for key, state in self.states.items() if state is not None and state.opened is not None]
-        if opened:  # an existing key starts afresh: its old events go before the new ones are written
-            db.executemany("DELETE FROM events WHERE stream = ?", [(key,) for key, _ in opened])
-        if self.rows:
-            db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self.rows)
-            self.rows = []
+        now = self.now
+        opened: list[tuple[Any, ...]] = []
+        updated: list[tuple[Any, ...]] = []
+        trimmed: list[tuple[int, int]] = []
         for key, state in self.states.items():
             if state is None:
                 continue
             if state.trimmed:
-                db.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (key, state.first_seq))
+                trimmed.append((state.stream_id, state.first_seq))
             record = state.opened
+            completes = state.completes
             if record is not None:
-                db.execute(
-                    "INSERT OR REPLACE INTO streams VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                opened.append(
                     (
+                        state.stream_id,
                         key,
                         record.session_id,
                         record.kind.value,
@@ -324,24 +359,31 @@ class _Batch:
                         encode_requests(record.requests).decode(),
                         state.last_seq,
                         state.first_seq,
-                        int(state.completes),
+                        int(completes),
                         state.answered_json(),
-                        self.now if state.completes else None,
-                    ),
+                        now if completes else None,
+                    )
                 )
                 continue
-            db.execute(
+            updated.append(
+                (state.last_seq, state.first_seq, state.answered_json(), completes, completes, now, state.stream_id)
+            )
+        if opened:  # an existing key starts afresh: its old events go, its row is replaced by the new one
+            db.executemany(
+                "DELETE FROM events WHERE stream_id = (SELECT id FROM streams WHERE stream = ?)",
+                [(row[1],) for row in opened],
+            )
+            db.executemany("INSERT OR REPLACE INTO streams VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", opened)
+        if self.rows:
+            db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self.rows)
+            self.rows = []
+        if trimmed:
+            db.executemany("DELETE FROM events WHERE stream_id = ? AND seq < ?", trimmed)
+        if updated:
+            db.executemany(
                 "UPDATE streams SET last_seq = ?, first_seq = ?, answered = ?, completed = completed OR ?,"
-                " completed_at = CASE WHEN ? AND completed_at IS NULL THEN ? ELSE completed_at END WHERE stream = ?",
-                (
-                    state.last_seq,
-                    state.first_seq,
-                    state.answered_json(),
-                    state.completes,
-                    state.completes,
-                    self.now,
-                    key,
-                ),
+                " completed_at = CASE WHEN ? AND completed_at IS NULL THEN ? ELSE completed_at END WHERE id = ?",
+                updated,
             )
         self.states = {}
 
@@ -502,10 +544,14 @@ class SqliteStore:
         db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
         db.execute(f"PRAGMA journal_size_limit={_JOURNAL_SIZE_LIMIT}")
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, 1, _SCHEMA_VERSION):
+        if version not in (0, 1, 2, _SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {version}, expected {_SCHEMA_VERSION}")
-        migrate = _MIGRATE_FROM_1.format(now=repr(self._clock())) if version == 1 else ""
-        db.executescript(f"BEGIN IMMEDIATE;{migrate}{_SCHEMA}PRAGMA user_version={_SCHEMA_VERSION};COMMIT;")
+        script = _SCHEMA
+        if version in (1, 2):
+            script = _MIGRATE_FROM_2.format(schema=_SCHEMA)
+        if version == 1:
+            script = _MIGRATE_FROM_1.format(now=repr(self._clock())) + script
+        db.executescript(f"BEGIN IMMEDIATE;{script}PRAGMA user_version={_SCHEMA_VERSION};COMMIT;")
         if db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # a file made before page reuse was configured
             db.execute("VACUUM")
         db.execute("INSERT OR IGNORE INTO meta VALUES ('secret', ?)", (os.urandom(32),))
@@ -595,7 +641,7 @@ class SqliteStore:
         doomed = [
             row[0]
             for row in db.execute(
-                "SELECT stream FROM streams WHERE completed_at IS NOT NULL AND completed_at < ? LIMIT ?",
+                "SELECT id FROM streams WHERE completed_at IS NOT NULL AND completed_at < ? LIMIT ?",
                 (now - self.retention_seconds, _SWEEP_CHUNK),
             )
         ]
@@ -609,7 +655,7 @@ class SqliteStore:
                 doomed += [
                     row[0]
                     for row in db.execute(
-                        "SELECT stream FROM streams WHERE session_id = ? AND completed_at IS NOT NULL"
+                        "SELECT id FROM streams WHERE session_id = ? AND completed_at IS NOT NULL"
                         " ORDER BY completed_at DESC LIMIT ? OFFSET ?",
                         (session_id, _SWEEP_CHUNK - len(doomed), keep),
                     )
@@ -619,8 +665,8 @@ class SqliteStore:
         if doomed:
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.executemany("DELETE FROM events WHERE stream = ?", [(key,) for key in doomed])
-                db.executemany("DELETE FROM streams WHERE stream = ?", [(key,) for key in doomed])
+                db.executemany("DELETE FROM events WHERE stream_id = ?", [(key,) for key in doomed])
+                db.executemany("DELETE FROM streams WHERE id = ?", [(key,) for key in doomed])
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
@@ -776,16 +822,16 @@ class SqliteStore:
         return await self._read(lambda db: self._read_after(db, stream, seq))
 
     def _read_after(self, db: sqlite3.Connection, stream: str, seq: int) -> list[StoredEvent]:
-        found = db.execute("SELECT session_id, first_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
+        found = db.execute("SELECT id, session_id, first_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
         if found is None:
             return []
-        session_id, first_seq = found
+        stream_id, session_id, first_seq = found
         if seq + 1 < first_seq:
             raise EventsEvicted(f"events {seq + 1}..{first_seq - 1} of stream {stream} were evicted")
         rows = db.execute(
             "SELECT seq, event_id, request_id, tool, resources, data, terminal"
-            " FROM events WHERE stream = ? AND seq > ? ORDER BY seq",
-            (stream, seq),
+            " FROM events WHERE stream_id = ? AND seq > ? ORDER BY seq",
+            (stream_id, seq),
         ).fetchall()
         # Per row only what differs: consecutive events mostly share their request's id and tags, so each is
         # decoded when it changes, and the tuple is built without the named tuple's Python-level constructor.
@@ -829,7 +875,7 @@ class SqliteStore:
 
 def _delete_session(db: sqlite3.Connection, session_id: str) -> None:
     db.execute(
-        "DELETE FROM events WHERE stream IN (SELECT stream FROM streams WHERE session_id = ?)",
+        "DELETE FROM events WHERE stream_id IN (SELECT id FROM streams WHERE session_id = ?)",
         (session_id,),
     )
     db.execute("DELETE FROM streams WHERE session_id = ?", (session_id,))
