@@ -65,6 +65,19 @@ class _Metrics:
         self.up = Gauge(
             "mcp_lossless_gateway_upstream_up", "1 when the upstream is connected", ["upstream"], registry=r
         )
+        self._counted: dict[tuple[str, str], Any] = {}
+        self._timed: dict[str, Any] = {}
+
+    def called(self, upstream: str, outcome: str, seconds: float) -> None:
+        """Count one upstream call and its latency (each label set's child looked up once: it is the hot path)."""
+        counter = self._counted.get((upstream, outcome))
+        if counter is None:
+            counter = self._counted[upstream, outcome] = self.calls.labels(upstream, outcome)
+        counter.inc()
+        timer = self._timed.get(upstream)
+        if timer is None:
+            timer = self._timed[upstream] = self.latency.labels(upstream)
+        timer.observe(seconds)
 
 
 class Gateway:
@@ -191,8 +204,7 @@ class Gateway:
             raise
         finally:
             seconds = time.perf_counter() - started
-            self.metrics.calls.labels(name, outcome).inc()
-            self.metrics.latency.labels(name).observe(seconds)
+            self.metrics.called(name, outcome, seconds)
             principal = ctx.principal
             log_decision(
                 "upstream_call",

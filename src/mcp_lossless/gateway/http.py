@@ -296,7 +296,7 @@ class HttpUpstream:
         deadline = loop.time() + self.config.timeout
         for attempt in itertools.count():
             try:
-                async with relay.running():
+                async with relay:
                     timeout = max(0.0, deadline - loop.time())
                     if isinstance(client, ModernClient):
                         result = await client.call_tool(

@@ -16,8 +16,8 @@ endpoints need none. Anything else (OAuth discovery and token requests) keeps us
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
 
 import aiohttp
 import certifi
@@ -38,15 +38,11 @@ _ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
 """Most specific first: aiohttp's timeouts are also ``OSError``s, its connector errors ``ClientOSError``s."""
 
 
-@contextmanager
-def _as_httpx() -> Iterator[None]:
-    try:
-        yield
-    except aiohttp.ClientError as exc:
-        for source, target in _ERRORS:
-            if isinstance(exc, source):
-                raise target(str(exc) or type(exc).__name__) from exc
-        raise httpx.TransportError(str(exc) or type(exc).__name__) from exc
+def _as_httpx(exc: aiohttp.ClientError) -> httpx.TransportError:
+    for source, target in _ERRORS:
+        if isinstance(exc, source):
+            return target(str(exc) or type(exc).__name__)
+    return httpx.TransportError(str(exc) or type(exc).__name__)
 
 
 class PooledResponse:
@@ -60,13 +56,17 @@ class PooledResponse:
         self._raw = raw
 
     async def aread(self) -> bytes:
-        with _as_httpx():
+        try:
             return await self._raw.read()
+        except aiohttp.ClientError as exc:
+            raise _as_httpx(exc) from exc
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        with _as_httpx():
+        try:
             async for chunk in self._raw.content.iter_any():
                 yield chunk
+        except aiohttp.ClientError as exc:
+            raise _as_httpx(exc) from exc
 
 
 def _parsed(url: str) -> URL:
@@ -119,18 +119,37 @@ class UpstreamPool:
         if session is not None:
             await session.close()
 
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self, method: str, url: str, *, content: bytes | None = None, headers: Mapping[str, str]
-    ) -> AsyncIterator[Response]:
+    ) -> AbstractAsyncContextManager[Response]:
         """Send the request; the response is open for reading inside the block (released after it)."""
         assert self._session is not None, "use the pool inside 'async with'"
         target = self._urls.get(url)
         if target is None:
             target = self._urls.setdefault(url, _parsed(url))
-        with _as_httpx():
-            raw = await self._session.request(method, target, data=content, headers=headers, allow_redirects=False)
+        return _Exchange(self._session, method, target, content, headers)
+
+
+class _Exchange:
+    """One request and its response (a class, not a generator-based context manager: it is the hot path)."""
+
+    __slots__ = ("_content", "_headers", "_method", "_raw", "_session", "_url")
+
+    def __init__(
+        self, session: aiohttp.ClientSession, method: str, url: URL, content: bytes | None, headers: Mapping[str, str]
+    ) -> None:
+        self._session, self._method, self._url, self._content, self._headers = session, method, url, content, headers
+        self._raw: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> PooledResponse:
         try:
-            yield PooledResponse(raw)
-        finally:
-            raw.release()
+            self._raw = await self._session.request(
+                self._method, self._url, data=self._content, headers=self._headers, allow_redirects=False
+            )
+        except aiohttp.ClientError as exc:
+            raise _as_httpx(exc) from exc
+        return PooledResponse(self._raw)
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._raw is not None:
+            self._raw.release()

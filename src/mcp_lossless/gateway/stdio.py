@@ -318,7 +318,7 @@ class StdioUpstream:
             self._progress[rid] = functools.partial(_route_progress, relay, reporter)
             params = {"name": tool, "arguments": arguments, "_meta": {"progressToken": rid}}
             try:
-                async with relay.running():
+                async with relay:
                     try:
                         async with asyncio.timeout_at(deadline):
                             result = await self._request("tools/call", params, rid)

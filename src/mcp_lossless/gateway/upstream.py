@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -108,42 +108,39 @@ class Relay:
 
     Upstream callbacks are synchronous (the client's ``on_progress``, the stdio reader); each puts a
     coroutine *factory* here, and one task, started at the first, awaits them one after another (a call
-    without notifications starts none). ``running`` drains what is queued before the block ends, so every
+    without notifications starts none, and has no queue). ``async with relay:`` forwards while the block
+    runs and drains what is queued before it ends (also when it fails, not when it is cancelled), so every
     progress event precedes the call's answer.
     """
 
     __slots__ = ("_queue", "_task")
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[Callable[[], Awaitable[None]] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[Callable[[], Awaitable[None]] | None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def put(self, send: Callable[[], Awaitable[None]]) -> None:
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._task = asyncio.get_running_loop().create_task(self._forward(self._queue))
         self._queue.put_nowait(send)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._forward())
 
-    async def _forward(self) -> None:
-        while (send := await self._queue.get()) is not None:
+    @staticmethod
+    async def _forward(queue: asyncio.Queue[Callable[[], Awaitable[None]] | None]) -> None:
+        while (send := await queue.get()) is not None:
             await send()
 
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[Relay]:
-        """Forward while the block runs; then drain (also when it fails), unless it was cancelled."""
-        try:
-            yield self
-        except Exception:
-            await self._drain()
-            raise
-        except BaseException:
-            if self._task is not None:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
-            raise
-        await self._drain()
+    async def __aenter__(self) -> Relay:
+        return self
 
-    async def _drain(self) -> None:
-        if self._task is not None:
-            self._queue.put_nowait(None)
-            await self._task
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        task, queue = self._task, self._queue
+        if task is None or queue is None:
+            return
+        if kind is None or issubclass(kind, Exception):
+            queue.put_nowait(None)
+            await task
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
