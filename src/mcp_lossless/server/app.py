@@ -77,6 +77,8 @@ class LosslessApp:
         self.modern = modern
         self.transport = Transport(state, modern)
         self.dev_as = dev_as
+        self._endpoint = (self.config.path, self.config.path + "/")
+        """The MCP endpoint's paths, with and without a trailing slash."""
         self._prm = {metadata.metadata_path(r): r for r in state.resources()}
         self._sweeper: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
@@ -124,7 +126,7 @@ class LosslessApp:
 
     async def _http_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
-        if path == self.config.path or path == self.config.path + "/":
+        if path in self._endpoint:
             problem = self._rebinding_problem(scope)
             if problem is None:
                 await self.transport(scope, receive, send)

@@ -25,16 +25,22 @@ def _invalid(message: str, status: int = 400, data: Any = None) -> Refused:
     return Refused.rpc(status, errors.INVALID_REQUEST, message, data=data)
 
 
+def _accept(index: dict[bytes, bytes]) -> str:
+    """The Accept header as text: ``in`` on bytes first tries its operand as an integer, and raises and formats a
+    ``TypeError`` inside before it searches (about 2,000 instructions a test); on text it only searches."""
+    return index.get(b"accept", b"").decode("latin-1")
+
+
 def require_get_accept(scope: Scope) -> None:
-    if b"text/event-stream" not in headers(scope).get(b"accept", b""):
+    if "text/event-stream" not in _accept(headers(scope)):
         raise _invalid("Accept must list text/event-stream", 406)
 
 
 def require_post_media(scope: Scope) -> None:
     """What a POST must say of its media types: it accepts both answers (406), and its body is JSON (415)."""
     index = headers(scope)
-    accept = index.get(b"accept", b"")
-    if b"application/json" not in accept or b"text/event-stream" not in accept:
+    accept = _accept(index)
+    if "application/json" not in accept or "text/event-stream" not in accept:
         raise _invalid("Accept must list both application/json and text/event-stream", 406)
     if not index.get(b"content-type", b"").lower().startswith(b"application/json"):
         raise _invalid("Content-Type must be application/json", 415)

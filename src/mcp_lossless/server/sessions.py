@@ -160,10 +160,16 @@ class SessionRegistry:
         session holds its maximum of streams, or its tool calls would take the principal past its cap of requests
         running across all its sessions (another principal's requests never count)."""
         limits = self._limits
-        self._check(verdicts.new_stream(limits, len(session.live)))
-        calls = sum(1 for request in requests if request.tool is not None)
-        if calls:
-            self._check(verdicts.new_calls(limits, self.running_calls(session.principal), calls))
+        exceeded = verdicts.new_stream(limits, len(session.live))
+        if exceeded is None:
+            calls = 0
+            for request in requests:
+                if request.tool is not None:
+                    calls += 1
+            held = session.held
+            running = self.running_calls(session.principal) if held is None else held.running
+            exceeded = verdicts.new_calls(limits, running, calls) if calls else None
+        self._check(exceeded)
 
     def running_calls(self, principal: Principal) -> int:
         """The principal's requests at work in this process, in both eras: what its cap of concurrent calls counts."""
