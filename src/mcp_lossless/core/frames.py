@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from .errors import DELIVERY_REFUSED, EXECUTION_LOST
-from .events import RequestId
+from .events import RequestId, StoredEvent
 from .replay import Refusal, RefusalReason
 from .resources import describe, resources_in, scopes_in
 
@@ -28,6 +28,15 @@ def sse(event_id: str | None, data: bytes, retry_ms: int | None = None) -> bytes
     if retry_ms is not None:
         head += b"retry: %d\n" % retry_ms
     return head + b"data: " + data + b"\n\n"
+
+
+def sse_events(events: Iterable[StoredEvent], retry_ms: int) -> bytes:
+    """The frames of stored events, joined: each exactly :func:`sse` of its id and data (``retry`` on an event with
+    no data). One pass with no call per event: a replay or a busy stream frames thousands per write."""
+    retry = b"retry: %d\n" % retry_ms
+    return b"".join(
+        [b"id: %b\n%bdata: %b\n\n" % (e.event_id.encode("ascii"), b"" if e.data else retry, e.data) for e in events]
+    )
 
 
 def result(request_id: RequestId, value: dict[str, Any]) -> bytes:

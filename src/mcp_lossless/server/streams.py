@@ -201,7 +201,7 @@ class LiveStream:
 
     def _over(self) -> bool:
         """Whether the backlog is full: the next progress append waits."""
-        return self.backlog >= self._max_events or self._backlog_bytes >= self._max_bytes
+        return self.record.last_seq - self.delivered >= self._max_events or self._backlog_bytes >= self._max_bytes
 
     def _publish(self, event: StoredEvent) -> None:
         """Make a stored event visible to writers (or not at all: sent already from the store, or progress of
@@ -296,7 +296,7 @@ class LiveStream:
         store = self._store
         request_id = request.request_id
         if not self.answers_only:  # held until sent: an exact-size copy (``orjson.dumps`` keeps ~4 KiB per result)
-            data = bytes(memoryview(data))
+            data = memoryview(data).tobytes()
         lock = self._lock
         await lock.acquire()  # one coroutine; ``async with`` costs three on this per-event path
         try:
