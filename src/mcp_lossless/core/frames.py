@@ -32,11 +32,14 @@ def sse(event_id: str | None, data: bytes, retry_ms: int | None = None) -> bytes
 
 def sse_events(events: Iterable[StoredEvent], retry_ms: int) -> bytes:
     """The frames of stored events, joined: each exactly :func:`sse` of its id and data (``retry`` on an event with
-    no data). One pass with no call per event: a replay or a busy stream frames thousands per write."""
-    retry = b"retry: %d\n" % retry_ms
-    return b"".join(
-        [b"id: %b\n%bdata: %b\n\n" % (e.event_id.encode("ascii"), b"" if e.data else retry, e.data) for e in events]
-    )
+    no data). One pass gathering parts, with no call, concatenation or formatting per event: a replay or a busy
+    stream frames thousands per write."""
+    empty = b"\nretry: %d\ndata: " % retry_ms
+    parts: list[bytes] = []
+    for event in events:
+        data = event.data
+        parts += (b"id: ", event.event_id.encode("ascii"), b"\ndata: " if data else empty, data, b"\n\n")
+    return b"".join(parts)
 
 
 def result(request_id: RequestId, value: dict[str, Any]) -> bytes:

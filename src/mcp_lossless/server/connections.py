@@ -16,7 +16,6 @@ import contextlib
 import socket
 from collections.abc import Callable
 from http import HTTPStatus
-from itertools import chain
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -143,7 +142,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         guard = self.guard
         guard.heads.pop(self, None)
         head = self.headers
-        size = len(self.url) + sum(map(len, chain.from_iterable(head)))  # no Python frame per header
+        size = len(self.url)
+        for name, value in head:  # a plain loop: a generator or map costs more per header
+            size += len(name) + len(value)
         self._refusal = verdicts.request_head(guard.limits, size, len(head))
         if self._refusal is not None:
             return  # no request cycle: nothing of it reaches the app
