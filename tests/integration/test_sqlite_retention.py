@@ -1,5 +1,5 @@
 """SQLite retention: completed streams trimmed by age and by count per session, the file's free pages returned,
-a sweep that runs by itself, settings from the store spec, and files of schema versions 1 and 2 carried forward."""
+a sweep that runs by itself, settings from the store spec, and files of schema versions 1, 2 and 3 carried forward."""
 
 from __future__ import annotations
 
@@ -267,7 +267,7 @@ async def test_a_version_1_file_is_carried_forward(tmp_path: Path) -> None:
         await store.close()
     with sqlite3.connect(path) as reopened:
         assert reopened.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
-        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 4
 
 
 VERSION_2 = """
@@ -302,7 +302,7 @@ PRAGMA user_version = 2;
 
 
 async def test_a_version_2_file_is_carried_forward(tmp_path: Path) -> None:
-    """Every record of a version-2 file reads back the same from schema 3, and the store goes on from it: the open
+    """Every record of a version-2 file reads back the same from schema 4, and the store goes on from it: the open
     stream takes its next position and completes, a new stream is added, retention and DELETE still apply."""
     path = tmp_path / "v2.db"
     with sqlite3.connect(path) as old:
@@ -347,7 +347,68 @@ async def test_a_version_2_file_is_carried_forward(tmp_path: Path) -> None:
     finally:
         await store.close()
     with sqlite3.connect(path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 4
         tables = {row[0] for row in reopened.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert tables == {"meta", "sessions", "streams", "events"}
         assert reopened.execute("SELECT count(*) FROM events").fetchone()[0] == 3
+
+
+VERSION_3 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE sessions (session_id TEXT PRIMARY KEY, issuer TEXT NOT NULL, subject TEXT NOT NULL,
+    client_id TEXT NOT NULL, protocol_version TEXT NOT NULL, created_at REAL NOT NULL, last_seen REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX sessions_by_last_seen ON sessions (last_seen);
+CREATE TABLE streams (id INTEGER PRIMARY KEY, stream TEXT NOT NULL UNIQUE, session_id TEXT NOT NULL,
+    kind TEXT NOT NULL, owner TEXT NOT NULL, requests TEXT NOT NULL, last_seq INTEGER NOT NULL,
+    first_seq INTEGER NOT NULL, completed INTEGER NOT NULL, answered TEXT NOT NULL, completed_at REAL
+);
+CREATE INDEX streams_by_session ON streams (session_id, completed_at);
+CREATE TABLE events (stream_id INTEGER NOT NULL, seq INTEGER NOT NULL, event_id TEXT NOT NULL, request_id TEXT,
+    tool TEXT, resources TEXT NOT NULL, data BLOB NOT NULL, terminal INTEGER NOT NULL, PRIMARY KEY (stream_id, seq)
+) WITHOUT ROWID;
+INSERT INTO meta VALUES ('secret', x'000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f');
+INSERT INTO sessions VALUES ('s1', 'https://issuer.example', 'alice', 'client-1', '2025-11-25', 50.0, 100.0);
+INSERT INTO streams VALUES (1, 'old', 's1', 'post', 'instance-1', '[]', 1, 0, 1, '[1]', 900.0);
+INSERT INTO streams VALUES (2, 'newer', 's1', 'post', 'instance-1', '[]', 0, 0, 1, '[]', 950.0);
+INSERT INTO streams VALUES (3, 'open', 's1', 'post', 'instance-1', '[]', 0, 0, 0, '[]', NULL);
+INSERT INTO events VALUES (1, 0, 'old.0.mac', NULL, 'a', '["https://mcp.example/tools/a"]', x'', 0);
+INSERT INTO events VALUES (1, 1, 'old.1.mac', '1', 'a', '["https://mcp.example/tools/a"]', x'7b7d', 1);
+INSERT INTO events VALUES (3, 0, 'open.0.mac', NULL, 'a', '["https://mcp.example/tools/a"]', x'', 0);
+PRAGMA user_version = 3;
+"""
+
+
+async def test_a_version_3_file_is_carried_forward(tmp_path: Path) -> None:
+    """Schema 4 indexes the same tables differently: a version-3 file keeps its rows, gets the new indexes, and
+    retention by count and by age, DELETE and new streams work on it."""
+    path = tmp_path / "v3.db"
+    with sqlite3.connect(path) as old:
+        old.executescript(VERSION_3)
+    store = SqliteStore(str(path), retention_seconds=1_000, max_completed_streams_per_session=1, clock=Clock(5_000.0))
+    await store.open()
+    try:
+        assert await store.read_after("old", -1) == [
+            StoredEvent("s1", "old", 0, "old.0.mac", b"", None, "a", TOOL_A, False),
+            StoredEvent("s1", "old", 1, "old.1.mac", b"{}", 1, "a", TOOL_A, True),
+        ]
+        await store.open_stream(stream("new"))
+        await store.append(event("new", 0))
+        assert [e.seq for e in await store.read_after("new", -1)] == [0]
+        await store.sweep(now=1_000.0)  # neither is past its age yet: the count keeps the newest completed one
+        assert await store.get_stream("old") is None and await store.read_after("old", -1) == []
+        assert await store.get_stream("newer") is not None and await store.get_stream("open") is not None
+        await store.sweep(now=1_951.0)
+        assert await store.get_stream("newer") is None
+        await store.delete_session("s1")
+        assert await store.get_stream("open") is None and await store.get_stream("new") is None
+        assert await store.read_after("new", -1) == []
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as reopened:
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 4
+        indexes = {row[0] for row in reopened.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert {"streams_by_session", "completed_streams"} <= indexes
+        (definition,) = reopened.execute("SELECT sql FROM sqlite_master WHERE name = 'streams_by_session'").fetchone()
+        assert "completed_at" not in definition
+        assert reopened.execute("SELECT count(*) FROM events").fetchone()[0] == 0

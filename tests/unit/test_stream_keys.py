@@ -1,18 +1,32 @@
-"""Stream keys come from a block of urandom bytes; a forked child must not repeat its parent's next keys."""
+"""Stream keys: a time stamp that sorts as the time does, then random bits from a block of urandom bytes; a forked
+child must not repeat its parent's next keys."""
 
 from __future__ import annotations
 
 import base64
 import os
+import random
 
-from mcp_lossless.server.keys import stream_key
+from mcp_lossless.server.keys import stamp, stream_key
 
 
 def test_keys_are_distinct_across_blocks() -> None:
     keys = [stream_key() for _ in range(1000)]  # several 256-key blocks
     assert len(set(keys)) == len(keys)
-    assert all(len(key) == 24 and "=" not in key for key in keys)  # 18 bytes, base64url without padding
-    assert all(len(base64.urlsafe_b64decode(key)) == 18 for key in keys)
+    assert all(len(key) == 32 and "=" not in key for key in keys)  # a stamp, then 18 bytes of base64url
+    assert all(len(base64.urlsafe_b64decode(key[8:])) == 18 for key in keys)
+    assert len({key[8:] for key in keys}) == len(keys), "the random part alone is unique"
+    assert [key[:8] for key in keys] == sorted(key[:8] for key in keys), "made in order, they sort in order"
+
+
+def test_stamps_sort_as_the_times_do() -> None:
+    chosen = random.Random(11)
+    times = [0, 1, 63, 64, 2**47, 2**48 - 1, *(chosen.randrange(2**48) for _ in range(2_000))]
+    stamps = {t: stamp(t) for t in times}
+    digits = set("-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz")
+    assert all(len(text) == 8 and set(text) <= digits for text in stamps.values())
+    assert sorted(times, key=stamps.__getitem__) == sorted(times)
+    assert len(set(stamps.values())) == len(set(times))
 
 
 def test_a_forked_child_draws_fresh_bytes() -> None:

@@ -40,7 +40,7 @@ from .base import EventsEvicted, SessionRecord, StoreUnavailable
 
 T = TypeVar("T")
 
-_SCHEMA_VERSION = 3
+_SCHEMA_VERSION = 4
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sessions (
@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS streams (
     answered TEXT NOT NULL,
     completed_at REAL
 );
-CREATE INDEX IF NOT EXISTS streams_by_session ON streams (session_id, completed_at);
+CREATE INDEX IF NOT EXISTS streams_by_session ON streams (session_id);
+CREATE INDEX IF NOT EXISTS completed_streams ON streams (completed_at, session_id) WHERE completed_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS events (
     stream_id INTEGER NOT NULL,
     seq INTEGER NOT NULL,
@@ -79,12 +80,15 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (stream_id, seq)
 ) WITHOUT ROWID;
 """
-"""Schema 3 (ADR 0017): a stream's events are keyed by its row's integer id, which grows with each stream opened,
+"""Schema 4 (ADR 0017): a stream's events are keyed by its row's integer id, which grows with each stream opened,
 so the events of the streams in work sit together at the end of their B-tree and a commit writes a few pages,
 not one page per stream (the random 144-bit stream key placed each stream's events, and its row, on a page
 of their own: a group commit of 16 calls rewrote ~50 pages). The key is looked up once, by the ``UNIQUE``
-index. One index by (session, completion time) serves deleting a session, the count of a session's completed
-streams and, scanned whole (it covers the query), retention by age."""
+index (keys begin with their time, so new ones go at its end too). A stream's entry in its session's index is
+written once, when it opens; completed streams are indexed by completion time, in which order they complete,
+so a completion adds at the end of that index, and retention by age reads it from the oldest. The count of a
+session's completed streams scans it whole (it covers the query). Version 3 indexed (session, completion
+time): a completion moved the stream's entry on its session's page, one more page per call and commit."""
 _MIGRATE_FROM_1 = (
     "ALTER TABLE streams ADD COLUMN completed_at REAL; UPDATE streams SET completed_at = {now} WHERE completed;"
 )
@@ -103,8 +107,10 @@ INSERT INTO events SELECT s.id, e.seq, e.event_id, e.request_id, e.tool, e.resou
 DROP TABLE events_v2;
 DROP TABLE streams_v2;
 """
-"""Versions 1 and 2 keyed streams and events by the stream key: rebuilt in schema 3's tables, in one transaction
+"""Versions 1 and 2 keyed streams and events by the stream key: rebuilt in schema 4's tables, in one transaction
 (events of no stream, which a version-2 store never left, are dropped)."""
+_MIGRATE_FROM_3 = "DROP INDEX IF EXISTS streams_by_session;"
+"""Version 3 had schema 4's tables with one index by (session, completion time): replaced by schema 4's two."""
 _JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 """Bytes the WAL file is truncated to after a checkpoint resets it (else it keeps its high-water size)."""
 _SWEEP_CHUNK = 500
@@ -544,9 +550,11 @@ class SqliteStore:
         db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
         db.execute(f"PRAGMA journal_size_limit={_JOURNAL_SIZE_LIMIT}")
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, 1, 2, _SCHEMA_VERSION):
+        if version not in (0, 1, 2, 3, _SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {version}, expected {_SCHEMA_VERSION}")
         script = _SCHEMA
+        if version == 3:
+            script = _MIGRATE_FROM_3 + script
         if version in (1, 2):
             script = _MIGRATE_FROM_2.format(schema=_SCHEMA)
         if version == 1:
@@ -648,7 +656,8 @@ class SqliteStore:
         if len(doomed) < _SWEEP_CHUNK:
             keep = self.max_completed_streams_per_session
             crowded = db.execute(
-                "SELECT session_id FROM streams WHERE completed_at IS NOT NULL GROUP BY session_id HAVING count(*) > ?",
+                "SELECT session_id FROM streams INDEXED BY completed_streams WHERE completed_at IS NOT NULL"
+                " GROUP BY session_id HAVING count(*) > ?",
                 (keep,),
             ).fetchall()
             for (session_id,) in crowded:
