@@ -4,14 +4,16 @@
     .venv/bin/python benchmarks/gateway.py --quick    # smoke run: 1 rep, short windows
     .venv/bin/python benchmarks/gateway.py --era legacy          # the gateway's era towards the SDK (default auto)
     .venv/bin/python benchmarks/gateway.py --profile gw.prof     # c=16, one window: cProfile of the gateway
+    .venv/bin/python benchmarks/gateway.py --baseline ../old     # adds that checkout's gateway, same windows
 
 The upstream is `sdk_server.py` (the official `mcp` SDK, stateful Streamable HTTP with an event store), the
 gateway is `mcp-lossless gateway` with the SDK as its one upstream (`prefix = ""`, so both expose the same
 `search` tool; memory store, auth off on both sides; `sessions = 16`). The workload is the closed loop of
 `search(steps=0, delay_ms=0)` that `loadgen.echo` runs, one session per worker. Both servers share the box,
 so CPU is measured per process (schedstat) in the same window: the gateway's own CPU per call beside the
-SDK server's. Reps interleave direct and gateway windows. Writes `benchmarks/results/gateway-<timestamp>.json`
-and `benchmarks/RESULTS-gateway.md`.
+SDK server's. Reps interleave direct and gateway windows (and, with ``--baseline``, windows of another
+checkout's gateway: a change measured side by side, since this shared box drifts by ±20 % between runs).
+Writes `benchmarks/results/gateway-<timestamp>.json` and `benchmarks/RESULTS-gateway.md`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +79,9 @@ class Plan:
     """The gateway's ``era`` towards the SDK server (``auto`` negotiates 2026-07-28, which the SDK speaks)."""
     profile: str | None = None
     """Run the gateway under cProfile, writing its stats here (the figures are then not the gateway's own)."""
+    baseline: str | None = None
+    """Another checkout (with its own ``.venv``) whose gateway runs in windows of its own ("base")."""
+    baseline_commit: str | None = None
 
 
 QUICK = Plan(reps=1, warmup_s=0.3, duration_s=1.5)
@@ -189,8 +195,11 @@ async def window(kind: str, plan: Plan, workdir: Path) -> list[dict[str, Any]]:
             f'era = "{plan.era}"\n'
         )
         profiler = [sys.executable, "-c", PROFILED, plan.profile] if plan.profile else []
+        binary = (
+            str(Path(plan.baseline) / ".venv" / "bin" / "mcp-lossless") if kind == "base" and plan.baseline else OURS
+        )
         command = [
-            *profiler, OURS, "gateway", "--config", str(config), "--host", HOST, "--port", str(port),
+            *profiler, binary, "gateway", "--config", str(config), "--host", HOST, "--port", str(port),
             "--store", "memory", "--auth", "none", "--log-level", "warning",
         ]  # fmt: skip
         async with process(command, port, workdir / f"gateway-{port}.log") as gateway:
@@ -225,6 +234,18 @@ def summarize(runs: dict[str, list[list[dict[str, Any]]]], plan: Plan) -> list[d
                 "errors": sum(v["errors"] for v in direct + via),
             }
         )
+        if runs.get("base"):
+            base = [rep[index] for rep in runs["base"]]
+            rows[-1] |= {
+                "base_rps": median(base, "rps"),
+                "base_p50_ms": median(base, "p50_ms"),
+                "base_p99_ms": median(base, "p99_ms"),
+                "sdk_cpu_us_behind_base": cpu(base, "sdk"),
+                "base_gateway_cpu_us": cpu(base, "gateway"),
+                "base_share_per_rep": [v["cpu_us_per_call"]["gateway"] / v["cpu_us_per_call"]["sdk"] for v in base],
+                "share_per_rep": [v["cpu_us_per_call"]["gateway"] / v["cpu_us_per_call"]["sdk"] for v in via],
+            }
+            rows[-1]["errors"] += sum(v["errors"] for v in base)
     return rows
 
 
@@ -250,6 +271,23 @@ def render(rows: list[dict[str, Any]], plan: Plan, stamp: str, raw: Path) -> str
             f"{r['sdk_cpu_us_behind_gateway']:.0f} | {r['gateway_cpu_us']:.0f} | "
             f"{100 * r['gateway_cpu_us'] / max(r['sdk_cpu_us_behind_gateway'], 1e-9):.0f} % |"
         )
+    if plan.baseline:
+        lines += [
+            "",
+            f"Beside it, in windows of its own in the same reps, the gateway of `{plan.baseline}` at "
+            f"{plan.baseline_commit} (baseline):",
+            "",
+            "| c | baseline via-gateway rps | p50 / p99 (ms) | SDK CPU/call (µs) | baseline gateway CPU/call (µs) | "
+            "baseline / SDK CPU (per rep) | this gateway / SDK CPU (per rep) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['concurrency']} | {r['base_rps']:.0f} | {r['base_p50_ms']:.2f} / {r['base_p99_ms']:.2f} | "
+                f"{r['sdk_cpu_us_behind_base']:.0f} | {r['base_gateway_cpu_us']:.0f} | "
+                f"{' '.join(f'{100 * x:.0f} %' for x in r['base_share_per_rep'])} | "
+                f"{' '.join(f'{100 * x:.0f} %' for x in r['share_per_rep'])} |"
+            )
     errors = sum(r["errors"] for r in rows)
     lines += [
         "",
@@ -263,10 +301,11 @@ def render(rows: list[dict[str, Any]], plan: Plan, stamp: str, raw: Path) -> str
 
 async def main_async(plan: Plan, write: bool) -> None:
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M%SZ")
-    runs: dict[str, list[list[dict[str, Any]]]] = {"direct": [], "gateway": []}
+    runs: dict[str, list[list[dict[str, Any]]]] = {"direct": [], "gateway": [], "base": []}
+    kinds = ("gateway",) if plan.profile else ("direct", "gateway", "base") if plan.baseline else ("direct", "gateway")
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         for rep in range(plan.reps):
-            for kind in ("gateway",) if plan.profile else ("direct", "gateway"):
+            for kind in kinds:
                 print(f"rep {rep + 1}/{plan.reps}: {kind}", file=sys.stderr, flush=True)
                 runs[kind].append(await window(kind, plan, Path(tmp)))
     if plan.profile:
@@ -289,8 +328,19 @@ def main() -> None:
     parser.add_argument("--reps", type=int)
     parser.add_argument("--era", choices=("auto", "modern", "legacy"), default="auto")
     parser.add_argument("--profile", metavar="FILE", help="cProfile the gateway at c=16 (one window, not written)")
+    parser.add_argument("--baseline", type=Path, help="another checkout whose gateway runs beside this one")
     args = parser.parse_args()
     plan = dataclasses.replace(QUICK if args.quick else FULL, era=args.era)
+    if args.baseline:
+        if not (args.baseline / ".venv" / "bin" / "mcp-lossless").exists():
+            raise SystemExit(f"--baseline: no .venv/bin/mcp-lossless in {args.baseline} (run `make install` there)")
+        commit = subprocess.run(
+            ["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"],
+            check=False,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        plan = dataclasses.replace(plan, baseline=str(args.baseline.resolve()), baseline_commit=commit or "?")
     if args.reps:
         plan = dataclasses.replace(plan, reps=args.reps)
     if args.profile:
