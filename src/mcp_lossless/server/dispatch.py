@@ -48,7 +48,7 @@ class StreamChannel:
         await self._live.append(data, self._request)
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
-        await self._emit(frames.notification(method, params))
+        await self._live.append(frames.notification(method, params), self._request)  # not via _emit: a frame per event
 
     async def ask(self, requests: InputRequests) -> dict[str, dict[str, Any]]:
         """Each request goes out on the stream at once; the answers are awaited together."""

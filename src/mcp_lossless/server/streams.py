@@ -20,6 +20,9 @@ from .observability import log_decision
 _request_id = itemgetter(0)
 """A :class:`~..core.events.PendingRequest`'s id, without a Python frame per request."""
 _data = attrgetter("data")
+_new_event = tuple.__new__
+"""Builds a :class:`~..core.events.StoredEvent` from its fields without the named tuple's Python ``__new__``
+(a frame per event)."""
 STORE_RETRY_SECONDS = 30.0
 """How long an append waits out a store outage before the event's request is declared lost."""
 UNCOMMITTED_LIMIT = 256
@@ -356,16 +359,19 @@ class LiveStream:
             if queued and (terminal or len(queued) >= UNCOMMITTED_LIMIT):
                 await self._publish_queued(0 if terminal else UNCOMMITTED_LIMIT // 2)
             seq = record.last_seq + 1
-            event = StoredEvent(
-                record.session_id,
-                record.stream,
-                seq,
-                EventIdCodec.encode(record.stream, seq, self._mac),
-                data,
-                request_id,
-                request.tool,
-                request.resources,
-                terminal,
+            event = _new_event(  # all nine fields, in order
+                StoredEvent,
+                (
+                    record.session_id,
+                    record.stream,
+                    seq,
+                    EventIdCodec.encode(record.stream, seq, self._mac),
+                    data,
+                    request_id,
+                    request.tool,
+                    request.resources,
+                    terminal,
+                ),
             )
             published = True
             if not terminal:
