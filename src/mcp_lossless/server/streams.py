@@ -6,8 +6,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from itertools import islice
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from time import perf_counter
 
 from ..core import frames
@@ -19,7 +18,6 @@ from .observability import log_decision
 
 _request_id = itemgetter(0)
 """A :class:`~..core.events.PendingRequest`'s id, without a Python frame per request."""
-_data = attrgetter("data")
 _new_event = tuple.__new__
 """Builds a :class:`~..core.events.StoredEvent` from its fields without the named tuple's Python ``__new__``
 (a frame per event)."""
@@ -241,7 +239,10 @@ class LiveStream:
         events = self.events
         sent = min(len(events), seq - events[0].seq + 1) if events else 0
         if sent:
-            self._backlog_bytes -= sum(map(len, map(_data, islice(events, sent))))  # no Python step per event
+            sent_bytes = 0
+            for event in events[:sent]:  # a plain loop: a generator, or map over attrgetter, measured slower
+                sent_bytes += len(event.data)
+            self._backlog_bytes -= sent_bytes
             del events[:sent]
         self.delivered = seq
         if (

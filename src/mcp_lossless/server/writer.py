@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from itertools import compress
-from operator import attrgetter
 from typing import Protocol
 
 from ..asgi import Receive, Send
@@ -27,8 +25,6 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache, no-transform"),
     (b"x-accel-buffering", b"no"),
 ]
-_request_id = attrgetter("request_id")
-_terminal = attrgetter("terminal")
 TAIL_WAIT_SECONDS = 2.0
 """How long one blocking read of another replica's stream waits before its owner's lease is checked."""
 FLUSH_BYTES = 64 * 1024
@@ -289,9 +285,10 @@ class SseWriter:
             frame = frames.sse_events(sent, self.retry_ms)
             out.append(frame)
             size += len(frame)
-            settled = self.settled  # the requests answered in ``sent``, gathered without a Python step per event
-            settled.update(compress(map(_request_id, sent), map(_terminal, sent)))
-            settled.discard(None)
+            settled = self.settled
+            for event in sent:  # a plain loop: C iterators (compress, map, attrgetter) measured slower here
+                if event.terminal and event.request_id is not None:
+                    settled.add(event.request_id)
         if refusal is not None:
             out.append(self._refusal(refusal))
             return -1
