@@ -252,10 +252,6 @@ class LiveStream:
         ):
             self._release()
 
-    def _over(self) -> bool:
-        """Whether the backlog is full: the next progress append waits."""
-        return self.record.last_seq - self.delivered >= self._max_events or self._backlog_bytes >= self._max_bytes
-
     def _publish(self, event: StoredEvent) -> None:
         """Make a stored event visible to writers (or not at all: sent already from the store, or progress of
         an answers-only response)."""
@@ -412,10 +408,11 @@ class LiveStream:
                 self._answer_stored(event, answers, completes)
         finally:
             lock.release()
-        if published:
+        if published and self._waiters:  # no call when no one waits (a writer busy sending, or none)
             self.notify()
         if not terminal:
-            if not (self.answers_only or self.done or self.broken) and self._over():
+            full = record.last_seq - self.delivered >= self._max_events or self._backlog_bytes >= self._max_bytes
+            if full and not (self.answers_only or self.done or self.broken):  # wait for a reader to send half
                 await self._wait_for_reader()
             else:
                 self._appends += 1
