@@ -121,6 +121,9 @@ def test_a_bad_target_exits_2_with_one_line(tmp_path: Path) -> None:
         ("[limits]\nmax_headers = 1.5", "limits.max_headers = 1.5: expected an integer"),
         ("[limits]\nheader_timeout = 0", "limits.header_timeout = 0.0: must be a positive number"),
         ("[limits]\nsessions = 5", "unknown setting: limits.sessions"),
+        ('issuer = "auth.example.com"', 'issuer = "auth.example.com": must be "dev" or an http(s) URL'),
+        ('issuer = "ftp://auth.example.com"', 'issuer = "ftp://auth.example.com": must be "dev" or an http(s) URL'),
+        ('public_url = "mcp.example.com/mcp"', 'public_url = "mcp.example.com/mcp": must be an absolute http(s) URL'),
         ("port = ", "is not valid TOML"),
         ('[[upstream]]\nname = "x"', "[[upstream]] tables are for mcp-lossless gateway --config, not serve"),
     ],
@@ -132,6 +135,19 @@ def test_config_values_are_checked_by_type_naming_the_key_and_value(tmp_path: Pa
         build_config(_parse("--config", str(path)))
     assert str(path) in str(raised.value)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--issuer", "notaurl"), 'issuer = "notaurl": must be "dev" or an http(s) URL'),
+        (("--public-url", "foo"), 'public_url = "foo": must be an absolute http(s) URL'),
+    ],
+)
+def test_a_flag_that_is_no_url_is_named_before_any_request_uses_it(flags: tuple[str, str], message: str) -> None:
+    # before: --issuer notaurl failed at start-up fetching "/.well-known/oauth-authorization-servernotaurl"
+    with pytest.raises(UsageError, match=re.escape(message)):
+        build_config(_parse(*flags))
 
 
 def test_a_bad_config_value_exits_2_before_anything_starts(tmp_path: Path) -> None:

@@ -91,6 +91,10 @@ class ServerConfig:
                 raise ConfigError(f"{name} = {getattr(self, name)}: must not be negative")
         if not self.path.startswith("/"):
             raise ConfigError(f"path = {_shown(self.path)}: must start with /")
+        if self.issuer not in (None, "dev") and not _http_url(self.issuer):
+            raise ConfigError(f'issuer = {_shown(self.issuer)}: must be "dev" or an http(s) URL')
+        if self.public_url is not None and not _http_url(self.public_url):
+            raise ConfigError(f"public_url = {_shown(self.public_url)}: must be an absolute http(s) URL")
 
     @property
     def canonical_uri(self) -> str:
@@ -168,6 +172,12 @@ def _typed(name: str, value: Any, hint: Any) -> Any:
             return value  # a table's own keys are checked by the caller
         raise ConfigError(f"{name} = {_shown(value)}: expected a table")
     raise TypeError(f"setting {name} has a type this loader does not know: {hint}")
+
+
+def _http_url(value: str) -> bool:
+    """Whether ``value`` is an absolute http(s) URL with a host: what a discovery request or a client can reach."""
+    parts = urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _shown(value: Any) -> str:
