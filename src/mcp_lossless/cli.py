@@ -1,4 +1,5 @@
-"""``mcp-lossless``: ``serve`` the lossless MCP server, ``gateway`` in front of others, ``audit`` any MCP server."""
+"""``mcp-lossless``: ``serve`` the lossless MCP server, ``gateway`` in front of others, ``audit`` any MCP server,
+``call`` one tool."""
 
 from __future__ import annotations
 
@@ -317,7 +318,11 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="mcp-lossless", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="mcp-lossless",
+        description="serve the lossless MCP server, put other MCP servers behind it (gateway), audit any MCP server "
+        "for lost or leaked tool results, or call one tool",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _serve_parser(sub, "gateway")

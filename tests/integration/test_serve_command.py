@@ -180,6 +180,14 @@ def test_flags_override_the_file_and_reach_the_limits(tmp_path: Path) -> None:
     assert config.limits == Limits(max_headers=60, header_timeout=3.0, body_timeout=7.0)
 
 
+def test_the_top_level_help_is_plain_text_naming_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    description = capsys.readouterr().out.split("positional arguments")[0]
+    assert "``" not in description  # it printed the module docstring's reST markup
+    assert all(command in description for command in ("serve", "gateway", "audit", "call"))
+
+
 def test_every_limit_has_a_flag() -> None:
     assert list(LIMIT_FLAGS) == [f for f in Limits.__dataclass_fields__]
 
