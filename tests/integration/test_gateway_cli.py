@@ -92,6 +92,10 @@ def test_the_example_config_puts_the_demo_server_behind_the_gateway(
         )
     banner = (tmp_path / "gateway.log").read_text()
     assert "mcp-lossless gateway: dev clients   dev-client (confidential)" in banner, "which client to call with"
+    # the demo server announces no tool-list changes: the gateway does not ask for them (it was refused, logged
+    # it and re-listed the tools every 0.5 s, 1 s, ... 30 s, for as long as it ran)
+    assert "upstream demo announces no tool-list changes: its tools are listed once" in banner
+    assert "list-change stream closed" not in banner
     assert done.returncode == 0, done.stderr
     assert done.stdout == "search results for 'x': 3 documents\n"
     assert "progress 3/3 search step 3/3" in done.stderr, "the upstream's progress reaches the client"

@@ -88,6 +88,12 @@ def _failure(exc: McpClientError) -> UpstreamFailure:
     return UpstreamFailure(reason, exc.reason, may_have_run=ran)
 
 
+def _announces_list_changes(discovered: Mapping[str, Any]) -> bool:
+    capabilities = discovered.get("capabilities")
+    tools = capabilities.get("tools") if isinstance(capabilities, Mapping) else None
+    return isinstance(tools, Mapping) and tools.get("listChanged") is True
+
+
 class HttpUpstream:
     """Connections to one upstream over one pooled HTTP client, owned by a task of their own (so any task may
     start or close them). The era is negotiated at start (``era = "auto"``: ``server/discover`` first, the
@@ -99,7 +105,9 @@ class HttpUpstream:
     The upstream's tool list is watched: on each session's standalone GET stream (legacy: a server announces
     a change on the session it happened in) or a ``subscriptions/listen`` stream (2026-07-28). A
     ``notifications/tools/list_changed`` there, and every (re)opening of such a stream (what was announced
-    while it was down is gone), re-lists the tools; a list that differs is published.
+    while it was down is gone), re-lists the tools; a list that differs is published. A 2026-07-28 upstream
+    whose ``server/discover`` does not announce ``tools.listChanged`` is not watched: it would refuse the
+    stream every time (and the gateway log it, and re-list, forever).
     """
 
     def __init__(self, config: UpstreamConfig) -> None:
@@ -114,6 +122,8 @@ class HttpUpstream:
         self._closed = asyncio.Event()
         self._stale = asyncio.Event()
         self._tools: list[UpstreamTool] = []
+        self._watched = True
+        """Whether the upstream announces list changes (a 2026-07-28 one says so in ``server/discover``)."""
 
     async def start(self, on_tools_changed: Callable[[], None]) -> None:
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -138,7 +148,7 @@ class HttpUpstream:
                 self._tools = (await asyncio.gather(*(_listed(c) for c in clients)))[0]  # each learns annotations
                 self._clients, self._in_flight = clients, [0] * len(clients)
                 ready.set_result(None)
-                watchers = [asyncio.create_task(self._watch(client)) for client in clients]
+                watchers = [asyncio.create_task(self._watch(client)) for client in clients if self._watched]
                 watchers.append(asyncio.create_task(self._refresh(clients[0], on_tools_changed)))
                 try:
                     await self._closed.wait()
@@ -166,6 +176,7 @@ class HttpUpstream:
         ``pool`` (aiohttp's: the upstream request is the gateway's hot path), OAuth over ``http``."""
         config = self.config
         assert config.url is not None
+        self._watched = True
         if config.era != "legacy":
             modern = ModernClient(
                 config.url,
@@ -177,13 +188,16 @@ class HttpUpstream:
             )
             await stack.enter_async_context(modern)
             try:
-                await modern.discover()
+                discovered = await modern.discover()
             except NotModern as exc:
                 if config.era == "modern":
                     raise UpstreamFailure("protocol", f"not a 2026-07-28 server: {exc}", may_have_run=False) from None
                 log.info("upstream %s does not speak 2026-07-28 (%s); using the legacy handshake", self.name, exc)
             else:
                 self.era = "modern"
+                self._watched = _announces_list_changes(discovered)
+                if not self._watched:
+                    log.info("upstream %s announces no tool-list changes: its tools are listed once", self.name)
                 return [modern]
         clients: list[Client | ModernClient] = []
         for _ in range(config.sessions):
