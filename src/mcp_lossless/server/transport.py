@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from time import perf_counter
 from typing import Any
 
@@ -256,8 +256,7 @@ class Transport:
         if run is None:
             await writing
         else:
-            rid = pending[0].request_id
-            await _run_then_write(state.loop, run, writing, lambda: rid in session.contexts)
+            await _InlineRun(state.loop, writing, session.contexts, pending[0].request_id).run(run)
         session.forget_if_finished(live)
 
     def _priming(self, live: LiveStream, version: str) -> bytes:
@@ -475,47 +474,57 @@ class Transport:
         return session
 
 
-async def _run_then_write(
-    loop: asyncio.AbstractEventLoop,
-    run: Coroutine[Any, Any, None],
-    writing: Coroutine[Any, Any, None],
-    working: Callable[[], bool],
-) -> None:
+class _InlineRun:
     """Run a POST's one request in the request's own task, then write its stream.
 
     A call that answers without suspending needs no second task: its stream is written whole once it
-    returns. If it suspends while still ``working``, the writer starts in a task of its own on the next loop
-    turn, so the priming event and progress go out while the call runs (as for a POST with several requests).
-    A call whose first suspension is the store taking its answer gets :data:`ANSWER_GRACE_SECONDS` for it: a
-    second task, a watch for the client's disconnect and a write of the priming event alone would cost more
-    than the whole call (with SQLite, a commit takes longer than one turn of the loop), so once stored in time
-    the stream is written whole; a store slower than that (an outage being ridden out) has the writer start,
-    and the priming event go out, as for a call still working.
+    returns. If it suspends while still working (its context registered), the writer starts in a task of its
+    own on the next loop turn, so the priming event and progress go out while the call runs (as for a POST with
+    several requests). A call whose first suspension is the store taking its answer gets
+    :data:`ANSWER_GRACE_SECONDS` for it: a second task, a watch for the client's disconnect and a write of the
+    priming event alone would cost more than the whole call (with SQLite, a commit takes longer than one turn of
+    the loop), so once stored in time the stream is written whole; a store slower than that (an outage being
+    ridden out) has the writer start, and the priming event go out, as for a call still working.
+
+    An object with slots, not a coroutine with closures: its callbacks are bound methods (closures, their cells
+    and a lambda per call cost several thousand instructions a call).
     """
-    writer: asyncio.Task[None] | None = None
-    turn: asyncio.Handle
 
-    def start_writer() -> None:
-        nonlocal writer
-        writer = loop.create_task(writing)
+    __slots__ = ("_contexts", "_loop", "_request_id", "_turn", "_writer", "_writing")
 
-    def start_if_working() -> None:
-        nonlocal turn
-        if working():
-            start_writer()
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        writing: Coroutine[Any, Any, None],
+        contexts: dict[str | int, Any],
+        request_id: str | int,
+    ) -> None:
+        self._loop = loop
+        self._writing = writing
+        self._contexts = contexts
+        self._request_id = request_id
+        self._writer: asyncio.Task[None] | None = None
+        self._turn: asyncio.Handle = loop.call_soon(self._start_if_working)
+
+    def _start_writer(self) -> None:
+        self._writer = self._loop.create_task(self._writing)
+
+    def _start_if_working(self) -> None:
+        if self._request_id in self._contexts:
+            self._start_writer()
         else:
-            turn = loop.call_later(ANSWER_GRACE_SECONDS, start_writer)
+            self._turn = self._loop.call_later(ANSWER_GRACE_SECONDS, self._start_writer)
 
-    turn = loop.call_soon(start_if_working)
-    try:
-        await run
-    except BaseException:
-        if writer is None:
-            turn.cancel()
-            writing.close()
-        raise
-    if writer is None:
-        turn.cancel()
-        await writing
-    else:
-        await writer
+    async def run(self, run: Coroutine[Any, Any, None]) -> None:
+        try:
+            await run
+        except BaseException:
+            if self._writer is None:
+                self._turn.cancel()
+                self._writing.close()
+            raise
+        if self._writer is None:
+            self._turn.cancel()
+            await self._writing
+        else:
+            await self._writer
