@@ -219,6 +219,20 @@ def test_usage_errors(args: list[str]) -> None:
     assert done.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--elicit", "name"], "--elicit: argument 'name' is neither KEY=TEXT nor KEY:=JSON"),
+        (["--root", "/no/such/dir"], "--root '/no/such/dir': no such file or directory"),
+    ],
+)
+def test_input_flags_are_checked_before_the_call(args: list[str], message: str) -> None:
+    # a missing --root was sent as a file URI if and when the tool asked; --elicit's error named no flag
+    done = call("http://127.0.0.1:9/mcp", "search", *args)
+    assert done.returncode == EXIT_USAGE
+    assert f"mcp-lossless call: {message}" in done.stderr and done.stdout == ""
+
+
 def test_help_documents_every_exit_status() -> None:
     done = call("--help")
     assert done.returncode == 0

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -119,7 +120,13 @@ def run(args: argparse.Namespace) -> int:
         if not args.url.startswith(("http://", "https://")):
             raise CallUsageError(f"{args.url!r} is not an http:// or https:// URL")
         arguments = parse_tool_arguments(args.arguments)
-        given = parse_tool_arguments(args.elicit) if args.elicit is not None else None
+        try:
+            given = parse_tool_arguments(args.elicit) if args.elicit is not None else None
+        except ArgumentError as exc:
+            raise CallUsageError(f"--elicit: {exc}") from None
+        missing = [root for root in args.root if not Path(root).exists()]
+        if missing:  # found now, not when (and if) the tool asks for its roots
+            raise CallUsageError(f"--root {missing[0]!r}: no such file or directory")
         if args.timeout <= 0:
             raise CallUsageError("--timeout must be positive")
         if args.client_secret is not None and args.client_id is None:
