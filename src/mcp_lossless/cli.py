@@ -259,14 +259,14 @@ def build_config(args: argparse.Namespace, reserved: tuple[str, ...] = ()) -> Se
         raise UsageError(str(exc)) from None
     if config.issuer is None and not config.loopback:
         what = "--conformance" if args.conformance else "--auth none"
-        raise SystemExit(f"{what} is refused on a non-loopback host: it would serve tools to anyone")
+        raise UsageError(f"{what} is refused on a non-loopback host: it would serve tools to anyone")
     if config.issuer == "dev" and not config.loopback:
         if config.auto_approve:
-            raise SystemExit(
+            raise UsageError(
                 "--auto-approve is refused on a non-loopback host: anyone could mint tokens for any subject"
             )
         if config.dev_clients == DEFAULT_DEV_CLIENTS and not config.force_dev_credentials:
-            raise SystemExit(
+            raise UsageError(
                 "the default dev client dev-client:dev-secret is public: on a non-loopback host give "
                 "--dev-client ID:SECRET (or --force-dev-credentials)"
             )

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from mcp_lossless.asgi import Receive, Scope, Send, respond
-from mcp_lossless.cli import _serve_parser, build_config
+from mcp_lossless.cli import UsageError, _serve_parser, build_config
 from mcp_lossless.devauth.server import DevAuthServer
 from tests.integration.test_devauth import (
     AGGREGATE,
@@ -338,9 +338,9 @@ def _parse(*argv: str) -> Any:
 
 
 def test_serve_refuses_auto_approve_and_default_credentials_on_a_non_loopback_host() -> None:
-    with pytest.raises(SystemExit, match="--auto-approve is refused on a non-loopback host"):
+    with pytest.raises(UsageError, match="--auto-approve is refused on a non-loopback host"):
         build_config(_parse("--host", "0.0.0.0", "--auto-approve", "--dev-client", "a:long-secret"))
-    with pytest.raises(SystemExit, match="default dev client dev-client:dev-secret is public"):
+    with pytest.raises(UsageError, match="default dev client dev-client:dev-secret is public"):
         build_config(_parse("--host", "0.0.0.0"))
     assert build_config(_parse("--host", "0.0.0.0", "--dev-client", "a:long-secret")).dev_clients == {
         "a": "long-secret"

@@ -150,6 +150,22 @@ def test_a_flag_that_is_no_url_is_named_before_any_request_uses_it(flags: tuple[
         build_config(_parse(*flags))
 
 
+def test_a_refused_exposure_is_a_usage_error_of_serve_exit_2() -> None:
+    # it exited 1 with the bare message, unlike every other bad flag (2, "mcp-lossless serve: ...")
+    done = subprocess.run(
+        [*CLI, "serve", "--conformance", "--host", "0.0.0.0", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert (
+        done.stderr
+        == "mcp-lossless serve: --conformance is refused on a non-loopback host: it would serve tools to anyone\n"
+    )
+
+
 def test_a_bad_config_value_exits_2_before_anything_starts(tmp_path: Path) -> None:
     path = tmp_path / "server.toml"
     path.write_text('port = "x"\n')

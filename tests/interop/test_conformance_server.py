@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mcp_lossless.cli import _serve_parser, build_config
+from mcp_lossless.cli import UsageError, _serve_parser, build_config
 from mcp_lossless.core.errors import INVALID_PARAMS
 from mcp_lossless.server.config import ServerConfig
 from mcp_lossless.server.conformance import JSON_SCHEMA_2020_12, RESOURCE_NOT_FOUND, conformance_app
@@ -195,7 +195,7 @@ def test_conformance_mode_is_auth_off_memory_and_loopback_only() -> None:
     config = build_config(_parse("--conformance", "--port", "3999"))
     assert config.issuer is None
     assert config.store == "memory"
-    with pytest.raises(SystemExit, match="--conformance is refused on a non-loopback host"):
+    with pytest.raises(UsageError, match="--conformance is refused on a non-loopback host"):
         build_config(_parse("--conformance", "--host", "0.0.0.0"))
 
 
