@@ -101,8 +101,9 @@ class ServerSession:
         The one rule for dropping a live stream: its last request's task and its POST (which may be the same
         task, ADR 0008) both apply it, whichever finishes last forgets it.
         """
-        if live.done and self.tasks.keys().isdisjoint(map(_request_id, live.record.requests)):
-            self.live.pop(live.record.stream, None)
+        stream = live.record.stream
+        if live.done and stream in self.live and self.tasks.keys().isdisjoint(map(_request_id, live.record.requests)):
+            del self.live[stream]  # (the second to apply it finds it gone at once)
 
 
 class Held:
@@ -169,7 +170,8 @@ class SessionRegistry:
             held = session.held
             running = self.running_calls(session.principal) if held is None else held.running
             exceeded = verdicts.new_calls(limits, running, calls) if calls else None
-        self._check(exceeded)
+        if exceeded is not None:
+            self._check(exceeded)
 
     def running_calls(self, principal: Principal) -> int:
         """The principal's requests at work in this process, in both eras: what its cap of concurrent calls counts."""
@@ -259,9 +261,16 @@ class SessionRegistry:
                 await session.close("expired")
         return len(gone)
 
+    @staticmethod
+    def stale(session: ServerSession, now: float) -> bool:
+        """Whether ``session``'s activity is due to be recorded (:meth:`touch`): at most once a minute, as a store
+        write per request would sit on the hot path. Asked first, so a request that records nothing awaits
+        nothing."""
+        return now - session.last_touch >= 60.0
+
     async def touch(self, session: ServerSession, now: float) -> None:
-        """Record activity at most once a minute: a store write per request would sit on the hot path."""
-        if now - session.last_touch >= 60.0:
+        """Record activity when :meth:`stale`."""
+        if self.stale(session, now):
             session.last_touch = now
             await self._store.touch_session(session.id, now)
 

@@ -470,7 +470,9 @@ class Transport:
         session = await sessions.find(session_id, grant.principal)
         if session is None:
             raise Refused.rpc(404, errors.INVALID_REQUEST, "session not found")
-        await sessions.touch(session, now())
+        at = now()
+        if sessions.stale(session, at):
+            await sessions.touch(session, at)
         return session
 
 
