@@ -25,7 +25,7 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -351,8 +351,9 @@ class ModernClient:
 
     # -- tools ---------------------------------------------------------------------------------------
 
-    async def list_tools(self) -> list[Tool]:
-        tools = [Tool.from_wire(t) for t in await self._listing("tools") if "name" in t]
+    async def list_tools(self, *, timeout: float | None = None) -> list[Tool]:  # noqa: ASYNC109
+        """Every tool the server offers (all pages), those with a malformed ``x-mcp-header`` left out."""
+        tools = [Tool.from_wire(t) for t in await self._listing("tools", timeout) if "name" in t]
         kept: list[Tool] = []
         self._mirrored, self._excluded = {}, {}
         for tool in tools:
@@ -366,18 +367,18 @@ class ModernClient:
         self._tools = {t.name: t for t in kept}
         return kept
 
-    async def list_resources(self) -> list[Resource]:
+    async def list_resources(self, *, timeout: float | None = None) -> list[Resource]:  # noqa: ASYNC109
         """Every resource the server lists (all pages)."""
-        return [Resource.from_wire(r) for r in await self._listing("resources") if "uri" in r]
+        return [Resource.from_wire(r) for r in await self._listing("resources", timeout) if "uri" in r]
 
     async def read_resource(self, uri: str, *, timeout: float | None = None) -> list[Mapping[str, Any]]:  # noqa: ASYNC109
         """The contents of ``uri``; a server error (an unknown resource, say) is :class:`RemoteError`."""
-        with anyio.fail_after(self._deadline(timeout)):
+        with self._read_deadline(f"resources/read {uri}", timeout):
             return resource_contents(uri, await self._answering(uri, {"uri": uri}, self._reader("resources/read")))
 
-    async def list_prompts(self) -> list[Prompt]:
+    async def list_prompts(self, *, timeout: float | None = None) -> list[Prompt]:  # noqa: ASYNC109
         """Every prompt the server offers (all pages)."""
-        return [Prompt.from_wire(p) for p in await self._listing("prompts") if "name" in p]
+        return [Prompt.from_wire(p) for p in await self._listing("prompts", timeout) if "name" in p]
 
     async def get_prompt(
         self,
@@ -388,11 +389,22 @@ class ModernClient:
     ) -> PromptResult:
         """The prompt ``name`` filled in with ``arguments``; input it asks for comes from the input handlers."""
         params = {"name": name, "arguments": dict(arguments or {})}
-        with anyio.fail_after(self._deadline(timeout)):
+        with self._read_deadline(f"prompts/get {name}", timeout):
             return PromptResult.from_wire(name, await self._answering(name, params, self._reader("prompts/get")))
 
-    async def _listing(self, kind: str) -> list[dict[str, Any]]:
-        return await collect_pages(self._reader(f"{kind}/list"), kind)
+    async def _listing(self, kind: str, timeout: float | None) -> list[dict[str, Any]]:  # noqa: ASYNC109
+        with self._read_deadline(f"{kind}/list", timeout):
+            return await collect_pages(self._reader(f"{kind}/list"), kind)
+
+    @contextlib.contextmanager
+    def _read_deadline(self, what: str, timeout: float | None) -> Iterator[None]:
+        """One deadline over a read and its pages or input rounds (the client's ``timeout`` unless given):
+        :class:`DeadlineExceeded` when it passes, as for a call (a read leaves nothing to cancel)."""
+        try:
+            with anyio.fail_after(self._deadline(timeout)):
+                yield
+        except TimeoutError:
+            raise DeadlineExceeded(f"{what} did not finish within its deadline") from None
 
     def _reader(self, method: str) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
         """Sends ``method``, a request that changes nothing on the server: sent again while its response breaks."""
