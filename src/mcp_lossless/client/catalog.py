@@ -7,6 +7,7 @@ Read from the wire leniently where a field is optional and strictly where the an
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,3 +81,39 @@ class PromptResult:
 def resource_contents(uri: str, raw: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The ``contents`` of a ``resources/read`` answer (each with its ``uri`` and ``text`` or ``blob``)."""
     return _objects(raw, "contents", f"resources/read {uri}")
+
+
+class CatalogReads(ABC):
+    """The reads besides tools, one way for both client eras; each era says how it sends a read."""
+
+    @abstractmethod
+    async def _listing(self, kind: str, timeout: float | None) -> list[dict[str, Any]]:  # noqa: ASYNC109
+        """The entries of every page of ``<kind>/list``, within the deadline (the client's timeout unless given)."""
+
+    @abstractmethod
+    async def _read(self, method: str, name: str, params: dict[str, Any], timeout: float | None) -> dict[str, Any]:  # noqa: ASYNC109
+        """The result of a request that changes nothing on the server (safe to send again), within the deadline;
+        ``name`` is what it reads, for errors."""
+
+    async def list_resources(self, *, timeout: float | None = None) -> list[Resource]:  # noqa: ASYNC109
+        """Every resource the server lists (all pages)."""
+        return [Resource.from_wire(r) for r in await self._listing("resources", timeout) if "uri" in r]
+
+    async def read_resource(self, uri: str, *, timeout: float | None = None) -> list[Mapping[str, Any]]:  # noqa: ASYNC109
+        """The contents of ``uri``; a server error (an unknown resource, say) is :class:`~.errors.RemoteError`."""
+        return resource_contents(uri, await self._read("resources/read", uri, {"uri": uri}, timeout))
+
+    async def list_prompts(self, *, timeout: float | None = None) -> list[Prompt]:  # noqa: ASYNC109
+        """Every prompt the server offers (all pages)."""
+        return [Prompt.from_wire(p) for p in await self._listing("prompts", timeout) if "name" in p]
+
+    async def get_prompt(
+        self,
+        name: str,
+        arguments: Mapping[str, str] | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> PromptResult:
+        """The prompt ``name`` filled in with ``arguments``; input it asks for comes from the input handlers."""
+        params = {"name": name, "arguments": dict(arguments or {})}
+        return PromptResult.from_wire(name, await self._read("prompts/get", name, params, timeout))

@@ -25,7 +25,7 @@ import orjson
 from ..core import protocol
 from ..core.actions import CallSpec, RecoveryPolicy
 from ..core.protocol import RESOURCE_META_KEY
-from .catalog import Prompt, PromptResult, Resource, resource_contents
+from .catalog import CatalogReads
 from .errors import McpClientError, RequestRejected, ToolFailed
 from .handlers import InputHandler
 from .oauth import Auth
@@ -96,7 +96,7 @@ class ToolCall:
     reissue: bool | None = None
 
 
-class Client:
+class Client(CatalogReads):
     """An MCP client over Streamable HTTP that never loses or mislabels a result.
 
     ``timeout`` is the default per-call deadline in seconds (``math.inf`` for none). ``policy`` says how
@@ -197,39 +197,16 @@ class Client:
         self._tools = {t.name: t for t in tools}
         return tools
 
-    async def list_resources(self, *, timeout: float | None = None) -> list[Resource]:  # noqa: ASYNC109
-        """Every resource the server lists (all pages)."""
-        return [Resource.from_wire(r) for r in await self._listing("resources", timeout) if "uri" in r]
-
-    async def read_resource(self, uri: str, *, timeout: float | None = None) -> list[Mapping[str, Any]]:  # noqa: ASYNC109
-        """The contents of ``uri``; a server error (an unknown resource, say) is :class:`RemoteError`."""
-        return resource_contents(uri, await self._read("resources/read", {"uri": uri}, timeout))
-
-    async def list_prompts(self, *, timeout: float | None = None) -> list[Prompt]:  # noqa: ASYNC109
-        """Every prompt the server offers (all pages)."""
-        return [Prompt.from_wire(p) for p in await self._listing("prompts", timeout) if "name" in p]
-
-    async def get_prompt(
-        self,
-        name: str,
-        arguments: Mapping[str, str] | None = None,
-        *,
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> PromptResult:
-        """The prompt ``name`` filled in with ``arguments``."""
-        params = {"name": name, "arguments": dict(arguments or {})}
-        return PromptResult.from_wire(name, await self._read("prompts/get", params, timeout))
-
     async def _listing(self, kind: str, timeout: float | None) -> list[dict[str, Any]]:  # noqa: ASYNC109
         """Every page of ``<kind>/list``, under one deadline per page."""
 
         async def page(params: dict[str, Any]) -> dict[str, Any]:
-            return await self._read(f"{kind}/list", params, timeout)
+            return await self._read(f"{kind}/list", kind, params, timeout)
 
         return await collect_pages(page, kind)
 
-    async def _read(self, method: str, params: Mapping[str, Any], timeout: float | None) -> dict[str, Any]:  # noqa: ASYNC109
-        """A request that changes nothing on the server: safe to send again when its response breaks."""
+    async def _read(self, method: str, name: str, params: dict[str, Any], timeout: float | None) -> dict[str, Any]:  # noqa: ASYNC109
+        """Sent again when its response breaks, as an idempotent call is."""
         return await self._require().request(CallSpec(method, params, idempotent=True), self._deadline(timeout))
 
     async def call_tool(

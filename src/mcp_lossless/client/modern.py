@@ -40,7 +40,7 @@ from ..core import errors, protocol
 from ..core.param_headers import InvalidAnnotation, Mirrored, header_safe, mirrored_params, param_headers
 from ..core.sse import SseDecoder
 from ..core.tasks import EXTENSION
-from .catalog import Prompt, PromptResult, Resource, resource_contents
+from .catalog import CatalogReads
 from .client import Client, Tool, ToolResult, _tool_result
 from .errors import (
     AuthorizationFailed,
@@ -154,7 +154,7 @@ class NotModern(Exception):
     """The server's answer to a modern request was not a modern one: it speaks a legacy revision."""
 
 
-class ModernClient:
+class ModernClient(CatalogReads):
     """A client for servers that speak 2026-07-28; ``timeout`` is the default per-call deadline (seconds)."""
 
     def __init__(
@@ -367,34 +367,15 @@ class ModernClient:
         self._tools = {t.name: t for t in kept}
         return kept
 
-    async def list_resources(self, *, timeout: float | None = None) -> list[Resource]:  # noqa: ASYNC109
-        """Every resource the server lists (all pages)."""
-        return [Resource.from_wire(r) for r in await self._listing("resources", timeout) if "uri" in r]
-
-    async def read_resource(self, uri: str, *, timeout: float | None = None) -> list[Mapping[str, Any]]:  # noqa: ASYNC109
-        """The contents of ``uri``; a server error (an unknown resource, say) is :class:`RemoteError`."""
-        with self._read_deadline(f"resources/read {uri}", timeout):
-            return resource_contents(uri, await self._answering(uri, {"uri": uri}, self._reader("resources/read")))
-
-    async def list_prompts(self, *, timeout: float | None = None) -> list[Prompt]:  # noqa: ASYNC109
-        """Every prompt the server offers (all pages)."""
-        return [Prompt.from_wire(p) for p in await self._listing("prompts", timeout) if "name" in p]
-
-    async def get_prompt(
-        self,
-        name: str,
-        arguments: Mapping[str, str] | None = None,
-        *,
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> PromptResult:
-        """The prompt ``name`` filled in with ``arguments``; input it asks for comes from the input handlers."""
-        params = {"name": name, "arguments": dict(arguments or {})}
-        with self._read_deadline(f"prompts/get {name}", timeout):
-            return PromptResult.from_wire(name, await self._answering(name, params, self._reader("prompts/get")))
-
     async def _listing(self, kind: str, timeout: float | None) -> list[dict[str, Any]]:  # noqa: ASYNC109
+        """One deadline over all the pages."""
         with self._read_deadline(f"{kind}/list", timeout):
             return await collect_pages(self._reader(f"{kind}/list"), kind)
+
+    async def _read(self, method: str, name: str, params: dict[str, Any], timeout: float | None) -> dict[str, Any]:  # noqa: ASYNC109
+        """One deadline over the read and the rounds of input it asks for."""
+        with self._read_deadline(f"{method} {name}", timeout):
+            return await self._answering(name, params, self._reader(method))
 
     @contextlib.contextmanager
     def _read_deadline(self, what: str, timeout: float | None) -> Iterator[None]:
