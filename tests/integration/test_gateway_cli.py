@@ -114,6 +114,7 @@ def test_the_example_config_puts_the_demo_server_behind_the_gateway(
         ('[[upstream]]\nname = "x"\n', "exactly one of url"),
         ('[[upstream]]\nname = "x"\nurl = "http://127.0.0.1:1/mcp"\nauth = { bearer = "t" }\n', "auth has unknown"),
         ("[[upstream]\n", "at line 1"),
+        ('[[upstream]]\nname = "x"\ncommand = ["mcp-no-such-server"]\n', "'mcp-no-such-server' is not an executable"),
     ],
 )
 def test_a_wrong_config_is_a_clear_error_not_a_traceback(tmp_path: Path, text: str, problem: str) -> None:

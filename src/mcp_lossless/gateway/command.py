@@ -18,6 +18,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with open(args.config, "rb") as handle:  # build_config has read it: it exists and is TOML
             upstreams = parse_upstreams(tomllib.load(handle).get("upstream"))
+        for upstream in upstreams:
+            upstream.require_executable()
         gateway = create_gateway(config, upstreams)
     except (GatewayConfigError, ValueError) as exc:
         raise UsageError(f"{args.config}: {exc}") from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -120,6 +121,16 @@ class UpstreamConfig:
     def scopes_of(self, tool: str) -> tuple[str, ...]:
         """What a token must hold to call ``tool`` here (and to receive its events): its own and the ``"*"`` ones."""
         return tuple(sorted({*self.scopes.get("*", ()), *self.scopes.get(tool, ())}))
+
+    def require_executable(self) -> None:
+        """A stdio upstream's command must be where its child will look (its PATH): a typo would otherwise be
+        started again with backoff for as long as the gateway runs, every call failing as unreachable."""
+        if self.command is None:
+            return
+        if shutil.which(self.command[0], path=self.env.get("PATH", os.environ.get("PATH"))) is None:
+            raise GatewayConfigError(
+                f"upstream {self.name!r}: command {self.command[0]!r} is not an executable on PATH"
+            )
 
 
 def _strings(where: str, key: str, value: object) -> tuple[str, ...]:
