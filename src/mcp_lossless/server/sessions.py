@@ -269,10 +269,9 @@ class SessionRegistry:
         return now - session.last_touch >= 60.0
 
     async def touch(self, session: ServerSession, now: float) -> None:
-        """Record activity when :meth:`stale`."""
-        if self.stale(session, now):
-            session.last_touch = now
-            await self._store.touch_session(session.id, now)
+        """Record activity; its caller asks :meth:`stale` first."""
+        session.last_touch = now
+        await self._store.touch_session(session.id, now)
 
     def all(self) -> list[ServerSession]:
         return list(self._sessions.values())
