@@ -97,7 +97,7 @@ async def run_lifespan(
                     log.error("startup failed: %s", exc)
                 else:
                     log.exception("startup failed")
-                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                await send({"type": "lifespan.startup.failed"})  # no message: the server would log it again
                 return
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":

@@ -292,26 +292,21 @@ def serve(args: argparse.Namespace) -> int:
         app = conformance_app(config) if args.conformance else create_app(config, tools)
     except ValueError as exc:
         raise SystemExit(f"mcp-lossless: {exc}") from None
-    print(f"mcp-lossless: MCP endpoint  {config.canonical_uri}", file=sys.stderr)
-    print(f"mcp-lossless: metadata      {app.state.prm_url}", file=sys.stderr)
+    banner = [f"mcp-lossless: MCP endpoint  {config.canonical_uri}", f"mcp-lossless: metadata      {app.state.prm_url}"]
     if config.issuer == "dev":
-        print(f"mcp-lossless: dev issuer    {config.dev_issuer}", file=sys.stderr)
-        print(f"mcp-lossless: token URL     {config.dev_issuer}/token", file=sys.stderr)
-        print(
-            f"mcp-lossless: dev clients   {', '.join(config.dev_clients)} (confidential), dev-public (public, PKCE)",
-            file=sys.stderr,
-        )
-        print(
-            f"mcp-lossless: registration  {config.dev_issuer}/register (RFC 7591) and client ID metadata documents",
-            file=sys.stderr,
-        )
         consent = (
             "auto-approved (--auto-approve)"
             if config.auto_approve
             else f"consent page at {config.dev_issuer}/authorize"
         )
-        print(f"mcp-lossless: authorization {consent}", file=sys.stderr)
-    server = lossless_server(app)
+        banner += [
+            f"mcp-lossless: dev issuer    {config.dev_issuer}",
+            f"mcp-lossless: token URL     {config.dev_issuer}/token",
+            f"mcp-lossless: dev clients   {', '.join(config.dev_clients)} (confidential), dev-public (public, PKCE)",
+            f"mcp-lossless: registration  {config.dev_issuer}/register (RFC 7591) and client ID metadata documents",
+            f"mcp-lossless: authorization {consent}",
+        ]
+    server = lossless_server(app, banner=banner)
     freeze_startup_heap()
     server.run()
     return 0 if server.started else STARTUP_FAILURE

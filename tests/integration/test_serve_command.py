@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import socket
@@ -239,6 +240,7 @@ def test_started_is_logged_once_the_socket_listens_and_never_when_binding_fails(
     assert taken.returncode == 3
     assert '"started"' not in taken.stderr
     assert "address already in use" in taken.stderr.lower()
+    assert_only_json_lines(taken.stderr)
 
 
 @pytest.mark.parametrize(
@@ -270,6 +272,17 @@ def test_a_start_up_failure_is_one_explained_line_without_a_traceback(
     assert message in done.stderr
     assert "Traceback" not in done.stderr
     assert '"started"' not in done.stderr
+    records = assert_only_json_lines(done.stderr)
+    assert len([r for r in records if message in r["msg"]]) == 1, records  # the reason is said once
+
+
+def assert_only_json_lines(stderr: str) -> list[dict[str, str]]:
+    """A failed start prints no banner (no URL that does not answer) and nothing a JSON log reader cannot parse:
+    uvicorn's own lines come in our format."""
+    records = [json.loads(line) for line in stderr.splitlines()]
+    assert records
+    assert {r["level"] for r in records} == {"error"}
+    return records
 
 
 def test_every_url_the_banner_prints_answers() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import tomllib
 
 
@@ -24,17 +23,20 @@ def run(args: argparse.Namespace) -> int:
     except (GatewayConfigError, ValueError) as exc:
         raise UsageError(f"{args.config}: {exc}") from None
     configure_logging(config.log_level)
-    print(f"mcp-lossless gateway: MCP endpoint  {config.canonical_uri}", file=sys.stderr)
-    print(f"mcp-lossless gateway: metadata      {gateway.state.prm_url}", file=sys.stderr)
-    for upstream in upstreams:
-        target = upstream.url or " ".join(upstream.command or ())
-        print(f"mcp-lossless gateway: upstream      {upstream.name}: {target}", file=sys.stderr)
+    banner = [
+        f"mcp-lossless gateway: MCP endpoint  {config.canonical_uri}",
+        f"mcp-lossless gateway: metadata      {gateway.state.prm_url}",
+        *(
+            f"mcp-lossless gateway: upstream      {upstream.name}: {upstream.url or ' '.join(upstream.command or ())}"
+            for upstream in upstreams
+        ),
+    ]
     if config.issuer == "dev":
-        print(f"mcp-lossless gateway: token URL     {config.dev_issuer}/token", file=sys.stderr)
         clients = ", ".join(config.dev_clients)
-        print(
-            f"mcp-lossless gateway: dev clients   {clients} (confidential), dev-public (public, PKCE)", file=sys.stderr
-        )
-    server = lossless_server(gateway.app, asgi=gateway)
+        banner += [
+            f"mcp-lossless gateway: token URL     {config.dev_issuer}/token",
+            f"mcp-lossless gateway: dev clients   {clients} (confidential), dev-public (public, PKCE)",
+        ]
+    server = lossless_server(gateway.app, asgi=gateway, banner=banner)
     server.run()
     return 0 if server.started else STARTUP_FAILURE

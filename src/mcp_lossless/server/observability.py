@@ -37,12 +37,15 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str = "info") -> None:
+    """One JSON line per record on stderr, for ours and for uvicorn's (its errors: a port in use, a failed
+    start), so that a log reader parses every line the process writes."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
-    root = logging.getLogger("mcp_lossless")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    for name, name_level in (("mcp_lossless", level.upper()), ("uvicorn", "WARNING")):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(name_level)
+        logger.propagate = False
 
 
 def fingerprint(secret: str) -> str:

@@ -1,12 +1,15 @@
 """The app under uvicorn as ``serve`` runs it: the guarded protocol, the file descriptor limit raised to what the
-process may hold, and ``started`` logged only once the socket listens (a readiness signal a script can await)."""
+process may hold, uvicorn's own log lines in the JSON format of ours, and the banner printed and ``started``
+logged only once the socket listens (a readiness signal a script can await; a failed start prints no URL)."""
 
 from __future__ import annotations
 
 import gc
 import resource
 import socket
+import sys
 import threading
+from collections.abc import Sequence
 
 import uvicorn
 
@@ -46,12 +49,15 @@ def freeze_startup_heap() -> None:
 
 
 class LosslessServer(uvicorn.Server):
-    """uvicorn's server, logging ``started`` with the address it listens on once it does."""
+    """uvicorn's server, printing the banner and logging ``started`` with the address it listens on once it does."""
 
-    def __init__(self, config: uvicorn.Config, app: LosslessApp, guard: ConnectionGuard) -> None:
+    def __init__(
+        self, config: uvicorn.Config, app: LosslessApp, guard: ConnectionGuard, banner: Sequence[str] = ()
+    ) -> None:
         super().__init__(config)
         self.app = app
         self.guard = guard
+        self.banner = banner
         self.listening = threading.Event()
         """Set once the socket listens, or once startup has failed (then ``started`` is false): for embedders
         running the server in a thread of their own."""
@@ -63,6 +69,8 @@ class LosslessServer(uvicorn.Server):
             self.listening.set()
         if not self.started:
             return
+        for line in self.banner:
+            print(line, file=sys.stderr)
         state = self.app.state
         listening = [s.getsockname() for server in self.servers for s in server.sockets]
         log_decision(
@@ -76,9 +84,12 @@ class LosslessServer(uvicorn.Server):
         )
 
 
-def lossless_server(app: LosslessApp, fd_limit: int | None = None, asgi: ASGIApp | None = None) -> LosslessServer:
+def lossless_server(
+    app: LosslessApp, fd_limit: int | None = None, asgi: ASGIApp | None = None, banner: Sequence[str] = ()
+) -> LosslessServer:
     """The server ``serve`` runs for ``app`` (on its config's host and port, or on sockets given to ``run``);
-    ``asgi`` is served instead when it wraps ``app`` (the gateway, which starts its upstreams first)."""
+    ``asgi`` is served instead when it wraps ``app`` (the gateway, which starts its upstreams first); ``banner``
+    is printed to stderr once the socket listens."""
     config = app.state.config
     limits = config.limits
     metrics = app.state.metrics
@@ -95,7 +106,8 @@ def lossless_server(app: LosslessApp, fd_limit: int | None = None, asgi: ASGIApp
         proxy_headers=False,
         server_header=False,
         log_level="warning",
+        log_config=None,  # uvicorn's loggers keep the JSON handler configure_logging gave them
         access_log=False,
         timeout_graceful_shutdown=5,
     )
-    return LosslessServer(settings, app, guard)
+    return LosslessServer(settings, app, guard, banner)
