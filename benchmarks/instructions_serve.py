@@ -1,0 +1,271 @@
+"""Instructions the real ``mcp-lossless serve`` spends per call and per event over loopback, under callgrind.
+
+Wall-clock figures on a shared 2-core box spread by 20-40 % between reps; an instruction count of the server
+process does not depend on what else runs, so it decides whether a change made the per-request path dearer::
+
+    .venv/bin/python benchmarks/instructions_serve.py                          # every workload, this checkout
+    .venv/bin/python benchmarks/instructions_serve.py --baseline ../base739    # the same, beside another checkout
+    .venv/bin/python benchmarks/instructions_serve.py --only echo16,stream --no-write   # a quick look, no files
+
+Each (checkout, workload) gets a fresh ``serve --store memory --auth none`` (that checkout's ``.venv``) under
+``valgrind --tool=callgrind --instr-atstart=no`` with ``PYTHONHASHSEED=0``. The generator (``loadgen``, the same
+for both checkouts) opens the sessions and warms the path up while nothing is counted, switches counting on with
+``callgrind_control -i on`` only around the measured requests, and divides the server's total by the units:
+
+- ``echo16``, ``echo64``: ``tools/call`` of ``search`` with ``steps=0`` from 16 / 64 sessions, each on its own
+  keep-alive connection, all in flight at once; unit: one call.
+- ``stream``: one call of ``search`` with 1000 progress steps (1001 SSE events, the result included), twice;
+  unit: one event.
+- ``replay``: a resume (GET + ``Last-Event-ID``) after message 2000 of a finished 5000-step call, twice;
+  unit: one replayed event.
+
+The counts are deterministic to well under 1 % from run to run. Writes the figures to
+``benchmarks/results/instructions-serve-<timestamp>.json`` and the table to ``benchmarks/RESULTS-instructions.md``
+(``--no-write``: print only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import loadgen
+
+HOST = "127.0.0.1"
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+STARTUP_TIMEOUT_S = 600.0
+ARGUMENTS = {"query": "q", "steps": 0, "delay_ms": 0}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A driver that counts only what it measures (``counting(True/False)``) and returns the units measured."""
+
+    unit: str
+    drive: Callable[[loadgen.Target, Callable[[bool], None]], Awaitable[int]]
+
+
+def _echo(sessions: int, calls_each: int) -> Callable[[loadgen.Target, Callable[[bool], None]], Awaitable[int]]:
+    async def drive(target: loadgen.Target, counting: Callable[[bool], None]) -> int:
+        opened = await loadgen.open_sessions(target, sessions, parallel=sessions)
+
+        async def worker(session: loadgen.Session, calls: int) -> None:
+            for _ in range(calls):
+                answer = await session.call("search", ARGUMENTS)
+                if "result" not in answer:
+                    raise loadgen.BenchError(f"tools/call answered {answer}")
+
+        await asyncio.gather(*(worker(s, 5) for s in opened))
+        counting(True)
+        await asyncio.gather(*(worker(s, calls_each) for s in opened))
+        counting(False)
+        loadgen.close_all(opened)
+        return sessions * calls_each
+
+    return drive
+
+
+async def _stream(target: loadgen.Target, counting: Callable[[bool], None]) -> int:
+    session = await loadgen.Session.start(target)
+    await loadgen._stream_call(session, 100)
+    counting(True)
+    events = 0
+    for _ in range(2):
+        progress, tail = await loadgen._stream_call(session, 1000)
+        if progress != 1000 or b"contents of https://example.com/doc" not in tail:
+            raise loadgen.BenchError(f"{progress} progress events of 1000; tail {tail[-300:]!r}")
+        events += progress + 1
+    counting(False)
+    session.connection.close()
+    return events
+
+
+async def _replay(target: loadgen.Target, counting: Callable[[bool], None]) -> int:
+    session = await loadgen.Session.start(target)
+    request_id, events, _ = await loadgen._record_stream(session, 4999)
+    messages = [raw for raw in events if loadgen.is_message(raw)]
+    cut = loadgen.message_id(messages[1999])
+    if cut is None:
+        raise loadgen.BenchError("the recorded stream's events carry no id")
+    await loadgen._resume(session, cut, request_id)
+    counting(True)
+    replayed = 0
+    for _ in range(2):
+        replayed += len((await loadgen._resume(session, cut, request_id)).ids)
+    counting(False)
+    session.connection.close()
+    return replayed
+
+
+WORKLOADS = {
+    "echo16": Workload("call", _echo(16, 50)),
+    "echo64": Workload("call", _echo(64, 25)),
+    "stream": Workload("event", _stream),
+    "replay": Workload("event", _replay),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _wait_listening(port: int, server: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with {server.returncode}:\n{log.read_text()[-2000:]}")
+        try:
+            socket.create_connection((HOST, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"the server did not listen on port {port} within {STARTUP_TIMEOUT_S:.0f} s")
+
+
+def _totals(callgrind_out: Path) -> int:
+    for line in callgrind_out.read_text().splitlines():
+        if line.startswith("totals:"):
+            return int(line.split()[1])
+    raise SystemExit(f"{callgrind_out}: no totals line")
+
+
+def measure(checkout: Path, name: str, workdir: Path) -> dict[str, Any]:
+    """One fresh server of ``checkout`` under callgrind, driven through workload ``name``."""
+    binary = checkout / ".venv" / "bin" / "mcp-lossless"
+    if not binary.is_file():
+        raise SystemExit(f"no {binary} (run `make install` in that checkout)")
+    port = _free_port()
+    out = workdir / f"{checkout.name}-{name}.callgrind"
+    log = workdir / f"{checkout.name}-{name}.log"
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={out}",
+        str(binary),
+        *("serve", "--host", HOST, "--port", str(port), "--log-level", "warning", "--store", "memory"),
+        *("--auth", "none"),
+    ]
+    environment = {**os.environ, "PYTHONHASHSEED": "0"}
+    environment.pop("PYTHONPATH", None)
+    with log.open("wb") as log_file:
+        server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment)
+    try:
+        _wait_listening(port, server, log)
+
+        def counting(on: bool) -> None:
+            switch = ["callgrind_control", "-i", "on" if on else "off", str(server.pid)]
+            subprocess.run(switch, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        units = asyncio.run(WORKLOADS[name].drive(loadgen.Target(HOST, port), counting))
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    instructions = _totals(out)
+    return {"instructions": instructions, "units": units, "per_unit": instructions / units}
+
+
+def _commit(checkout: Path) -> str:
+    described = subprocess.run(
+        ["git", "-C", str(checkout), "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
+    )
+    return described.stdout.strip() or "unknown"
+
+
+def render(results: dict[str, Any]) -> str:
+    base = results.get("baseline")
+    lines = [
+        "# Instructions per call and per event: the real server under callgrind",
+        "",
+        f"Run {results['started']} (UTC), command: `{results['command']}`.",
+        "",
+        f"This checkout: `{results['commit']}`"
+        + (f"; baseline `{base['path']}` at `{base['commit']}`." if base else "."),
+        f"Machine: {results['machine']}; {results['valgrind']}. The server: `serve --store memory --auth none`,"
+        " `PYTHONHASHSEED=0`, counted only while the measured requests run (`callgrind_control -i on/off`);"
+        " the generator is `benchmarks/loadgen.py` (not counted). See the docstring of"
+        " `benchmarks/instructions_serve.py` for the workloads.",
+        "",
+    ]
+    header = "| workload | unit | instructions per unit |"
+    rule = "|---|---|---|"
+    if base:
+        header += " baseline | ours / baseline |"
+        rule += "---|---|"
+    lines += [header, rule]
+    for name, row in results["workloads"].items():
+        ours = row["ours"]["per_unit"]
+        line = f"| {name} | {row['unit']} | {ours / 1000:,.1f}k |"
+        if base:
+            theirs = row["baseline"]["per_unit"]
+            line += f" {theirs / 1000:,.1f}k | {ours / theirs:.3f} |"
+        lines.append(line)
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--only", help=f"comma-separated workloads (of {', '.join(WORKLOADS)})")
+    parser.add_argument("--baseline", type=Path, help="another checkout (with its own .venv) measured beside this one")
+    parser.add_argument("--no-write", action="store_true", help="print the table; write no result files")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(WORKLOADS)
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workload(s): {', '.join(unknown)}")
+    valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    started = datetime.datetime.now(datetime.UTC)
+    results: dict[str, Any] = {
+        "started": started.isoformat(timespec="seconds"),
+        "command": shlex.join(["benchmarks/instructions_serve.py", *sys.argv[1:]]),
+        "commit": _commit(ROOT),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "valgrind": valgrind,
+        "workloads": {},
+    }
+    if args.baseline:
+        results["baseline"] = {"path": str(args.baseline), "commit": _commit(args.baseline)}
+    with tempfile.TemporaryDirectory(prefix="instructions-serve-") as scratch:
+        for name in names:
+            row: dict[str, Any] = {"unit": WORKLOADS[name].unit, "ours": measure(ROOT, name, Path(scratch))}
+            if args.baseline:
+                row["baseline"] = measure(args.baseline.resolve(), name, Path(scratch))
+            results["workloads"][name] = row
+            summary = f"{name}: {row['ours']['per_unit'] / 1000:,.1f}k per {row['unit']}"
+            if args.baseline:
+                summary += f" (baseline {row['baseline']['per_unit'] / 1000:,.1f}k)"
+            print(summary, flush=True)
+    table = render(results)
+    print(table)
+    if not args.no_write:
+        stamp = started.strftime("%Y%m%dT%H%M%SZ")
+        (BENCH_DIR / "results" / f"instructions-serve-{stamp}.json").write_text(json.dumps(results, indent=2) + "\n")
+        (BENCH_DIR / "RESULTS-instructions.md").write_text(table)
+
+
+if __name__ == "__main__":
+    main()
