@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
+import sqlite3
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -231,6 +233,35 @@ async def test_read_events_round_trip_every_field(store: EventStore) -> None:
     assert [type(e.request_id) for e in read] == [type(rid) for rid in ids]
 
 
+async def test_a_batch_streams_interleaved_requests_read_back_from_every_cursor(store: EventStore) -> None:
+    """Progress and answers of two requests with different tools interleave, a repeated id's second answer and an
+    event of no request among them: whatever the cursor (so whichever request the first event read has), every
+    event after it reads back whole and in order."""
+    await store.open_stream(stream("k1"))
+    shapes: list[tuple[RequestId | None, str | None, frozenset[str], bool]] = [
+        (1, "a", TOOL_A, False),
+        ("b", "bc", TOOL_BC, False),
+        (1, "a", TOOL_A, False),
+        ("b", "bc", TOOL_BC, True),
+        (None, None, frozenset(), False),
+        (1, "a", TOOL_A, False),
+        (1, "a", TOOL_A, True),
+        (1, "bc", TOOL_BC, True),
+        ("b", "bc", TOOL_BC, False),
+    ]
+    written = [
+        StoredEvent("s1", "k1", seq, f"k1.{seq:x}.mac", b"[%d]" % seq, rid, tool, tags, terminal)
+        for seq, (rid, tool, tags, terminal) in enumerate(shapes)
+    ]
+    for item in written:
+        await store.append(item)
+
+    for cursor in range(-1, len(written)):
+        read = await store.read_after("k1", cursor)
+        assert read == written[cursor + 1 :]
+        assert [type(e.request_id) for e in read] == [type(e.request_id) for e in written[cursor + 1 :]]
+
+
 async def test_terminal_events_mark_only_their_request_answered(store: EventStore) -> None:
     int_call = PendingRequest(1, "tools/call", "a", TOOL_A)
     str_call = PendingRequest("1", "tools/call", "a", TOOL_A)
@@ -394,6 +425,28 @@ async def test_sqlite_keeps_everything_across_close_and_reopen(tmp_path: Path) -
             await second.read_after("k1", 1)
     finally:
         await second.close()
+
+
+async def test_sqlite_refuses_to_replay_a_stream_with_a_position_missing(tmp_path: Path) -> None:
+    """A replay counts positions rather than reading them, so a row deleted under the store (by hand, or by another
+    program) is an explicit failure naming the stream, never a replay with later events at the wrong positions."""
+    path = tmp_path / "gap.db"
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        await store.open_stream(stream("k1"))
+        events = await fill(store, "k1", 5)
+        with sqlite3.connect(path) as other:
+            other.execute("DELETE FROM events WHERE seq = 3")
+        assert await store.read_after("k1", 3) == events[4:]
+        with pytest.raises(StoreUnavailable, match=re.escape("stream k1 holds 3 events at positions 1..4, not 4")):
+            await store.read_after("k1", 0)
+        with sqlite3.connect(path) as other:
+            other.execute("DELETE FROM events WHERE seq = 1")
+        with pytest.raises(StoreUnavailable, match="stream k1"):  # the first position after the cursor is gone
+            await store.read_after("k1", 0)
+    finally:
+        await store.close()
 
 
 async def test_sqlite_rejects_use_before_open(tmp_path: Path) -> None:

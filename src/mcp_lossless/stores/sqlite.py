@@ -111,6 +111,18 @@ DROP TABLE streams_v2;
 (events of no stream, which a version-2 store never left, are dropped)."""
 _MIGRATE_FROM_3 = "DROP INDEX IF EXISTS streams_by_session;"
 """Version 3 had schema 4's tables with one index by (session, completion time): replaced by schema 4's two."""
+_SAME_REQUEST = "request_id IS ?1 AND tool IS ?2 AND resources = ?3"
+_READ_EVENTS = (
+    f"SELECT CASE WHEN {_SAME_REQUEST} AND NOT terminal THEN event_id END, data"
+    " FROM events WHERE stream_id = ?4 AND seq > ?5 ORDER BY seq"
+)
+"""A replay's rows: id and payload of each progress event of the first event's request (its id, tool and tags given
+as ?1-?3); no id for any other event, whose columns :data:`_READ_AT` reads (an answer; another request's)."""
+_READ_AT = (
+    "SELECT seq, event_id, request_id, tool, resources, terminal FROM events"
+    " WHERE stream_id = ? AND seq IN (SELECT value FROM json_each(?))"
+)
+"""The other rows of a replay, by position (a JSON list): each a lookup in the primary key, not another scan."""
 _JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 """Bytes the WAL file is truncated to after a checkpoint resets it (else it keeps its high-water size)."""
 _SWEEP_CHUNK = 500
@@ -831,35 +843,66 @@ class SqliteStore:
         return await self._read(lambda db: self._read_after(db, stream, seq))
 
     def _read_after(self, db: sqlite3.Connection, stream: str, seq: int) -> list[StoredEvent]:
-        found = db.execute("SELECT id, session_id, first_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
+        """The events after ``seq``, reading per row only what differs from the first event's request.
+
+        What a row costs is mostly its columns: ``sqlite3`` releases and takes back the GIL around each column
+        it fetches, then builds an object for it (some 1,100 instructions per column and row, measured). So
+        each row's position is counted from the first one's, not read (a stream holds every position from its
+        first to ``last_seq``: appends leave no gap and trimming takes the oldest), and its request's id, tool and tags,
+        which consecutive events mostly share, are compared in SQL with the first event's: a progress event of
+        that request gives only its id and payload; any other (its answer, another request's events) gives its
+        payload, and a second query reads the rest of those rows.
+        """
+        found = db.execute(
+            "SELECT id, session_id, first_seq, last_seq FROM streams WHERE stream = ?", (stream,)
+        ).fetchone()
         if found is None:
             return []
-        stream_id, session_id, first_seq = found
+        stream_id, session_id, first_seq, last_seq = found
         if seq + 1 < first_seq:
             raise EventsEvicted(f"events {seq + 1}..{first_seq - 1} of stream {stream} were evicted")
-        rows = db.execute(
-            "SELECT seq, event_id, request_id, tool, resources, data, terminal"
-            " FROM events WHERE stream_id = ? AND seq > ? ORDER BY seq",
+        if seq >= last_seq:
+            return []
+        probe = db.execute(
+            "SELECT seq, request_id, tool, resources FROM events WHERE stream_id = ? AND seq > ? ORDER BY seq LIMIT 1",
             (stream_id, seq),
-        ).fetchall()
-        # Per row only what differs: consecutive events mostly share their request's id and tags, so each is
-        # decoded when it changes, and the tuple is built without the named tuple's Python-level constructor.
+        ).fetchone()
+        if probe is None:
+            return []
+        start, raw_rid, tool, raw_tags = probe
+        same = (raw_rid, tool, raw_tags)
+        rows = db.execute(_READ_EVENTS, (*same, stream_id, seq)).fetchall()
+        if start > max(seq + 1, first_seq, 1) or len(rows) != last_seq - start + 1:  # position 0 may not be stored
+            # Not something this store writes (a gap, or positions past ``last_seq``): the file was changed under it.
+            raise StoreUnavailable(
+                f"sqlite store {self.path!r}: stream {stream} holds {len(rows)} events at positions"
+                f" {start}..{last_seq}, not {last_seq - start + 1}"
+            )
         value, tags = self._interner.value, self._interner.tags
+        rid: RequestId | None = None if raw_rid is None else value(raw_rid)
+        tag_set = tags(raw_tags)
         make = tuple.__new__
-        raw_rid_before: str | None = None
-        raw_tags_before = ""
-        rid: RequestId | None = None
-        tag_set: frozenset[str] = frozenset()
-        events: list[StoredEvent] = []
+        events: list[Any] = []
+        """The events in order; another request's, or an answer, first as its payload, replaced below."""
         append = events.append
-        for position, event_id, raw_rid, tool, raw_tags, data, terminal in rows:
-            if raw_rid != raw_rid_before:
-                raw_rid_before = raw_rid
-                rid = None if raw_rid is None else value(raw_rid)
-            if raw_tags != raw_tags_before:
-                raw_tags_before = raw_tags
-                tag_set = tags(raw_tags)
-            append(make(StoredEvent, (session_id, stream, position, event_id, data, rid, tool, tag_set, terminal == 1)))
+        others: list[int] = []
+        position = start - 1
+        for event_id, data in rows:
+            position += 1
+            if event_id is not None:
+                append(make(StoredEvent, (session_id, stream, position, event_id, data, rid, tool, tag_set, False)))
+            else:
+                others.append(position)
+                append(data)
+        if others:
+            found = db.execute(_READ_AT, (stream_id, orjson.dumps(others).decode())).fetchall()
+            if len(found) != len(others):  # the rows read a moment ago: gone only if the file changed under it
+                raise StoreUnavailable(f"sqlite store {self.path!r}: events of stream {stream} changed while read")
+            for position, event_id, raw, other_tool, other_tags, terminal in found:
+                index = position - start
+                request_id = None if raw is None else value(raw)
+                fields = (session_id, stream, position, event_id, events[index], request_id, other_tool)
+                events[index] = make(StoredEvent, (*fields, tags(other_tags), terminal == 1))
         return events
 
     async def owner_alive(self, owner: str) -> bool:
