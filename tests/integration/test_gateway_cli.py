@@ -57,6 +57,7 @@ def test_call_through_the_gateway_cli_and_its_metrics(gateway: ServerProcess) ->
     metrics = httpx.get(f"{gateway.base}/metrics", timeout=10).text
     assert 'mcp_lossless_gateway_calls_total{outcome="ok",upstream="py"} 1.0' in metrics
     assert 'mcp_lossless_gateway_upstream_up{upstream="py"} 1.0' in metrics
+    assert 'mcp_lossless_gateway_upstream_era{era="modern",upstream="py"} 1.0' in metrics, "the SDK's stdio 2026-07-28"
     log = gateway.log.read_text()
     assert '"event":"upstream_call"' in log and '"client_id":"dev-client"' in log, "one line per call, its principal"
     assert "dev-secret" not in log and "eyJ" not in log, "no secret and no token (a JWT) in the gateway's log"

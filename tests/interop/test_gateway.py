@@ -288,6 +288,13 @@ async def test_upstream_eras_are_negotiated_modern_first_with_legacy_fallback(de
     assert d.gateway.upstreams["modern"].era == "modern", "the SDK's 2026-07-28 leg, found by server/discover"
     assert d.gateway.upstreams["old"].era == "legacy", "a server that predates 2026-07-28: the handshake instead"
     assert d.gateway.upstreams["sdk"].era == "legacy", "configured"
+    assert d.gateway.upstreams["pysdk"].era == "modern", "the SDK's stdio server: server/discover over the pipe"
+    assert d.gateway.upstreams["everything"].era == "legacy", "server-everything refuses the probe: initialize"
+    metrics = (await http.get(f"{d.url}/metrics")).text
+    for upstream, era in (("modern", "modern"), ("old", "legacy"), ("pysdk", "modern"), ("everything", "legacy")):
+        other = "legacy" if era == "modern" else "modern"
+        assert f'mcp_lossless_gateway_upstream_era{{era="{era}",upstream="{upstream}"}} 1.0' in metrics, upstream
+        assert f'mcp_lossless_gateway_upstream_era{{era="{other}",upstream="{upstream}"}} 0.0' in metrics, upstream
     peer = await session(http, d)
     listed = await peer.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     tools = {t["name"]: t for t in answer(listed, 1)["result"]["tools"]}  # type: ignore[index]

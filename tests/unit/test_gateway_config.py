@@ -60,7 +60,7 @@ def test_a_full_upstream_parses() -> None:
         ({"name": "a", "url": "http://x", "scopes": {"t": ["two words"]}}, "scope tokens"),
         ({"name": "a", "url": "http://x", "scopes": {"t": ['q"uote']}}, "scope tokens"),
         ({"name": "a", "url": "http://x", "era": "2026"}, "era must be one of auto, modern, legacy"),
-        ({"name": "a", "command": ["x"], "era": "modern"}, "era applies to HTTP upstreams only"),
+        ({"name": "a", "command": ["x"], "era": "2026"}, "era must be one of auto, modern, legacy"),
     ],
 )
 def test_mistakes_are_named(raw: dict[str, object], problem: str) -> None:
@@ -104,6 +104,8 @@ def test_scopes_per_tool_add_the_upstreams_own_and_reach_the_table() -> None:
         {"name": "up", "url": "http://x", "scopes": {"*": ["up:use"], "put": ["up:write", "up:use"]}, "era": "legacy"}
     )
     assert config.era == "legacy" and parse_upstream({"name": "b", "url": "http://x"}).era == "auto"
+    assert parse_upstream({"name": "s", "command": ["x"], "era": "modern"}).era == "modern", "stdio too"
+    assert parse_upstream({"name": "s", "command": ["x"]}).era == "auto"
     assert config.scopes_of("put") == ("up:use", "up:write") and config.scopes_of("get") == ("up:use",)
     exposed = {e.name: e.scopes for e in expose(config, [tool("get"), tool("put")])}
     assert exposed == {"up_get": ("up:use",), "up_put": ("up:use", "up:write")}

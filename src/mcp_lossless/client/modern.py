@@ -118,6 +118,31 @@ def _required(answer: Mapping[str, Any] | None) -> tuple[frozenset[str], frozens
     )
 
 
+def request_meta(capabilities: Mapping[str, Any], client_info: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``_meta`` every 2026-07-28 request carries, on any transport: the revision, the client's capabilities
+    and its identity (there is no handshake to say them once)."""
+    return {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+        "io.modelcontextprotocol/clientInfo": client_info,
+    }
+
+
+def modern_refusal(code: int, data: object) -> bool:
+    """Whether an error answering ``server/discover`` comes from a modern server (``UNSUPPORTED_PROTOCOL_VERSION``
+    naming 2026-07-28 among those it supports): an error to surface. Any other error is a legacy server's."""
+    supported = data.get("supported") if isinstance(data, dict) else None
+    return code == errors.UNSUPPORTED_PROTOCOL_VERSION and isinstance(supported, list) and MODERN in supported
+
+
+def modern_discovery(result: dict[str, Any]) -> dict[str, Any]:
+    """A ``server/discover`` result, or :class:`NotModern` when it does not list 2026-07-28."""
+    versions = result.get("supportedVersions")
+    if not isinstance(versions, list) or MODERN not in versions:
+        raise NotModern("the server does not list 2026-07-28")
+    return result
+
+
 def _version_refused(answer: Mapping[str, Any] | None) -> bool:
     """An ``UNSUPPORTED_PROTOCOL_VERSION`` error whose ``supported`` list names the revision this client sent."""
     error = answer.get("error") if answer is not None else None
@@ -206,11 +231,7 @@ class ModernClient(CatalogReads):
     # -- requests ------------------------------------------------------------------------------------
 
     def _message(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
-        meta = {
-            "io.modelcontextprotocol/protocolVersion": MODERN,
-            "io.modelcontextprotocol/clientCapabilities": self._capabilities,
-            "io.modelcontextprotocol/clientInfo": self._client_info,
-        }
+        meta = request_meta(self._capabilities, self._client_info)
         body = {**params, "_meta": {**meta, **params.get("_meta", {})}}
         return {"jsonrpc": "2.0", "id": f"m-{next(self._ids)}", "method": method, "params": body}
 
@@ -303,15 +324,12 @@ class ModernClient(CatalogReads):
         except httpx.HTTPError as exc:
             raise ProtocolViolation(f"server/discover failed on the wire: {exc!r}") from exc
         except RemoteError as exc:
-            supported = exc.data.get("supported") if isinstance(exc.data, dict) else None
-            if exc.code == errors.UNSUPPORTED_PROTOCOL_VERSION and isinstance(supported, list) and MODERN in supported:
+            if modern_refusal(exc.code, exc.data):
                 raise  # a modern server that will not speak this revision: an error, not a fallback
             raise NotModern(exc.reason) from None
         except RequestRejected as exc:
             raise NotModern(exc.reason) from None
-        if MODERN not in result.get("supportedVersions", []):
-            raise NotModern("the server does not list 2026-07-28")
-        return result
+        return modern_discovery(result)
 
     async def listen(
         self,

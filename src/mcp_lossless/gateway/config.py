@@ -83,8 +83,8 @@ class ClientCredentialsFromEnv:
 
 UpstreamAuth = BearerFromEnv | ClientCredentialsFromEnv | None
 Era = Literal["auto", "modern", "legacy"]
-"""Which protocol era to speak to an HTTP upstream: ``auto`` tries 2026-07-28 first and falls back to the legacy
-handshake revisions."""
+"""Which protocol era to speak to an upstream (HTTP or stdio): ``auto`` tries 2026-07-28 first and falls back to
+the legacy handshake revisions."""
 ERAS: tuple[Era, ...] = ("auto", "modern", "legacy")
 
 
@@ -203,8 +203,6 @@ def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
     era = raw.get("era", "auto")
     if era not in ERAS:
         raise GatewayConfigError(f"{where}: era must be one of {', '.join(ERAS)} (got {era!r})")
-    if era != "auto" and url is None:
-        raise GatewayConfigError(f"{where}: era applies to HTTP upstreams only")
     return UpstreamConfig(
         name=name,
         url=url,

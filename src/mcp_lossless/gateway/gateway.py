@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -65,8 +65,19 @@ class _Metrics:
         self.up = Gauge(
             "mcp_lossless_gateway_upstream_up", "1 when the upstream is connected", ["upstream"], registry=r
         )
+        self.era = Gauge(
+            "mcp_lossless_gateway_upstream_era",
+            "1 for the protocol era the upstream is spoken to in (negotiated or configured), 0 for the other",
+            ["upstream", "era"],
+            registry=r,
+        )
         self._counted: dict[tuple[str, str], Any] = {}
         self._timed: dict[str, Any] = {}
+
+    def speaks(self, upstream: HttpUpstream | StdioUpstream) -> None:
+        """Record the era ``upstream`` negotiated at its last (re)start."""
+        for era in ("modern", "legacy"):
+            self.era.labels(upstream.name, era).set(1 if upstream.era == era else 0)
 
     def called(self, upstream: str, outcome: str, seconds: float) -> None:
         """Count one upstream call and its latency (each label set's child looked up once: it is the hot path)."""
@@ -103,7 +114,7 @@ class Gateway:
         self._keepers: set[asyncio.Task[None]] = set()
         for name, upstream in self.upstreams.items():
             if isinstance(upstream, StdioUpstream):
-                upstream.on_restart = self.metrics.restarts.labels(name).inc
+                upstream.on_restart = self._restarted(upstream)
             self.metrics.up.labels(name).set(0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -133,9 +144,20 @@ class Gateway:
         for upstream in self.upstreams.values():
             await upstream.close()
 
+    def _restarted(self, upstream: StdioUpstream) -> Callable[[], None]:
+        restarts = self.metrics.restarts.labels(upstream.name)
+
+        def restarted() -> None:
+            restarts.inc()
+            self.metrics.speaks(upstream)  # a child whose predecessor's era failed it was probed again
+
+        return restarted
+
     async def _connect(self, name: str) -> None:
-        await self.upstreams[name].start(lambda: self._register(name))
+        upstream = self.upstreams[name]
+        await upstream.start(lambda: self._register(name))
         self.metrics.up.labels(name).set(1)
+        self.metrics.speaks(upstream)
         self._register(name)
 
     async def _keep_trying(self, name: str) -> None:

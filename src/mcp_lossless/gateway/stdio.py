@@ -8,9 +8,13 @@ restarted with exponential backoff, and given up after ``max_restarts`` failed s
 then fail as ``unreachable``). A call past its deadline is cancelled in the child
 (``notifications/cancelled``) and fails with ``deadline``; so is a call whose client cancelled it.
 
+The child's era is negotiated at each spawn (:mod:`.stdio_era`: 2026-07-28 first, then ``initialize``, or
+as configured). A modern child's tool-list changes come on a ``subscriptions/listen`` request kept open on
+the pipe (when its ``server/discover`` announces them), a legacy child's as plain notifications.
+
 Log notifications of a stdio child carry no request they relate to, so they go to the gateway's log,
-not to any client's stream (another tool's caller must not receive them). Progress is routed by its
-token, which the gateway sets per call.
+not to any client's stream (another tool's caller must not receive them); a modern child is not asked for
+any. Progress is routed by its token, which the gateway sets per call.
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ from ..client.errors import ProtocolViolation
 from ..client.paging import collect_pages
 from ..core import errors
 from .config import UpstreamConfig
-from .upstream import CLIENT_INFO, Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
+from .stdio_era import SpokenEra, complete, enveloped, negotiate
+from .upstream import Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
 
 log = logging.getLogger("mcp_lossless.gateway")
 MAX_LINE_BYTES = 8 * 1024 * 1024
 HANDSHAKE_SECONDS = 60.0
-PROTOCOL_VERSION = "2025-11-25"
+LISTENED = {"toolsListChanged": True}
+"""What a modern child's ``subscriptions/listen`` asks for."""
 _PASSED_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
 
 
@@ -63,6 +69,8 @@ class StdioUpstream:
         self.name = config.name
         self.config = config
         self.restarts = 0
+        self.era: SpokenEra | None = None
+        """The era the running child speaks (negotiated at its spawn, or configured)."""
         self.on_restart: Callable[[], None] = lambda: None
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
@@ -119,31 +127,34 @@ class StdioUpstream:
         self._stderr = asyncio.create_task(self._drain_stderr(proc))
         try:
             async with asyncio.timeout(HANDSHAKE_SECONDS):
-                init = await self._request(
-                    "initialize",
-                    {
-                        "protocolVersion": PROTOCOL_VERSION,
-                        "capabilities": {},
-                        "clientInfo": CLIENT_INFO,
-                    },
-                )
-                if not isinstance(init.get("protocolVersion"), str):
-                    raise UpstreamFailure(
-                        "protocol", "initialize answered without a protocolVersion", may_have_run=False
-                    )
-                await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                handshake = await negotiate(self._request, self._notify, config.era, self.era)
+                self.era = handshake.era
+                if handshake.era == "modern" and handshake.announces_list_changes:
+                    self._spawn_task(self._listen())  # before the listing: a change after it is announced
                 self._tools = await self._list_tools()
         except (TimeoutError, _ChildExited, UpstreamRpcError, UpstreamFailure) as exc:
+            self.era = None  # the era is probed again at the next start
             await self._kill(proc)
             raise UpstreamFailure(
                 "unreachable", f"upstream {self.name} did not start: {exc!r}", may_have_run=False
             ) from exc
-        log.info("upstream %s: child %d ready, %d tools", self.name, proc.pid, len(self._tools))
+        log.info(
+            "upstream %s: child %d ready, %s era (%s), %d tools",
+            self.name,
+            proc.pid,
+            handshake.era,
+            handshake.how,
+            len(self._tools),
+        )
         self._ready.set()
+
+    def _speaking(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A request's params in the child's era: a modern child gets the per-request envelope."""
+        return enveloped(params) if self.era == "modern" else params
 
     async def _list_tools(self) -> list[UpstreamTool]:
         async def page(params: dict[str, Any]) -> dict[str, Any]:
-            return await self._request("tools/list", params)
+            return await self._request("tools/list", self._speaking(params))
 
         try:
             entries = await collect_pages(page, "tools")
@@ -230,8 +241,8 @@ class StdioUpstream:
             route = self._progress.get(params.get("progressToken"))  # type: ignore[arg-type]
             if route is not None:
                 route(params)
-        elif method == "notifications/tools/list_changed":
-            self._spawn_task(self._refresh())
+        elif method in ("notifications/tools/list_changed", "notifications/subscriptions/acknowledged"):
+            self._spawn_task(self._refresh())  # the list changed, or may have before the subscription took hold
         elif method == "notifications/message":
             log.info("upstream %s log [%s]: %s", self.name, params.get("level"), str(params.get("data"))[:1000])
 
@@ -241,12 +252,25 @@ class StdioUpstream:
         task.add_done_callback(self._background.discard)
 
     async def _refresh(self) -> None:
+        """Re-list the tools; a list that differs is published."""
         try:
-            self._tools = await self._list_tools()
-        except (_ChildExited, UpstreamRpcError) as exc:
+            tools = await self._list_tools()
+        except (_ChildExited, UpstreamRpcError, UpstreamFailure) as exc:
             log.warning("upstream %s: tools/list after list_changed failed: %r", self.name, exc)
             return
-        self._on_tools_changed()
+        if tools != self._tools:
+            self._tools = tools
+            self._on_tools_changed()
+
+    async def _listen(self) -> None:
+        """A modern child's ``subscriptions/listen``: open for the child's life (its answer ends it)."""
+        try:
+            await self._request("subscriptions/listen", enveloped({"notifications": LISTENED}))
+            log.warning("upstream %s ended its list-change subscription: its list is read at restarts", self.name)
+        except UpstreamRpcError as exc:
+            log.warning("upstream %s refused subscriptions/listen (%s): its list is read at restarts", self.name, exc)
+        except (_ChildExited, UpstreamFailure):
+            pass  # the child is gone: its successor subscribes again
 
     async def _write(self, message: dict[str, Any]) -> None:
         proc = self._proc
@@ -257,6 +281,9 @@ class StdioUpstream:
             await proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise _ChildExited(f"upstream {self.name}: {exc!r}") from exc
+
+    async def _notify(self, method: str) -> None:
+        await self._write({"jsonrpc": "2.0", "method": method})
 
     async def _write_quietly(self, message: dict[str, Any]) -> None:
         with contextlib.suppress(_ChildExited):
@@ -316,7 +343,7 @@ class StdioUpstream:
             relay = Relay()
 
             self._progress[rid] = functools.partial(_route_progress, relay, reporter)
-            params = {"name": tool, "arguments": arguments, "_meta": {"progressToken": rid}}
+            params = self._speaking({"name": tool, "arguments": arguments, "_meta": {"progressToken": rid}})
             try:
                 async with relay:
                     try:
@@ -343,7 +370,7 @@ class StdioUpstream:
             finally:
                 self._progress.pop(rid, None)
             self._failed_starts = 0
-            return result
+            return complete(tool, result) if self.era == "modern" else result
 
     def _cancel(self, rid: int, reason: str) -> None:
         message = {

@@ -1,0 +1,150 @@
+"""Which era a stdio child speaks, and what speaking it means on the pipe: 2026-07-28 first, legacy fallback.
+
+The 2026-07-28 stdio binding has no HTTP status to drive a fallback: a dual-era client probes with
+``server/discover`` before any other request. A result listing 2026-07-28 is a modern server; a modern
+refusal of the revision (``UNSUPPORTED_PROTOCOL_VERSION`` naming 2026-07-28) is a modern server that will not
+talk, so the start fails; any other error, or no answer within :data:`PROBE_SECONDS` (legacy servers may
+ignore a request before ``initialize``), is a legacy server, which then gets ``initialize`` on the same
+process. A dual-era server picks its era from the first request it reads, so a probe answered late (a child
+still importing when the probe's time ran out) has made the child modern: it then refuses ``initialize``,
+and that refusal is read together with the late answer.
+
+The era is a property of the server: a restarted child is spoken to in the era its predecessor negotiated
+(no second probe, nor a second wait on a silent one), and probed again after a start in that era failed.
+
+A modern child gets :func:`enveloped` params on every request (there is no handshake to state the revision
+and the client once), and a call's result must be a complete one: the gateway declares neither the tasks
+extension nor any input capability, so a task or an ``input_required`` answer breaks the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..client.modern import NotModern, modern_discovery, modern_refusal, request_meta
+from .config import Era
+from .upstream import CLIENT_INFO, UpstreamFailure, UpstreamRpcError
+
+PROBE_SECONDS = 10.0
+"""How long the ``server/discover`` probe waits before the child is taken for a legacy server."""
+LEGACY_VERSION = "2025-11-25"
+SpokenEra = Literal["modern", "legacy"]
+Request = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+Notify = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    era: SpokenEra
+    how: str
+    """Why this era, for the upstream's log line (the probe's answer, the configuration, the last start)."""
+    capabilities: Mapping[str, Any]
+    """What the server says it offers: its ``server/discover`` or ``initialize`` answer's capabilities."""
+
+    @property
+    def announces_list_changes(self) -> bool:
+        tools = self.capabilities.get("tools")
+        return isinstance(tools, Mapping) and tools.get("listChanged") is True
+
+
+def enveloped(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` of a 2026-07-28 request: with the revision, the gateway's (empty) capabilities and identity."""
+    meta = request_meta({}, CLIENT_INFO)
+    extra = params.get("_meta")
+    return {**params, "_meta": {**meta, **extra} if isinstance(extra, Mapping) else meta}
+
+
+def complete(tool: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A modern child's ``tools/call`` result, which must be complete: nothing else was declared."""
+    kind = result.get("resultType", "complete")
+    if kind != "complete":
+        raise UpstreamFailure(
+            "protocol", f"{tool} answered resultType {kind!r}, which the gateway did not ask for", may_have_run=True
+        )
+    return result
+
+
+def _capabilities(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    capabilities = result.get("capabilities")
+    return capabilities if isinstance(capabilities, Mapping) else {}
+
+
+async def negotiate(request: Request, notify: Notify, era: Era, last: SpokenEra | None) -> Handshake:
+    """The era to speak to a freshly spawned child: ``era`` from the config, ``last`` what its predecessor spoke.
+
+    ``request`` sends one request and returns its result (raising :class:`UpstreamRpcError` for an error
+    answer); ``notify`` sends a notification. A child that speaks neither fails as :class:`UpstreamFailure`.
+    """
+    if era == "legacy":
+        return await _initialize(request, notify, "configured")
+    if era == "auto" and last == "legacy":
+        return await _initialize(request, notify, "as at its last start")
+    probe = asyncio.ensure_future(request("server/discover", enveloped({})))
+    probe.add_done_callback(_retrieved)
+    try:
+        async with asyncio.timeout(PROBE_SECONDS):
+            discovered = await asyncio.shield(probe)
+    except TimeoutError:
+        return await _fallback(request, notify, era, f"server/discover had no answer in {PROBE_SECONDS:g} s", probe)
+    except UpstreamRpcError as exc:
+        if modern_refusal(exc.code, exc.data):
+            raise UpstreamFailure(
+                "protocol", f"a 2026-07-28 server that refused the revision: {exc.message}", may_have_run=False
+            ) from None
+        return await _fallback(request, notify, era, f"server/discover refused ({exc.code} {exc.message})")
+    try:
+        modern_discovery(discovered)
+    except NotModern as exc:
+        return await _fallback(request, notify, era, f"server/discover answered, but {exc}")
+    return Handshake("modern", "server/discover lists it", _capabilities(discovered))
+
+
+async def _fallback(
+    request: Request, notify: Notify, era: Era, why: str, probe: asyncio.Future[dict[str, Any]] | None = None
+) -> Handshake:
+    """The probe found no modern server: the legacy handshake, unless the config asked for 2026-07-28."""
+    if era == "modern":
+        raise UpstreamFailure("protocol", f"configured 2026-07-28, but {why}", may_have_run=False)
+    return await _initialize(request, notify, why, probe)
+
+
+async def _initialize(
+    request: Request, notify: Notify, how: str, late_probe: asyncio.Future[dict[str, Any]] | None = None
+) -> Handshake:
+    params = {"protocolVersion": LEGACY_VERSION, "capabilities": {}, "clientInfo": CLIENT_INFO}
+    try:
+        init = await request("initialize", params)
+    except UpstreamRpcError:
+        if late_probe is None:
+            raise
+        with contextlib.suppress(TimeoutError):  # its answer may come after the refusal it caused
+            async with asyncio.timeout(PROBE_SECONDS):
+                await asyncio.wait([late_probe])
+        late = _late_discovery(late_probe)
+        if late is None:
+            raise
+        return Handshake("modern", "server/discover answered late, and initialize was refused", _capabilities(late))
+    if not isinstance(init.get("protocolVersion"), str):
+        raise UpstreamFailure("protocol", "initialize answered without a protocolVersion", may_have_run=False)
+    await notify("notifications/initialized")
+    return Handshake("legacy", how, _capabilities(init))
+
+
+def _late_discovery(probe: asyncio.Future[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The probe's answer, if it came after all and names 2026-07-28."""
+    if probe is None or not probe.done() or probe.cancelled() or probe.exception() is not None:
+        return None
+    try:
+        return modern_discovery(probe.result())
+    except NotModern:
+        return None
+
+
+def _retrieved(probe: asyncio.Future[dict[str, Any]]) -> None:
+    """A probe left unanswered ends with its child: its exception then is expected, not an unhandled one."""
+    if not probe.cancelled():
+        probe.exception()
