@@ -21,7 +21,7 @@ for both checkouts) opens the sessions and warms the path up while nothing is co
 
 The counts are deterministic to well under 1 % from run to run. Writes the figures to
 ``benchmarks/results/instructions-serve-<timestamp>.json`` and the table to ``benchmarks/RESULTS-instructions.md``
-(``--no-write``: print only).
+(``--no-write``: print only). ``--keep DIR`` keeps each server's callgrind output there, for ``callgrind_annotate``.
 """
 
 from __future__ import annotations
@@ -232,6 +232,7 @@ def main() -> None:
     parser.add_argument("--only", help=f"comma-separated workloads (of {', '.join(WORKLOADS)})")
     parser.add_argument("--baseline", type=Path, help="another checkout (with its own .venv) measured beside this one")
     parser.add_argument("--no-write", action="store_true", help="print the table; write no result files")
+    parser.add_argument("--keep", type=Path, help="a directory to keep the callgrind outputs and server logs in")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(WORKLOADS)
     unknown = sorted(set(names) - set(WORKLOADS))
@@ -250,10 +251,12 @@ def main() -> None:
     if args.baseline:
         results["baseline"] = {"path": str(args.baseline), "commit": _commit(args.baseline)}
     with tempfile.TemporaryDirectory(prefix="instructions-serve-") as scratch:
+        workdir = args.keep or Path(scratch)
+        workdir.mkdir(parents=True, exist_ok=True)
         for name in names:
-            row: dict[str, Any] = {"unit": WORKLOADS[name].unit, "ours": measure(ROOT, name, Path(scratch))}
+            row: dict[str, Any] = {"unit": WORKLOADS[name].unit, "ours": measure(ROOT, name, workdir)}
             if args.baseline:
-                row["baseline"] = measure(args.baseline.resolve(), name, Path(scratch))
+                row["baseline"] = measure(args.baseline.resolve(), name, workdir)
             results["workloads"][name] = row
             summary = f"{name}: {row['ours']['per_unit'] / 1000:,.1f}k per {row['unit']}"
             if args.baseline:
