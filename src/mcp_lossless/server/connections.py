@@ -6,7 +6,8 @@ uvicorn with httptools offers none of these (``h11_max_incomplete_event_size`` a
 a subclass of its httptools protocol that counts and times each connection; the verdicts are
 :mod:`mcp_lossless.core.limits`'. A connection waiting for a request head (fresh, or idle after an answer) or for
 a body sits in an insertion-ordered table; one sweep per server walks the tables from their oldest entry, so a
-request costs a few dict operations, not a timer of its own.
+request costs a few dict operations, not a timer of its own. The sweep stays armed while any connection is open
+(only an open connection has an entry), so a request does not arm it.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class ConnectionGuard:
         """Connections with no request at work, by the moment they began waiting for a head: oldest first."""
         self.bodies: dict[GuardedHttpToolsProtocol, float] = {}
         """Requests whose head arrived and whose body has not, by the moment the head arrived."""
+        self.held = 0
+        """Connections open now (refused ones until they are lost): the sweep runs while there are any."""
         self._sweep: asyncio.TimerHandle | None = None
         shortest = min(limits.header_timeout, limits.body_timeout) / 4
         self._interval = min(max(shortest, SWEEP_SECONDS[0]), SWEEP_SECONDS[1])
@@ -80,7 +83,7 @@ class ConnectionGuard:
                     break
                 del table[protocol]
                 protocol.refuse(overdue(self.limits))
-        if self.heads or self.bodies:
+        if self.held:
             self.watch(loop)
 
     def make_room(self, newcomer: GuardedHttpToolsProtocol, held: int) -> bool:
@@ -112,25 +115,30 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             with contextlib.suppress(OSError):  # not TCP (a Unix socket): its buffer is small already
                 sock.setsockopt(socket.IPPROTO_TCP, _NOTSENT_LOWAT, UNSENT_BYTES)
         self._head_bytes = 0
+        self._chunk_bytes = 0
         self._in_head = True
         self._refusal: LimitExceeded | None = None
         guard = self.guard
+        guard.held += 1
+        guard.watch(self.loop)
         if not guard.make_room(self, len(self.connections)):
             self.refuse(verdicts.connections_full(guard.limits, guard.cap))
             return
         guard.heads[self] = self.loop.time()
-        guard.watch(self.loop)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.guard.heads.pop(self, None)
-        self.guard.bodies.pop(self, None)
+        guard = self.guard
+        guard.held -= 1
+        guard.heads.pop(self, None)
+        guard.bodies.pop(self, None)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._refusal is not None:
             return
+        self._chunk_bytes = len(data)
         if self._in_head:
-            self._head_bytes += len(data)
+            self._head_bytes += self._chunk_bytes
         HttpToolsProtocol.data_received(self, data)
         if self._refusal is None and self._in_head and self._head_bytes > self.guard.limits.max_header_bytes:
             self._refusal = verdicts.request_head(self.guard.limits, self._head_bytes, 0)
@@ -142,15 +150,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         guard = self.guard
         guard.heads.pop(self, None)
         head = self.headers
-        size = len(self.url)
-        for name, value in head:  # a plain loop: a generator or map costs more per header
-            size += len(name) + len(value)
+        # The head came in the bytes counted since it began, plus at most the chunk being parsed (where it began
+        # if a previous request ended in that chunk): when those are within the limit, so is the head.
+        size = self._head_bytes + self._chunk_bytes
+        if size > guard.limits.max_header_bytes:
+            size = len(self.url)
+            for name, value in head:  # a plain loop: a generator or map costs more per header
+                size += len(name) + len(value)
         self._refusal = verdicts.request_head(guard.limits, size, len(head))
         if self._refusal is not None:
             return  # no request cycle: nothing of it reaches the app
         HttpToolsProtocol.on_headers_complete(self)
         guard.bodies[self] = self.loop.time()
-        guard.watch(self.loop)
 
     def on_body(self, body: bytes) -> None:
         if self._refusal is None:
@@ -172,7 +183,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             and (self.cycle is None or self.cycle.response_complete)
         ):
             self.guard.heads[self] = self.loop.time()
-            self.guard.watch(self.loop)
 
     def shed(self) -> None:
         """Closed to make room for a newer connection (this one had no request at work)."""
