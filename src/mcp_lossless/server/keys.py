@@ -11,6 +11,7 @@ the time tells the client that holds a stream's event ids nothing it did not kno
 
 from __future__ import annotations
 
+import binascii
 import os
 import time
 
@@ -19,16 +20,18 @@ from ..core.eventids import new_key
 _KEY_BYTES = 18
 _KEY_CHARS = 24
 _KEYS_PER_BLOCK = 256
-_SORTED = str.maketrans(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_",
-    "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz",
+_SORTED = bytes.maketrans(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
+    b"-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz",
 )
-"""Each base64url digit to the digit of the same value in an alphabet in byte order."""
+"""Each base64 digit to the digit of the same value in an alphabet in byte order (a byte table: ``str.translate``
+looks each character up in a dict, 2,500 instructions a stamp)."""
 
 
 def stamp(milliseconds: int) -> str:
-    """``milliseconds`` (below 2**48, beyond the year 10,000) as 8 characters that sort as the numbers do."""
-    return new_key(milliseconds.to_bytes(6, "big")).translate(_SORTED)
+    """``milliseconds`` (below 2**48, beyond the year 10,000) as 8 characters that sort as the numbers do: its 6
+    bytes are exactly 8 base64 digits, with no padding."""
+    return binascii.b2a_base64(milliseconds.to_bytes(6, "big"), newline=False).translate(_SORTED).decode("ascii")
 
 
 class _Entropy:
