@@ -64,7 +64,7 @@ class _Partition:
 
 
 class _Stream:
-    __slots__ = ("answered", "events", "first_seq", "gone", "partition", "record", "tags")
+    __slots__ = ("answered", "events", "first_seq", "gone", "partition", "record", "tag_index", "tags")
 
     def __init__(self, record: StreamRecord, partition: _Partition) -> None:
         self.record = record
@@ -77,6 +77,8 @@ class _Stream:
         """Lowest position still retained; anything below it was evicted."""
         self.tags: list[frozenset[str]] = []
         """The distinct tag sets of this stream's events (its requests'), which held events name by index."""
+        self.tag_index: dict[frozenset[str], int] = {}
+        """Each tag set's index in ``tags``: one lookup per append (a frozenset keeps its hash)."""
         self.gone = False
 
 
@@ -202,30 +204,29 @@ class MemoryStore:
         self._append(event, completes)
 
     def _append(self, event: StoredEvent, completes: bool) -> None:
-        stream = self._streams.get(event.stream)
+        _session, key, seq, event_id, data, request_id, tool, resources, terminal = event  # one unpack, not 9 lookups
+        stream = self._streams.get(key)
         if stream is None:
-            raise KeyError(f"append to unknown stream {event.stream}")
+            raise KeyError(f"append to unknown stream {key}")
         record = stream.record
-        if event.seq != record.last_seq + 1:
-            if event.seq <= record.last_seq and self._holds(stream, event):
+        if seq != record.last_seq + 1:
+            if seq <= record.last_seq and self._holds(stream, event):
                 return  # a retry of a stored append (its outcome was lost to a cancel): already done
-            raise ValueError(f"append of position {event.seq} to stream {event.stream} after {record.last_seq}")
-        tags = stream.tags
-        resources = event.resources
-        if resources in tags:  # not ``index`` and ``ValueError``: a stream's first event would raise (and format it)
-            tag_index = tags.index(resources)
-        else:
-            tag_index = len(tags)
-            tags.append(resources)
-        data = memoryview(event.data).tobytes() if event.data else b""  # an exact-size copy
-        held = (event.event_id, data, event.request_id, event.tool, tag_index, event.terminal)
+            raise ValueError(f"append of position {seq} to stream {key} after {record.last_seq}")
+        tag_index = stream.tag_index.get(resources)
+        if tag_index is None:
+            tag_index = stream.tag_index[resources] = len(stream.tags)
+            stream.tags.append(resources)
+        data = memoryview(data).tobytes() if data else b""  # an exact-size copy
+        held = (event_id, data, request_id, tool, tag_index, terminal)
         stream.events.append(held)
-        record.last_seq = event.seq
-        if event.terminal and event.request_id is not None:
-            stream.answered.add(event.request_id)
+        record.last_seq = seq
+        if terminal and request_id is not None:
+            stream.answered.add(request_id)
         if completes:
             record.completed = True
-        size = _held_size(held)
+        # _held_size inline for an ASCII id (every id this server makes): a call per event costs more than the sum
+        size = _HELD_BYTES + len(event_id) + len(data) if event_id.isascii() else _held_size(held)
         partition = stream.partition
         partition.order.append(stream)
         partition.count += 1
