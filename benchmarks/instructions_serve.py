@@ -22,6 +22,9 @@ for both checkouts) opens the sessions and warms the path up while nothing is co
 The counts are deterministic to well under 1 % from run to run. Writes the figures to
 ``benchmarks/results/instructions-serve-<timestamp>.json`` and the table to ``benchmarks/RESULTS-instructions.md``
 (``--no-write``: print only). ``--keep DIR`` keeps each server's callgrind output there, for ``callgrind_annotate``.
+``--cache-sim`` also simulates the caches (about twice as slow) and reports first-level and last-level misses per
+unit (instruction and data together): what instruction counts cannot see, such as a working set that grows with the
+number of connections.
 """
 
 from __future__ import annotations
@@ -141,14 +144,18 @@ def _wait_listening(port: int, server: subprocess.Popen[bytes], log: Path) -> No
     raise SystemExit(f"the server did not listen on port {port} within {STARTUP_TIMEOUT_S:.0f} s")
 
 
-def _totals(callgrind_out: Path) -> int:
+def _totals(callgrind_out: Path) -> dict[str, int]:
+    """The run's total of each event callgrind counted (``Ir``; with the cache simulation, ``D1mr`` and so on)."""
+    events: list[str] = []
     for line in callgrind_out.read_text().splitlines():
-        if line.startswith("totals:"):
-            return int(line.split()[1])
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("totals:"):
+            return dict(zip(events, map(int, line.split()[1:]), strict=True))
     raise SystemExit(f"{callgrind_out}: no totals line")
 
 
-def measure(checkout: Path, name: str, workdir: Path) -> dict[str, Any]:
+def measure(checkout: Path, name: str, workdir: Path, cache_sim: bool = False) -> dict[str, Any]:
     """One fresh server of ``checkout`` under callgrind, driven through workload ``name``."""
     binary = checkout / ".venv" / "bin" / "mcp-lossless"
     if not binary.is_file():
@@ -161,6 +168,7 @@ def measure(checkout: Path, name: str, workdir: Path) -> dict[str, Any]:
         "--tool=callgrind",
         "--instr-atstart=no",
         f"--callgrind-out-file={out}",
+        *(["--cache-sim=yes"] if cache_sim else []),
         str(binary),
         *("serve", "--host", HOST, "--port", str(port), "--log-level", "warning", "--store", "memory"),
         *("--auth", "none"),
@@ -184,8 +192,13 @@ def measure(checkout: Path, name: str, workdir: Path) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-    instructions = _totals(out)
-    return {"instructions": instructions, "units": units, "per_unit": instructions / units}
+    totals = _totals(out)
+    row: dict[str, Any] = {"instructions": totals["Ir"], "units": units, "per_unit": totals["Ir"] / units}
+    if cache_sim:
+        l1 = totals["I1mr"] + totals["D1mr"] + totals["D1mw"]
+        last_level = totals["ILmr"] + totals["DLmr"] + totals["DLmw"]
+        row |= {"l1_misses_per_unit": l1 / units, "ll_misses_per_unit": last_level / units}
+    return row
 
 
 def _commit(checkout: Path) -> str:
@@ -223,6 +236,16 @@ def render(results: dict[str, Any]) -> str:
             theirs = row["baseline"]["per_unit"]
             line += f" {theirs / 1000:,.1f}k | {ours / theirs:.3f} |"
         lines.append(line)
+    if any("l1_misses_per_unit" in row["ours"] for row in results["workloads"].values()):
+        lines += ["", "Cache misses per unit (simulated; first level · last level):", ""]
+        lines += [
+            "| workload | this checkout |" + (" baseline |" if base else ""),
+            "|---|---|" + ("---|" if base else ""),
+        ]
+        for name, row in results["workloads"].items():
+            cells = [row["ours"]] + ([row["baseline"]] if base else [])
+            shown = " | ".join(f"{c['l1_misses_per_unit']:,.0f} · {c['ll_misses_per_unit']:,.0f}" for c in cells)
+            lines.append(f"| {name} | {shown} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -233,6 +256,7 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="another checkout (with its own .venv) measured beside this one")
     parser.add_argument("--no-write", action="store_true", help="print the table; write no result files")
     parser.add_argument("--keep", type=Path, help="a directory to keep the callgrind outputs and server logs in")
+    parser.add_argument("--cache-sim", action="store_true", help="also count cache misses (about twice as slow)")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(WORKLOADS)
     unknown = sorted(set(names) - set(WORKLOADS))
@@ -254,9 +278,9 @@ def main() -> None:
         workdir = args.keep or Path(scratch)
         workdir.mkdir(parents=True, exist_ok=True)
         for name in names:
-            row: dict[str, Any] = {"unit": WORKLOADS[name].unit, "ours": measure(ROOT, name, workdir)}
+            row: dict[str, Any] = {"unit": WORKLOADS[name].unit, "ours": measure(ROOT, name, workdir, args.cache_sim)}
             if args.baseline:
-                row["baseline"] = measure(args.baseline.resolve(), name, workdir)
+                row["baseline"] = measure(args.baseline.resolve(), name, workdir, args.cache_sim)
             results["workloads"][name] = row
             summary = f"{name}: {row['ours']['per_unit'] / 1000:,.1f}k per {row['unit']}"
             if args.baseline:
