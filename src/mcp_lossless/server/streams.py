@@ -344,8 +344,8 @@ class LiveStream:
         record = self.record
         store = self._store
         request_id = request.request_id
-        if not self.answers_only:  # held until sent: an exact-size copy (``orjson.dumps`` keeps ~4 KiB per result)
-            data = memoryview(data).tobytes()
+        if not self.answers_only:  # held until sent: an exact-size copy (``orjson.dumps`` keeps ~4 KiB per result),
+            data = b"".join((data, b""))  # made as the memory store makes its own (stores/memory.py)
         lock = self._lock
         queued = self._queued
         # A progress event while the lock is free and the queue has room runs to its end without suspending:
