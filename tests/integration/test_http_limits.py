@@ -85,6 +85,30 @@ def test_a_head_over_the_size_limit_gets_431_naming_it(quick: tuple[str, Any]) -
     assert error["data"] == {"limit": "max_header_bytes", "maximum": Limits().max_header_bytes}
 
 
+def test_a_pipelined_head_over_the_size_limit_gets_431_though_it_began_in_the_previous_requests_packet(
+    quick: tuple[str, Any],
+) -> None:
+    """The second head's first 31,000 bytes come in the packet that ends the first request, its last 2,000 only
+    once the first is answered: the size is bounded by the bytes that carried it, both packets counted."""
+    url, _ = quick
+    limit = Limits().max_header_bytes
+    second = HEAD + b"x-big: " + b"a" * (limit + 1) + b"\r\n\r\n"
+    with _connect(url) as sock:
+        sock.sendall(HEAD + b"\r\n" + second[:31_000])
+        first = b""
+        while b"\r\n\r\n" not in first:
+            first += sock.recv(65536)
+        head, _, body = first.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+        while len(body) < length:
+            body += sock.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        sock.sendall(second[31_000:])
+        status, error = _refusal(body[length:] + _read_all(sock))
+    assert status == 431
+    assert error["data"] == {"limit": "max_header_bytes", "maximum": limit}
+
+
 def test_too_many_header_fields_get_431_naming_the_count_limit(quick: tuple[str, Any]) -> None:
     url, _ = quick
     fields = b"".join(b"x-%d: 1\r\n" % i for i in range(Limits().max_headers + 1))

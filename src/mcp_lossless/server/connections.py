@@ -115,7 +115,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             with contextlib.suppress(OSError):  # not TCP (a Unix socket): its buffer is small already
                 sock.setsockopt(socket.IPPROTO_TCP, _NOTSENT_LOWAT, UNSENT_BYTES)
         self._head_bytes = 0
+        """Bytes received since the head began to be awaited, counted a packet at a time (so past the limit, an
+        unfinished head is refused before it is complete)."""
         self._chunk_bytes = 0
+        """Bytes of the packet being parsed."""
+        self._carried = 0
+        """Bytes of the packet in which the previous request ended: the next head may have begun anywhere in it,
+        and ``_head_bytes`` does not count them."""
         self._in_head = True
         self._refusal: LimitExceeded | None = None
         guard = self.guard
@@ -150,9 +156,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         guard = self.guard
         guard.heads.pop(self, None)
         head = self.headers
-        # The head came in the bytes counted since it began, plus at most the chunk being parsed (where it began
-        # if a previous request ended in that chunk): when those are within the limit, so is the head.
-        size = self._head_bytes + self._chunk_bytes
+        # The head came in the packet where the previous request ended and those counted since: when those bytes
+        # are within the limit, so is the head, and its exact size need not be summed.
+        size = self._head_bytes + self._carried
         if size > guard.limits.max_header_bytes:
             size = len(self.url)
             for name, value in head:  # a plain loop: a generator or map costs more per header
@@ -173,6 +179,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.guard.bodies.pop(self, None)
         self._in_head = True
         self._head_bytes = 0
+        self._carried = self._chunk_bytes
         HttpToolsProtocol.on_message_complete(self)
 
     def on_response_complete(self) -> None:
