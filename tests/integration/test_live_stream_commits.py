@@ -110,6 +110,24 @@ async def test_progress_appends_return_before_their_commit(tmp_path: Path) -> No
         await store.close()
 
 
+async def test_the_backlog_bytes_are_the_payload_memory_holds_after_each_delivery(store: EventStore) -> None:
+    """A delivery of everything published (the count is reset, not summed) and one of a part (summed) both leave
+    the byte count the back-pressure bound reads equal to the payload still held."""
+    live = await live_stream(store)
+    for n in range(1, 51):
+        await live.append(progress(n), REQUEST)
+    if live.events:
+        live.deliver(live.events[-1].seq)
+    for n in range(51, 101):
+        await live.append(progress(n), REQUEST)
+    await live.append(b'{"jsonrpc":"2.0","id":1,"result":{}}', REQUEST, terminal=True)  # after every event before it
+    assert live.backlog_bytes == sum(len(e.data) for e in live.events) > 0
+    live.deliver(live.events[9].seq)
+    assert live.backlog_bytes == sum(len(e.data) for e in live.events) > 0
+    live.deliver(live.events[-1].seq)
+    assert (live.backlog_bytes, live.events, live.backlog) == (0, [], 0)
+
+
 async def reader(live: LiveStream) -> None:
     """A writer's part for a client that reads: each published event is sent as soon as it is seen."""
     while not live.done:

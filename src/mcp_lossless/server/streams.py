@@ -209,6 +209,11 @@ class LiveStream:
         """Events stored (or queued for the store) that no writer has sent yet."""
         return self.record.last_seq - self.delivered
 
+    @property
+    def backlog_bytes(self) -> int:
+        """The payload bytes of :attr:`backlog` held here (what ``limits.stream_backlog_bytes`` bounds)."""
+        return self._backlog_bytes
+
     def after(self, seq: int) -> list[StoredEvent] | None:
         """The published events after position ``seq``; ``None`` when memory no longer holds them all (a writer
         sent some already: the store has them, see :meth:`catch_up`)."""
@@ -239,10 +244,13 @@ class LiveStream:
         events = self.events
         sent = min(len(events), seq - events[0].seq + 1) if events else 0
         if sent:
-            sent_bytes = 0
-            for event in events[:sent]:  # a plain loop: a generator, or map over attrgetter, measured slower
-                sent_bytes += len(event.data)
-            self._backlog_bytes -= sent_bytes
+            if sent == len(events) and not self._queued:
+                self._backlog_bytes = 0  # all published is sent, nothing waits for the store: no sum to take
+            else:
+                sent_bytes = 0
+                for event in events[:sent]:  # a plain loop: a generator, or map over attrgetter, measured slower
+                    sent_bytes += len(event.data)
+                self._backlog_bytes -= sent_bytes
             del events[:sent]
         self.delivered = seq
         if (
