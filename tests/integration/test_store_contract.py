@@ -168,6 +168,37 @@ async def test_stream_round_trip_keeps_requests_and_id_types(store: EventStore) 
     assert await store.get_stream("missing") is None
 
 
+async def test_opening_an_existing_key_starts_it_afresh_beside_new_streams(store: EventStore) -> None:
+    """A key opened again is a new stream: its old events and answers go. Opened together with new streams (one
+    batch of a group-committing store), each new one is created and the old one replaced, nothing mixed up."""
+    call = PendingRequest(1, "tools/call", "a", TOOL_A)
+    await store.open_stream(stream("k1", requests=(call,)))
+    await fill(store, "k1", 2)
+    await store.append(event("k1", 2, request_id=1, terminal=True), completes=True)
+    other = await fill_stream(store, "k0")
+
+    again = PendingRequest("again", "tools/call", "bc", TOOL_BC)
+    await asyncio.gather(
+        store.open_stream(stream("k2")),
+        store.open_stream(stream("k1", requests=(again,))),
+        store.open_stream(stream("k3")),
+    )
+
+    assert await store.get_stream("k1") == stream("k1", requests=(again,))
+    assert await store.read_after("k1", -1) == []
+    for key in ("k2", "k3"):
+        assert await store.get_stream(key) == stream(key)
+    assert await store.read_after("k0", -1) == other
+    restarted = event("k1", 0, request_id="again")
+    await store.append(restarted)
+    assert await store.read_after("k1", -1) == [restarted]
+
+
+async def fill_stream(store: EventStore, key: str) -> list[StoredEvent]:
+    await store.open_stream(stream(key))
+    return await fill(store, key, 3)
+
+
 async def test_returned_stream_record_is_a_copy(store: EventStore) -> None:
     await store.open_stream(stream("k1"))
     got = await store.get_stream("k1")

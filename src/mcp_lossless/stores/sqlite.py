@@ -111,6 +111,12 @@ DROP TABLE streams_v2;
 (events of no stream, which a version-2 store never left, are dropped)."""
 _MIGRATE_FROM_3 = "DROP INDEX IF EXISTS streams_by_session;"
 """Version 3 had schema 4's tables with one index by (session, completion time): replaced by schema 4's two."""
+_INSERT_STREAM = (
+    "INSERT {conflict} INTO streams VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, CASE WHEN ?9 THEN ?11 END)"
+)
+"""A stream's row as it opens: ``OR IGNORE`` first, since a new key (nearly always: keys are random) needs no
+deletion of an old stream's events; ``OR REPLACE`` after those are deleted when a key existed. The completion
+time is given always and kept only for a completed stream: a ``None`` parameter costs an adapter lookup."""
 _SAME_REQUEST = "request_id IS ?1 AND tool IS ?2 AND resources = ?3"
 _READ_EVENTS = (
     f"SELECT CASE WHEN {_SAME_REQUEST} AND NOT terminal THEN event_id END, data"
@@ -365,7 +371,7 @@ class _Batch:
             if state.trimmed:
                 trimmed.append((state.stream_id, state.first_seq))
             record = state.opened
-            completes = state.completes
+            completes = int(state.completes)  # an int: sqlite3 binds a bool (or None) through its adapter lookup
             if record is not None:
                 opened.append(
                     (
@@ -377,21 +383,22 @@ class _Batch:
                         encode_requests(record.requests).decode(),
                         state.last_seq,
                         state.first_seq,
-                        int(completes),
+                        completes,
                         state.answered_json(),
-                        now if completes else None,
+                        now,
                     )
                 )
                 continue
-            updated.append(
-                (state.last_seq, state.first_seq, state.answered_json(), completes, completes, now, state.stream_id)
-            )
-        if opened:  # an existing key starts afresh: its old events go, its row is replaced by the new one
-            db.executemany(
-                "DELETE FROM events WHERE stream_id = (SELECT id FROM streams WHERE stream = ?)",
-                [(row[1],) for row in opened],
-            )
-            db.executemany("INSERT OR REPLACE INTO streams VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", opened)
+            updated.append((state.last_seq, state.first_seq, state.answered_json(), completes, now, state.stream_id))
+        if opened:
+            changes = db.total_changes
+            db.executemany(_INSERT_STREAM.format(conflict="OR IGNORE"), opened)
+            if db.total_changes - changes != len(opened):  # a key that exists starts afresh: its old events go
+                db.executemany(
+                    "DELETE FROM events WHERE stream_id = (SELECT id FROM streams WHERE stream = ?)",
+                    [(row[1],) for row in opened],
+                )
+                db.executemany(_INSERT_STREAM.format(conflict="OR REPLACE"), opened)
         if self.rows:
             db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self.rows)
             self.rows = []
@@ -399,8 +406,8 @@ class _Batch:
             db.executemany("DELETE FROM events WHERE stream_id = ? AND seq < ?", trimmed)
         if updated:
             db.executemany(
-                "UPDATE streams SET last_seq = ?, first_seq = ?, answered = ?, completed = completed OR ?,"
-                " completed_at = CASE WHEN ? AND completed_at IS NULL THEN ? ELSE completed_at END WHERE id = ?",
+                "UPDATE streams SET last_seq = ?1, first_seq = ?2, answered = ?3, completed = completed OR ?4,"
+                " completed_at = CASE WHEN ?4 AND completed_at IS NULL THEN ?5 ELSE completed_at END WHERE id = ?6",
                 updated,
             )
         self.states = {}
