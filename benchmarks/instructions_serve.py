@@ -24,7 +24,8 @@ The counts are deterministic to well under 1 % from run to run. Writes the figur
 (``--no-write``: print only). ``--keep DIR`` keeps each server's callgrind output there, for ``callgrind_annotate``.
 ``--cache-sim`` also simulates the caches (about twice as slow) and reports first-level and last-level misses per
 unit (instruction and data together): what instruction counts cannot see, such as a working set that grows with the
-number of connections.
+number of connections. ``--syscalls`` runs each server once more without valgrind and counts its system calls per
+unit with ``strace -c`` attached around the measured requests (callgrind counts none of them).
 """
 
 from __future__ import annotations
@@ -155,20 +156,17 @@ def _totals(callgrind_out: Path) -> dict[str, int]:
     raise SystemExit(f"{callgrind_out}: no totals line")
 
 
-def measure(checkout: Path, name: str, workdir: Path, cache_sim: bool = False) -> dict[str, Any]:
-    """One fresh server of ``checkout`` under callgrind, driven through workload ``name``."""
+def _drive(
+    checkout: Path, name: str, log: Path, wrapper: list[str], switch: Callable[[int], Callable[[bool], None]]
+) -> int:
+    """A fresh server of ``checkout`` (under ``wrapper``) driven through workload ``name``; ``switch(pid)`` turns
+    the count on and off around the measured requests. Returns the units measured."""
     binary = checkout / ".venv" / "bin" / "mcp-lossless"
     if not binary.is_file():
         raise SystemExit(f"no {binary} (run `make install` in that checkout)")
     port = _free_port()
-    out = workdir / f"{checkout.name}-{name}.callgrind"
-    log = workdir / f"{checkout.name}-{name}.log"
     command = [
-        "valgrind",
-        "--tool=callgrind",
-        "--instr-atstart=no",
-        f"--callgrind-out-file={out}",
-        *(["--cache-sim=yes"] if cache_sim else []),
+        *wrapper,
         str(binary),
         *("serve", "--host", HOST, "--port", str(port), "--log-level", "warning", "--store", "memory"),
         *("--auth", "none"),
@@ -179,12 +177,7 @@ def measure(checkout: Path, name: str, workdir: Path, cache_sim: bool = False) -
         server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment)
     try:
         _wait_listening(port, server, log)
-
-        def counting(on: bool) -> None:
-            switch = ["callgrind_control", "-i", "on" if on else "off", str(server.pid)]
-            subprocess.run(switch, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        units = asyncio.run(WORKLOADS[name].drive(loadgen.Target(HOST, port), counting))
+        return asyncio.run(WORKLOADS[name].drive(loadgen.Target(HOST, port), switch(server.pid)))
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -192,6 +185,22 @@ def measure(checkout: Path, name: str, workdir: Path, cache_sim: bool = False) -
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def measure(checkout: Path, name: str, workdir: Path, cache_sim: bool = False) -> dict[str, Any]:
+    """Instructions (and with ``cache_sim``, cache misses) of one fresh server under callgrind, per unit."""
+    out = workdir / f"{checkout.name}-{name}.callgrind"
+    wrapper = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+
+    def switch(pid: int) -> Callable[[bool], None]:
+        def counting(on: bool) -> None:
+            command = ["callgrind_control", "-i", "on" if on else "off", str(pid)]
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        return counting
+
+    log = workdir / f"{checkout.name}-{name}.log"
+    units = _drive(checkout, name, log, [*wrapper, *(["--cache-sim=yes"] if cache_sim else [])], switch)
     totals = _totals(out)
     row: dict[str, Any] = {"instructions": totals["Ir"], "units": units, "per_unit": totals["Ir"] / units}
     if cache_sim:
@@ -199,6 +208,34 @@ def measure(checkout: Path, name: str, workdir: Path, cache_sim: bool = False) -
         last_level = totals["ILmr"] + totals["DLmr"] + totals["DLmw"]
         row |= {"l1_misses_per_unit": l1 / units, "ll_misses_per_unit": last_level / units}
     return row
+
+
+def count_syscalls(checkout: Path, name: str, workdir: Path) -> dict[str, float]:
+    """System calls of one fresh server (no valgrind) per unit, by name, from ``strace -c`` attached around the
+    measured requests: a call per event that an instruction count does not show (``getpid`` is one)."""
+    out = workdir / f"{checkout.name}-{name}.strace"
+    tracer: list[subprocess.Popen[bytes]] = []
+
+    def switch(pid: int) -> Callable[[bool], None]:
+        def counting(on: bool) -> None:
+            if on:
+                command = ["strace", "-c", "-f", "-p", str(pid), "-o", str(out)]
+                tracer.append(subprocess.Popen(command, stderr=subprocess.PIPE))
+                assert tracer[0].stderr is not None
+                tracer[0].stderr.readline()  # "strace: Process N attached ...": counting from here
+            else:
+                tracer[0].send_signal(signal.SIGINT)
+                tracer[0].communicate(timeout=60)
+
+        return counting
+
+    units = _drive(checkout, name, workdir / f"{checkout.name}-{name}-strace.log", [], switch)
+    counts: dict[str, float] = {}
+    for line in out.read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[0][0].isdigit() and fields[-1] != "total":
+            counts[fields[-1]] = int(fields[3]) / units
+    return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
 
 def _commit(checkout: Path) -> str:
@@ -250,6 +287,17 @@ def render(results: dict[str, Any]) -> str:
             cells = [row["ours"]] + ([row["baseline"]] if base else [])
             shown = " | ".join(f"{c['l1_misses_per_unit']:,.0f} · {c['ll_misses_per_unit']:,.0f}" for c in cells)
             lines.append(f"| {name} | {shown} |")
+    if any("syscalls_per_unit" in row["ours"] for row in results["workloads"].values()):
+        lines += ["", "System calls per unit (`strace -c`, without valgrind): all, then the most frequent:", ""]
+        lines.append("| workload | this checkout |" + (" baseline |" if base else ""))
+        lines.append("|---|---|" + ("---|" if base else ""))
+        for name, row in results["workloads"].items():
+            cells = [row["ours"]["syscalls_per_unit"]] + ([row["baseline"]["syscalls_per_unit"]] if base else [])
+            shown = " | ".join(
+                f"{sum(c.values()):.2f} ({', '.join(f'{call} {n:.2f}' for call, n in list(c.items())[:4])})"
+                for c in cells
+            )
+            lines.append(f"| {name} | {shown} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -261,6 +309,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print the table; write no result files")
     parser.add_argument("--keep", type=Path, help="a directory to keep the callgrind outputs and server logs in")
     parser.add_argument("--cache-sim", action="store_true", help="also count cache misses (about twice as slow)")
+    parser.add_argument("--syscalls", action="store_true", help="also count system calls (strace -c, no valgrind)")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(WORKLOADS)
     unknown = sorted(set(names) - set(WORKLOADS))
@@ -285,6 +334,10 @@ def main() -> None:
             row: dict[str, Any] = {"unit": WORKLOADS[name].unit, "ours": measure(ROOT, name, workdir, args.cache_sim)}
             if args.baseline:
                 row["baseline"] = measure(args.baseline.resolve(), name, workdir, args.cache_sim)
+            if args.syscalls:
+                row["ours"]["syscalls_per_unit"] = count_syscalls(ROOT, name, workdir)
+                if args.baseline:
+                    row["baseline"]["syscalls_per_unit"] = count_syscalls(args.baseline.resolve(), name, workdir)
             results["workloads"][name] = row
             summary = f"{name}: {row['ours']['per_unit'] / 1000:,.1f}k per {row['unit']}"
             if args.baseline:
