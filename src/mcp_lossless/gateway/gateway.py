@@ -19,11 +19,12 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from ..asgi import Receive, Scope, Send, run_lifespan
 from ..core import errors
+from ..core.tasks import EXTENSION
 from ..server.app import STARTUP_FAILURES, LosslessApp, create_app
 from ..server.auth import TokenVerifier
 from ..server.config import ServerConfig
 from ..server.observability import log_decision
-from ..server.tools import MethodError, RawToolHandler, ToolContext, ToolRegistry, ToolReturn
+from ..server.tools import InputRequired, MethodError, RawToolHandler, ToolContext, ToolRegistry, ToolReturn
 from ..stores.base import EventStore
 from .config import GatewayConfigError, UpstreamConfig
 from .http import HttpUpstream
@@ -224,6 +225,15 @@ class Gateway:
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
+        except InputRequired:
+            outcome = "input_required"
+            if exposed.idempotent:
+                raise  # the client's round runs the call again, its answer given: safe for this tool
+            raise MethodError(
+                errors.MISSING_REQUIRED_CLIENT_CAPABILITY,
+                f"{exposed.name} asks for input, and a tool that may not run twice gets it in a task only",
+                {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
+            ) from None
         finally:
             seconds = time.perf_counter() - started
             self.metrics.called(name, outcome, seconds)

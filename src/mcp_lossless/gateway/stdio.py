@@ -12,6 +12,12 @@ The child's era is negotiated at each spawn (:mod:`.stdio_era`: 2026-07-28 first
 as configured). A modern child's tool-list changes come on a ``subscriptions/listen`` request kept open on
 the pipe (when its ``server/discover`` announces them), a legacy child's as plain notifications.
 
+A child's requests for input (elicitation, sampling, roots) are asked of the calling client in its era, through
+the call's :class:`~.upstream.Reporter` (the server's one way of asking, ``ToolContext.request``/``ask``), and the
+answer goes back: a modern child's ``input_required`` answers are retried with the responses (a new request per
+round); a legacy child's requests arrive on the pipe mid-call, which names no call, so one is passed on only
+while exactly one call runs on the child (else the child gets an error saying why).
+
 Log notifications of a stdio child carry no request they relate to, so they go to the gateway's log,
 not to any client's stream (another tool's caller must not receive them); a modern child is not asked for
 any. Progress is routed by its token, which the gateway sets per call.
@@ -31,10 +37,12 @@ from typing import Any
 import orjson
 
 from ..client.errors import ProtocolViolation
+from ..client.handlers import MAX_INPUT_ROUNDS
 from ..client.paging import collect_pages
 from ..core import errors
+from ..server.tools import MethodError
 from .config import UpstreamConfig
-from .stdio_era import SpokenEra, complete, enveloped, negotiate
+from .stdio_era import LEGACY_INPUT_METHODS, SpokenEra, complete, enveloped, input_requests, negotiate
 from .upstream import Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
 
 log = logging.getLogger("mcp_lossless.gateway")
@@ -63,6 +71,19 @@ class _ChildExited(Exception):
     """The child that was to answer is gone."""
 
 
+class _Call:
+    """One gateway call on the child: its progress token (its first request's id), the id of its request now in
+    flight (a modern child's input rounds are new requests), its client, and the child's requests for input."""
+
+    __slots__ = ("asks", "reporter", "rid", "token")
+
+    def __init__(self, rid: int, reporter: Reporter) -> None:
+        self.token = rid
+        self.rid = rid
+        self.reporter = reporter
+        self.asks: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+
 class StdioUpstream:
     def __init__(self, config: UpstreamConfig, *, initial_backoff: float = 0.2, max_backoff: float = 10.0) -> None:
         assert config.command is not None
@@ -81,6 +102,8 @@ class StdioUpstream:
         self._background: set[asyncio.Task[None]] = set()
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._progress: dict[int, Callable[[dict[str, Any]], None]] = {}
+        self._asking: dict[int, Callable[[dict[str, Any]], None]] = {}
+        """Where a legacy child's requests for input go, per running call (:meth:`_exchange` serves them)."""
         self._ids = itertools.count(1)
         self._ready = asyncio.Event()
         self._failed_starts = 0
@@ -230,12 +253,21 @@ class StdioUpstream:
             return
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
-        if "id" in message:  # a request of the child's own (ping, roots, sampling): only ping is served
+        if "id" in message:  # a request of the child's own: ping, or one for input
             reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
             if method == "ping":
                 reply["result"] = {}
-            else:
+            elif method not in LEGACY_INPUT_METHODS:  # a modern child asks in its answers, never on the pipe
                 reply["error"] = {"code": errors.METHOD_NOT_FOUND, "message": f"the gateway does not serve {method}"}
+            elif len(self._asking) == 1:  # the pipe names no call: it can only be the one running
+                next(iter(self._asking.values()))(message)
+                return
+            else:
+                running = f"{len(self._asking)} calls are running" if self._asking else "no call is running"
+                reply["error"] = {
+                    "code": errors.INTERNAL_ERROR,
+                    "message": f"the gateway cannot tell whose client to ask for {method}: {running}",
+                }
             self._spawn_task(self._write_quietly(reply))
         elif method == "notifications/progress":
             route = self._progress.get(params.get("progressToken"))  # type: ignore[arg-type]
@@ -339,25 +371,27 @@ class StdioUpstream:
                 ) from None
             if self._given_up is not None:
                 raise UpstreamFailure("unreachable", self._given_up, may_have_run=attempts > 0)
-            rid = next(self._ids)
+            call = _Call(next(self._ids), reporter)
             relay = Relay()
-
-            self._progress[rid] = functools.partial(_route_progress, relay, reporter)
-            params = self._speaking({"name": tool, "arguments": arguments, "_meta": {"progressToken": rid}})
+            self._progress[call.token] = functools.partial(_route_progress, relay, reporter)
+            self._asking[call.token] = call.asks.put_nowait
+            params = self._speaking({"name": tool, "arguments": arguments, "_meta": {"progressToken": call.token}})
             try:
                 async with relay:
                     try:
                         async with asyncio.timeout_at(deadline):
-                            result = await self._request("tools/call", params, rid)
+                            result = await self._exchange(call, params)
+                            if self.era == "modern":
+                                result = await self._rounds(tool, call, params, result)
                     except TimeoutError:
-                        self._cancel(rid, "the gateway's deadline for this call passed")
+                        self._cancel(call.rid, "the gateway's deadline for this call passed")
                         raise UpstreamFailure(
                             "deadline",
                             f"upstream {self.name} did not answer within {self.config.timeout:g} s",
                             may_have_run=True,
                         ) from None
-                    except asyncio.CancelledError:
-                        self._cancel(rid, "cancelled by the gateway's client")
+                    except BaseException:  # a cancel, input the client answers in a round of its own, a failure
+                        self._cancel(call.rid, "the gateway's call ended before its answer")  # a done id is ignored
                         raise
             except _ChildExited as exc:
                 attempts += 1
@@ -368,9 +402,57 @@ class StdioUpstream:
                     "execution_lost", f"{exc} while running {tool}; it may have run", may_have_run=True
                 ) from None
             finally:
-                self._progress.pop(rid, None)
+                self._progress.pop(call.token, None)
+                self._asking.pop(call.token, None)
             self._failed_starts = 0
-            return complete(tool, result) if self.era == "modern" else result
+            return result
+
+    async def _exchange(self, call: _Call, params: dict[str, Any]) -> dict[str, Any]:
+        """One ``tools/call`` request (``call.rid``) to its answer, asking the call's client whatever the child
+        asks for meanwhile (a legacy child's requests for input arrive on the pipe while the call runs)."""
+        answer = asyncio.ensure_future(self._request("tools/call", params, call.rid))
+        asked: asyncio.Future[dict[str, Any]] | None = None
+        try:
+            while True:
+                asked = asyncio.ensure_future(call.asks.get())
+                await asyncio.wait((answer, asked), return_when=asyncio.FIRST_COMPLETED)
+                if not asked.done():
+                    return answer.result()
+                await self._forward(call.reporter, asked.result())
+        finally:
+            for pending in (answer, asked):
+                if pending is not None and not pending.done():
+                    pending.cancel()
+
+    async def _forward(self, reporter: Reporter, message: dict[str, Any]) -> None:
+        """A legacy child's request for input, asked of the call's client in its era; its answer goes back."""
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+        params = message.get("params")
+        try:
+            reply["result"] = await reporter.request(message["method"], params if isinstance(params, dict) else {})
+        except MethodError as exc:  # the client refused, or cannot answer it (its capabilities): the tool is told
+            reply["error"] = {"code": exc.code, "message": exc.message}
+        except TimeoutError:
+            reply["error"] = {"code": errors.INTERNAL_ERROR, "message": "the gateway's client did not answer in time"}
+        await self._write_quietly(reply)
+
+    async def _rounds(self, tool: str, call: _Call, params: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+        """A modern child's ``input_required`` answers, each asked of the call's client and retried with its
+        answers (a new request each round) until the child's answer is complete."""
+        for rounds in itertools.count(1):
+            if result.get("resultType") != "input_required":
+                return complete(tool, result)
+            if rounds > MAX_INPUT_ROUNDS:
+                detail = f"{tool} asked for input past {MAX_INPUT_ROUNDS} rounds"
+                raise UpstreamFailure("protocol", detail, may_have_run=True)
+            answers = await call.reporter.ask(input_requests(tool, result))
+            retry = {**params, "inputResponses": answers}
+            state = result.get("requestState")
+            if isinstance(state, str):
+                retry["requestState"] = state
+            call.rid = next(self._ids)
+            result = await self._exchange(call, retry)
+        raise AssertionError("unreachable: the loop returns or raises")
 
     def _cancel(self, rid: int, reason: str) -> None:
         message = {

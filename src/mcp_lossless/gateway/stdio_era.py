@@ -13,8 +13,10 @@ The era is a property of the server: a restarted child is spoken to in the era i
 (no second probe, nor a second wait on a silent one), and probed again after a start in that era failed.
 
 A modern child gets :func:`enveloped` params on every request (there is no handshake to state the revision
-and the client once), and a call's result must be a complete one: the gateway declares neither the tasks
-extension nor any input capability, so a task or an ``input_required`` answer breaks the protocol.
+and the client once). Children are told the gateway can answer requests for input
+(:data:`INPUT_CAPABILITIES`, :data:`LEGACY_INPUT_CAPABILITIES`): it asks its own client. A modern child's
+``input_required`` answer names them (:func:`input_requests`); its final answer must be complete
+(:func:`complete`): the gateway does not declare the tasks extension to it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..client.handlers import CAPABILITIES
 from ..client.modern import NotModern, modern_discovery, modern_refusal, request_meta
 from .config import Era
 from .upstream import CLIENT_INFO, UpstreamFailure, UpstreamRpcError
@@ -32,6 +35,8 @@ from .upstream import CLIENT_INFO, UpstreamFailure, UpstreamRpcError
 PROBE_SECONDS = 10.0
 """How long the ``server/discover`` probe waits before the child is taken for a legacy server."""
 LEGACY_VERSION = "2025-11-25"
+INPUT_METHODS = frozenset(CAPABILITIES)
+"""The requests for input a child may make of the gateway's client (what a server may ask of a client)."""
 SpokenEra = Literal["modern", "legacy"]
 Request = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 Notify = Callable[[str], Awaitable[None]]
@@ -51,21 +56,47 @@ class Handshake:
         return isinstance(tools, Mapping) and tools.get("listChanged") is True
 
 
+INPUT_CAPABILITIES: dict[str, Any] = {capability: {} for capability in CAPABILITIES.values()}
+"""What the gateway declares to a modern child: it passes each request for input, which a 2026-07-28 child makes
+in its answer to one call, on to that call's client (which answers, or refuses, in its own era)."""
+LEGACY_INPUT_METHODS = frozenset({"elicitation/create", "sampling/createMessage"})
+"""What a legacy child may ask mid-call. Not ``roots/list``: a legacy child's roots are its session's, asked at any
+time (server-everything asks as soon as it is initialized), and the gateway's one session serves many clients."""
+LEGACY_INPUT_CAPABILITIES: dict[str, Any] = {CAPABILITIES[method]: {} for method in LEGACY_INPUT_METHODS}
+
+
 def enveloped(params: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` of a 2026-07-28 request: with the revision, the gateway's (empty) capabilities and identity."""
-    meta = request_meta({}, CLIENT_INFO)
+    """``params`` of a 2026-07-28 request: with the revision, the gateway's capabilities and identity."""
+    meta = request_meta(INPUT_CAPABILITIES, CLIENT_INFO)
     extra = params.get("_meta")
     return {**params, "_meta": {**meta, **extra} if isinstance(extra, Mapping) else meta}
 
 
 def complete(tool: str, result: dict[str, Any]) -> dict[str, Any]:
-    """A modern child's ``tools/call`` result, which must be complete: nothing else was declared."""
+    """A modern child's final ``tools/call`` result, which must be complete: the tasks extension was not declared."""
     kind = result.get("resultType", "complete")
     if kind != "complete":
         raise UpstreamFailure(
             "protocol", f"{tool} answered resultType {kind!r}, which the gateway did not ask for", may_have_run=True
         )
     return result
+
+
+def input_requests(tool: str, result: Mapping[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """An ``input_required`` answer's ``inputRequests`` as ``{key: (method, params)}``; a malformed one breaks
+    the protocol (the request it answered is over: nothing runs that could be cancelled)."""
+    raw = result.get("inputRequests")
+    if not isinstance(raw, Mapping) or not raw:
+        raise UpstreamFailure("protocol", f"{tool} required input but named none", may_have_run=True)
+    requests: dict[str, tuple[str, dict[str, Any]]] = {}
+    for key, request in raw.items():
+        method = request.get("method") if isinstance(request, Mapping) else None
+        params = request.get("params", {}) if isinstance(request, Mapping) else None
+        if not isinstance(method, str) or method not in INPUT_METHODS or not isinstance(params, dict):
+            detail = f"{tool}: input request {key!r} is no request for input"
+            raise UpstreamFailure("protocol", detail, may_have_run=True)
+        requests[str(key)] = (method, params)
+    return requests
 
 
 def _capabilities(result: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -115,7 +146,7 @@ async def _fallback(
 async def _initialize(
     request: Request, notify: Notify, how: str, late_probe: asyncio.Future[dict[str, Any]] | None = None
 ) -> Handshake:
-    params = {"protocolVersion": LEGACY_VERSION, "capabilities": {}, "clientInfo": CLIENT_INFO}
+    params = {"protocolVersion": LEGACY_VERSION, "capabilities": LEGACY_INPUT_CAPABILITIES, "clientInfo": CLIENT_INFO}
     try:
         init = await request("initialize", params)
     except UpstreamRpcError:

@@ -83,6 +83,13 @@ class Reporter(Protocol):
         self, progress: float, total: float | None = None, message: str | None = None
     ) -> None: ...
     async def log(self, level: str, data: Any, logger: str | None = None) -> None: ...
+    async def request(self, method: str, params: dict[str, Any], *, key: str | None = None) -> dict[str, Any]:
+        """Ask the client for input (``elicitation/create``, ``sampling/createMessage``, ``roots/list``) in its era."""
+        ...
+
+    async def ask(self, requests: Mapping[str, tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+        """Several requests for input at once, answered by key."""
+        ...
 
 
 class Upstream(Protocol):

@@ -11,7 +11,9 @@ separate process, so tests can SIGKILL it mid-call.
 
 Tools: ``work`` (progress per step, one log message; not idempotent), ``lookup`` (the same, annotated
 read-only and idempotent), ``polled`` (closes its own stream mid-call: SEP-1699 polling), ``hang`` (never
-answers), ``grow`` (adds a tool and announces ``list_changed``).
+answers), ``grow`` (adds a tool and announces ``list_changed``), ``confirm`` (asks the client to confirm its
+question by elicitation: a request on the call's stream at 2025-11-25, an ``input_required`` round at
+2026-07-28; not idempotent) and ``spell`` (the same, read-only and idempotent).
 """
 
 from __future__ import annotations
@@ -20,17 +22,27 @@ import contextlib
 import json
 import os
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.resolve import Elicit, Resolve
 from mcp_types import ToolAnnotations
+from pydantic import BaseModel
 
 from tests.interop.peers.sdk_resumable_server import ExampleShapedEventStore
 
 RETRY_MS = 200
 LEGACY_PATH = "/legacy/mcp"
 LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
+
+
+class Confirmation(BaseModel):
+    ok: bool
+
+
+def confirmation_of(question: str) -> Elicit[Confirmation]:
+    return Elicit(f"confirm: {question}", Confirmation)
 
 
 def build_server() -> MCPServer:
@@ -63,6 +75,16 @@ def build_server() -> MCPServer:
             if step == 1:
                 await ctx.close_sse_stream()
         return f"polled {label} done"
+
+    @server.tool()
+    async def confirm(question: str, answer: Annotated[Confirmation, Resolve(confirmation_of)]) -> str:
+        """Ask the client to confirm `question` (elicitation), then say what it answered (not idempotent)."""
+        return f"{question}: {'yes' if answer.ok else 'no'}"
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True))
+    async def spell(question: str, answer: Annotated[Confirmation, Resolve(confirmation_of)]) -> str:
+        """As `confirm`, read-only: safe to run again."""
+        return f"{question}: {'yes' if answer.ok else 'no'}"
 
     @server.tool()
     async def hang() -> str:
