@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -241,6 +242,18 @@ def test_started_is_logged_once_the_socket_listens_and_never_when_binding_fails(
     assert '"started"' not in taken.stderr
     assert "address already in use" in taken.stderr.lower()
     assert_only_json_lines(taken.stderr)
+
+
+def test_ctrl_c_stops_serve_cleanly_without_a_traceback() -> None:
+    """The README's way to stop ``serve``: SIGINT shuts it down and exits 0, with no KeyboardInterrupt traceback
+    (uvicorn raises the signal again once it has shut down)."""
+    with started_cli_server(["--store", "memory", "--port", str(free_port())]) as (proc, _):
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        assert proc.stderr is not None
+        rest = proc.stderr.read()
+    assert "Traceback" not in rest
+    assert "KeyboardInterrupt" not in rest
 
 
 @pytest.mark.parametrize(

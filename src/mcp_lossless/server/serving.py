@@ -4,6 +4,7 @@ logged only once the socket listens (a readiness signal a script can await; a fa
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import resource
 import socket
@@ -61,6 +62,12 @@ class LosslessServer(uvicorn.Server):
         self.listening = threading.Event()
         """Set once the socket listens, or once startup has failed (then ``started`` is false): for embedders
         running the server in a thread of their own."""
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's run, Ctrl-C being the ordinary way to stop: uvicorn shuts down gracefully on SIGINT, then
+        raises the signal again for its caller, which would end ``serve`` with a KeyboardInterrupt traceback."""
+        with contextlib.suppress(KeyboardInterrupt):
+            super().run(sockets=sockets)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         try:
