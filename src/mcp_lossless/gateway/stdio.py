@@ -48,6 +48,8 @@ from .upstream import Relay, Reporter, UpstreamFailure, UpstreamRpcError, Upstre
 log = logging.getLogger("mcp_lossless.gateway")
 MAX_LINE_BYTES = 8 * 1024 * 1024
 HANDSHAKE_SECONDS = 60.0
+STDERR_GRACE_SECONDS = 1.0
+"""How long a child that exited during its start is given to finish writing its stderr (its reason)."""
 LISTENED = {"toolsListChanged": True}
 """What a modern child's ``subscriptions/listen`` asks for."""
 _PASSED_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
@@ -98,6 +100,8 @@ class StdioUpstream:
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
         self._stderr: asyncio.Task[None] | None = None
+        self._stderr_tail = ""
+        """The child's last non-empty line on stderr: a failed start quotes it."""
         self._supervisor: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -147,7 +151,8 @@ class StdioUpstream:
             ) from exc
         self._proc = proc
         self._reader = asyncio.create_task(self._read(proc))
-        self._stderr = asyncio.create_task(self._drain_stderr(proc))
+        self._stderr_tail = ""
+        stderr = self._stderr = asyncio.create_task(self._drain_stderr(proc))
         try:
             async with asyncio.timeout(HANDSHAKE_SECONDS):
                 handshake = await negotiate(self._request, self._notify, config.era, self.era)
@@ -157,9 +162,13 @@ class StdioUpstream:
                 self._tools = await self._list_tools()
         except (TimeoutError, _ChildExited, UpstreamRpcError, UpstreamFailure) as exc:
             self.era = None  # the era is probed again at the next start
+            if isinstance(exc, _ChildExited):  # what it said before it went is why: read its stderr to the end
+                await asyncio.wait((stderr,), timeout=STDERR_GRACE_SECONDS)
             await self._kill(proc)
             raise UpstreamFailure(
-                "unreachable", f"upstream {self.name} did not start: {exc!r}", may_have_run=False
+                "unreachable",
+                f"upstream {self.name} did not start: {self._start_failure(exc, proc.returncode)}",
+                may_have_run=False,
             ) from exc
         log.info(
             "upstream %s: child %d ready, %s era (%s), %d tools",
@@ -170,6 +179,19 @@ class StdioUpstream:
             len(self._tools),
         )
         self._ready.set()
+
+    def _start_failure(self, exc: Exception, status: int | None) -> str:
+        """Why a child did not start, in words its operator can act on (an exception's repr names our classes)."""
+        if isinstance(exc, TimeoutError):
+            return f"no answer to its handshake within {HANDSHAKE_SECONDS:g} s"
+        if isinstance(exc, _ChildExited):
+            said = (
+                f"; its last line on stderr: {self._stderr_tail}" if self._stderr_tail else ", saying nothing on stderr"
+            )
+            return f"it exited with status {status} during its handshake{said}"
+        if isinstance(exc, UpstreamRpcError):
+            return f"its handshake was refused: {exc.code} {exc}"
+        return str(exc)
 
     def _speaking(self, params: dict[str, Any]) -> dict[str, Any]:
         """A request's params in the child's era: a modern child gets the per-request envelope."""
@@ -233,7 +255,9 @@ class StdioUpstream:
         assert proc.stderr is not None
         with contextlib.suppress(ValueError):
             while line := await proc.stderr.readline():
-                log.debug("upstream %s stderr: %s", self.name, line[:1000].decode("utf-8", "replace").rstrip())
+                text = line[:1000].decode("utf-8", "replace").rstrip()
+                log.debug("upstream %s stderr: %s", self.name, text)
+                self._stderr_tail = text or self._stderr_tail
 
     def _handle(self, line: bytes) -> None:
         try:
