@@ -290,8 +290,8 @@ def serve(args: argparse.Namespace) -> int:
         raise UsageError(f"TARGET {exc}") from None
     try:
         app = conformance_app(config) if args.conformance else create_app(config, tools)
-    except ValueError as exc:
-        raise SystemExit(f"mcp-lossless: {exc}") from None
+    except ValueError as exc:  # a setting only the app can judge (the store's spec): a bad flag like the others
+        raise UsageError(str(exc)) from None
     banner = [f"mcp-lossless: MCP endpoint  {config.canonical_uri}", f"mcp-lossless: metadata      {app.state.prm_url}"]
     if config.issuer == "dev":
         consent = (

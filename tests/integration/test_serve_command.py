@@ -168,6 +168,22 @@ def test_a_refused_exposure_is_a_usage_error_of_serve_exit_2() -> None:
     )
 
 
+def test_an_unknown_store_is_a_usage_error_of_serve_exit_2() -> None:
+    # it exited 1 as "mcp-lossless: unknown store ...", unlike every other bad flag (2, "mcp-lossless serve: ...")
+    done = subprocess.run(
+        [*CLI, "serve", "--store", "postgres://db", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr == (
+        "mcp-lossless serve: unknown store 'postgres://db': use memory, sqlite:PATH[?S=V], "
+        "redis://HOST:PORT[/DB][?prefix=P]\n"
+    )
+
+
 def test_a_bad_config_value_exits_2_before_anything_starts(tmp_path: Path) -> None:
     path = tmp_path / "server.toml"
     path.write_text('port = "x"\n')
