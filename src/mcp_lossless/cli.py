@@ -83,6 +83,7 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
     p.add_argument("--path", help=f"MCP endpoint path {default(d.path)}")
     p.add_argument(
         "--public-url",
+        metavar="URL",
         help="canonical server URI as clients see it, when behind a proxy (default: http://HOST:PORT/PATH)",
     )
     p.add_argument(
@@ -154,11 +155,15 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
         "--retry-ms", type=int, metavar="MS", help=f"SSE retry: the client's reconnect delay {default(d.retry_ms)}"
     )
     p.add_argument(
-        "--max-body-bytes", type=int, help=f"largest request body accepted, bytes (413) {default(d.max_body_bytes)}"
+        "--max-body-bytes",
+        type=int,
+        metavar="BYTES",
+        help=f"largest request body accepted, bytes (413) {default(d.max_body_bytes)}",
     )
     p.add_argument(
         "--max-batch",
         type=int,
+        metavar="N",
         help=f"most messages in one JSON-RPC batch, 2025-03-26 sessions (400 beyond) {default(d.max_batch)}",
     )
     p.add_argument(
@@ -185,6 +190,7 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
             "--" + name.replace("_", "-"),
             type=kind,
             dest=f"limit_{name}",
+            metavar="SECONDS" if kind is float else "BYTES" if name.endswith("bytes") else "N",
             help=f"{text} {default(getattr(d.limits, name))}",
         )
     if command != "serve":

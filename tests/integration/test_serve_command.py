@@ -222,6 +222,16 @@ def test_the_top_level_help_is_plain_text_naming_every_command(capsys: pytest.Ca
     assert all(command in description for command in ("serve", "gateway", "audit", "call"))
 
 
+@pytest.mark.parametrize("command", ["serve", "gateway", "call", "audit"])
+def test_every_flag_names_its_value_in_words(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # --max-header-bytes LIMIT_MAX_HEADER_BYTES, --client-id CLIENT_ID: argparse's default is the internal dest
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    metavars = set(re.findall(r"--[a-z-]+ ([A-Z][A-Za-z0-9_]*)", capsys.readouterr().out))
+    assert metavars
+    assert sorted(m for m in metavars if "_" in m) == []
+
+
 def test_every_limit_has_a_flag() -> None:
     assert list(LIMIT_FLAGS) == [f for f in Limits.__dataclass_fields__]
 

@@ -83,10 +83,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--token-command", metavar="CMD", help="a command printing a token for {resources}")
     p.add_argument("--second-token-command", metavar="CMD", help="the same, for a second principal")
-    p.add_argument("--protocol-version", default=DEFAULT_VERSION, help=f"default {DEFAULT_VERSION}")
-    p.add_argument("--read-seconds", type=float, default=10.0, help="longest wait on one stream (default 10)")
+    p.add_argument("--protocol-version", default=DEFAULT_VERSION, metavar="VERSION", help=f"default {DEFAULT_VERSION}")
     p.add_argument(
-        "--open-seconds", type=float, default=5.0, help="a completed stream open this long never ends (default 5)"
+        "--read-seconds", type=float, default=10.0, metavar="SECONDS", help="longest wait on one stream (default 10)"
+    )
+    p.add_argument(
+        "--open-seconds",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="a completed stream open this long never ends (default 5)",
     )
     p.add_argument("--json", dest="json_path", metavar="PATH", help="write the JSON report here")
     p.add_argument("--markdown", dest="markdown_path", metavar="PATH", help="write the Markdown report here")

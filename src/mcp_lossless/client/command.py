@@ -81,8 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="the MCP endpoint with its scheme, e.g. http://127.0.0.1:8000/mcp")
     p.add_argument("tool", help="the tool to call")
     p.add_argument("arguments", nargs="*", metavar="KEY=TEXT|KEY:=JSON", help="the tool's arguments")
-    p.add_argument("--client-id", help="OAuth client id (client_credentials with --client-secret, else code + PKCE)")
-    p.add_argument("--client-secret", help="OAuth client secret")
+    p.add_argument(
+        "--client-id", metavar="ID", help="OAuth client id (client_credentials with --client-secret, else code + PKCE)"
+    )
+    p.add_argument("--client-secret", metavar="SECRET", help="OAuth client secret")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="deadline of the call (default 60)")
     p.add_argument("--json", action="store_true", help="print one JSON document: the outcome, for machines")
     p.add_argument(
