@@ -118,7 +118,8 @@ class MemoryStore:
         return self._bytes
 
     async def open(self) -> None:
-        return None
+        """Forgets :meth:`enqueue`'s resolved future, made again on the loop that opened the store."""
+        self._stored = None
 
     async def close(self) -> None:
         return None
@@ -190,16 +191,15 @@ class MemoryStore:
         """Appends at once (memory has nothing to wait for): the future is already resolved. A stored event's is one
         resolved future shared by all (a resolved future never changes; making one per event cost more than the
         append itself)."""
-        loop = asyncio.get_running_loop()
         try:
             self._append(event, completes)
         except (KeyError, ValueError) as exc:
-            failed: asyncio.Future[None] = loop.create_future()
+            failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
             return failed
         stored = self._stored
-        if stored is None or stored.get_loop() is not loop:
-            stored = self._stored = loop.create_future()
+        if stored is None:  # once per open, not per event: asking asyncio for its loop costs a getpid system call
+            stored = self._stored = asyncio.get_running_loop().create_future()
             stored.set_result(None)
         return stored
 
