@@ -12,6 +12,8 @@ from .server.config import DEFAULT_DEV_CLIENTS, ConfigError, ServerConfig, confi
 
 STARTUP_FAILURE = 3
 """Exit status when the server could not start listening (uvicorn's)."""
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT, as shells report it) of a command that was not done."""
 
 
 def _dev_client(value: str) -> tuple[str, str]:
@@ -334,6 +336,14 @@ def main(argv: list[str] | None = None) -> None:
         args.arguments += extra  # tool arguments after an option: `call URL fetch --timeout 5 url=…`
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        _run(args)
+    except KeyboardInterrupt:  # a running server stops cleanly instead (LosslessServer.run): this is the rest
+        print(f"mcp-lossless {args.command}: interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED)
+
+
+def _run(args: argparse.Namespace) -> None:
     if args.command == "serve":
         try:
             sys.exit(serve(args))

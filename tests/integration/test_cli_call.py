@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 from collections.abc import Iterator
 
 import orjson
 import pytest
 
+from mcp_lossless.cli import INTERRUPTED
 from mcp_lossless.client.command import (
     EXIT_AUTHORIZATION,
     EXIT_MAY_HAVE_RUN,
@@ -86,6 +88,24 @@ def test_a_tool_our_server_runs_as_a_task_is_polled_to_its_result_showing_the_ta
     steps = [int(m.group(1)) for line in lines if (m := re.search(r" working: fetch step (\d)/4$", line))]
     assert steps and steps == sorted(steps), f"the task's progress, in order: {lines}"
     assert not [line for line in done.stderr.splitlines() if line.startswith("progress")], "no progress stream"
+
+
+def test_ctrl_c_mid_call_is_one_line_and_exit_130(authorized: ServerProcess) -> None:
+    """Ctrl-C while the tool runs: one line saying so, no KeyboardInterrupt traceback, no result printed."""
+    proc = subprocess.Popen(
+        [*CLI, "call", f"{authorized.base}/mcp", "fetch", "url=https://example.com/c", "steps:=50", *CREDENTIALS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    assert proc.stderr.readline().startswith("task "), "the call is under way"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=COMMAND_TIMEOUT)
+    assert proc.returncode == INTERRUPTED, err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == "mcp-lossless call: interrupted"
+    assert out == ""
 
 
 def test_a_2026_only_server_is_called_without_a_session() -> None:

@@ -38,7 +38,8 @@ Exit status:
   0  every check ran; no findings
   1  at least one finding
   2  bad usage, or the target could not be talked to
-  3  no finding, but at least one check could not run (see "not run"); --allow-not-run turns this into 0"""
+  3  no finding, but at least one check could not run (see "not run"); --allow-not-run turns this into 0
+  130  interrupted (Ctrl-C)"""
 
 
 class AuditUsageError(Exception):

@@ -68,7 +68,8 @@ Exit status:
   3  the call may have run, but its result was not received (not retried: the tool is not idempotent)
   4  authorization failed (no token the server accepts could be obtained)
   5  the deadline passed, or the server could not be reached
-  6  the server refused the request or broke the protocol"""
+  6  the server refused the request or broke the protocol
+  130  interrupted (Ctrl-C): the call may have run, its outcome was not received"""
 
 
 class CallUsageError(Exception):
