@@ -231,6 +231,8 @@ def _read_config(path: str) -> dict[str, Any]:
         raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 text; tomllib decodes before it parses
+        raise UsageError(f"{path} is not valid TOML: not UTF-8 text (byte {exc.start})") from None
 
 
 def build_config(args: argparse.Namespace, reserved: tuple[str, ...] = ()) -> ServerConfig:

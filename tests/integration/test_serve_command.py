@@ -139,6 +139,15 @@ def test_config_values_are_checked_by_type_naming_the_key_and_value(tmp_path: Pa
     assert message in str(raised.value)
 
 
+def test_a_config_file_that_is_not_utf_8_is_named_as_not_toml(tmp_path: Path) -> None:
+    # it ended serve with a UnicodeDecodeError traceback
+    path = tmp_path / "server.toml"
+    path.write_bytes(b'port = 8000\nissuer = "caf\xe9"\n')  # Latin-1, as an editor might save it
+    with pytest.raises(UsageError) as raised:
+        build_config(_parse("--config", str(path)))
+    assert str(raised.value) == f"{path} is not valid TOML: not UTF-8 text (byte 25)"
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
