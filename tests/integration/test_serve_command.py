@@ -85,7 +85,7 @@ def test_without_a_target_the_demo_tools_are_served() -> None:
     [
         ("no-colon-here", "expected path/to/file.py:NAME or package.module:NAME"),
         ("FILE:missing", "has no attribute 'missing'"),
-        ("FILE:not_a_registry", "is a int, not a ToolRegistry"),
+        ("FILE:not_a_registry", "is of type int, not a ToolRegistry"),
         ("nowhere/tools.py:registry", "no file 'nowhere/tools.py'"),
         ("mcp_lossless_no_such_module:registry", "no module named 'mcp_lossless_no_such_module'"),
         ("BROKEN:registry", "ZeroDivisionError: division by zero"),

@@ -28,7 +28,7 @@ def load_registry(target: str) -> ToolRegistry:
             raise TargetError(f"{target!r}: {where} has no attribute {name!r}")
         found = getattr(found, part)
     if not isinstance(found, ToolRegistry):
-        raise TargetError(f"{target!r} is a {type(found).__name__}, not a ToolRegistry")
+        raise TargetError(f"{target!r} is of type {type(found).__name__}, not a ToolRegistry")
     return found
 
 
