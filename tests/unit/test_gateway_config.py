@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mcp_lossless.gateway.config import (
@@ -71,6 +73,8 @@ def test_mistakes_are_named(raw: dict[str, object], problem: str) -> None:
 def test_the_file_needs_unique_upstreams() -> None:
     with pytest.raises(GatewayConfigError, match="at least one"):
         parse_upstreams(None)
+    with pytest.raises(GatewayConfigError, match=re.escape("write each upstream as [[upstream]], not [upstream]")):
+        parse_upstreams({"name": "a", "url": "http://x"})  # [upstream]: it said "needs at least one [[upstream]]"
     with pytest.raises(GatewayConfigError, match="unique"):
         parse_upstreams([{"name": "a", "url": "http://x"}, {"name": "a", "command": ["y"]}])
 

@@ -223,6 +223,8 @@ def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
 
 def parse_upstreams(raw: object) -> tuple[UpstreamConfig, ...]:
     """The ``upstream`` array of tables; names and prefixes must keep exposed names apart."""
+    if isinstance(raw, dict):  # a single [upstream] table: TOML's array of tables needs the double brackets
+        raise GatewayConfigError("upstream is a table: write each upstream as [[upstream]], not [upstream]")
     if not isinstance(raw, list) or not raw:
         raise GatewayConfigError("the gateway needs at least one [[upstream]] table")
     upstreams = tuple(parse_upstream(entry, i) for i, entry in enumerate(raw))
