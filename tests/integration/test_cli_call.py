@@ -93,7 +93,7 @@ def test_a_tool_our_server_runs_as_a_task_is_polled_to_its_result_showing_the_ta
 def test_ctrl_c_mid_call_is_one_line_and_exit_130(authorized: ServerProcess) -> None:
     """Ctrl-C while the tool runs: one line saying so, no KeyboardInterrupt traceback, no result printed."""
     proc = subprocess.Popen(
-        [*CLI, "call", f"{authorized.base}/mcp", "fetch", "url=https://example.com/c", "steps:=50", *CREDENTIALS],
+        [*CLI, "call", f"{authorized.base}/mcp", "fetch", "url=https://example.com/c", "steps:=600", *CREDENTIALS],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
