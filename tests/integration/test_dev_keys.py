@@ -94,6 +94,7 @@ def test_serve_explains_bad_store_and_keys_flags_without_a_traceback(
     args = [str(keys) if flag == "KEYS" else flag.replace("NO_DIR", str(tmp_path / "missing")) for flag in flags]
     command = [sys.executable, "-m", "mcp_lossless", "serve", "--port", "9", *args]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 1
+    assert done.returncode == 2  # a bad flag's value, like every other usage error
+    assert "mcp-lossless serve: " in done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr
