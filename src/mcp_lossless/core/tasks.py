@@ -33,6 +33,11 @@ from .resources import AudiencePolicy, requirement, resources_in, scopes_in
 EXTENSION = "io.modelcontextprotocol/tasks"
 
 
+def extension_required() -> dict[str, Any]:
+    """The data of the -32021 error that asks a client to declare this extension (a fresh dict: it is sent)."""
+    return {"requiredCapabilities": {"extensions": {EXTENSION: {}}}}
+
+
 class TaskStatus(Enum):
     WORKING = "working"
     INPUT_REQUIRED = "input_required"

@@ -19,7 +19,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from ..asgi import Receive, Scope, Send, run_lifespan
 from ..core import errors
-from ..core.tasks import EXTENSION
+from ..core.tasks import extension_required
 from ..server.app import STARTUP_FAILURES, LosslessApp, create_app
 from ..server.auth import TokenVerifier
 from ..server.config import ServerConfig
@@ -232,7 +232,7 @@ class Gateway:
             raise MethodError(
                 errors.MISSING_REQUIRED_CLIENT_CAPABILITY,
                 f"{exposed.name} asks for input, and a tool that may not run twice gets it in a task only",
-                {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
+                extension_required(),
             ) from None
         finally:
             seconds = time.perf_counter() - started

@@ -51,6 +51,7 @@ from ..core.tasks import (
     denial_message,
     described,
     detailed_task,
+    extension_required,
     lost,
     new_task,
     seen,
@@ -963,7 +964,7 @@ class ModernLeg:
             400,
             errors.MISSING_REQUIRED_CLIENT_CAPABILITY,
             "Missing required client capability",
-            {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
+            extension_required(),
         )
 
     def _deny(self, denied: Denied, record: TaskRecord | None) -> None:
