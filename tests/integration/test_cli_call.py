@@ -214,8 +214,11 @@ def test_unreachable_server_is_a_connection_error_with_or_without_credentials(cr
     url = f"http://127.0.0.1:{free_port()}/mcp"
     done = call(url, "search", "query=x", "--timeout", "5", *credentials)
     assert done.returncode == EXIT_UNREACHED, done.stderr
-    assert f"no outcome (connection): cannot reach {url}" in done.stderr
+    assert f"no outcome (connection): cannot reach {url}: connection refused; check that the server is running" in (
+        done.stderr
+    )
     assert "token endpoint" not in done.stderr and "Traceback" not in done.stderr
+    assert not re.search(r"\w+Error\(", done.stderr), f"a sentence, not an exception's repr: {done.stderr}"
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8000/mcp", "localhost/mcp", "ftp://127.0.0.1/mcp"])

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import socket
 
+import httpx
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mcp_lossless.client.errors import describe, unreachable
 from mcp_lossless.client.oauth import (
     Challenge,
     authorization_server_metadata_urls,
@@ -109,3 +113,40 @@ def test_pkce_pair_is_s256() -> None:
     expected = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
     assert challenge == expected
     assert pkce_pair()[0] != verifier
+
+
+def _raised(exc: BaseException, cause: Exception) -> BaseException:
+    """``exc`` as httpx raises it: the OS error that made it is its cause (one for every address anyio tried)."""
+    try:
+        try:
+            raise OSError("All connection attempts failed") from ExceptionGroup("attempts", [cause])
+        except OSError as os_error:
+            raise exc from os_error
+    except BaseException as raised:
+        return raised
+
+
+@pytest.mark.parametrize(
+    ("exc", "words"),
+    [
+        (_raised(httpx.ConnectError("All attempts failed"), ConnectionRefusedError(111, "x")), "connection refused"),
+        (_raised(httpx.ConnectError("[Errno -2]"), socket.gaierror(-2, "x")), "the host name did not resolve"),
+        (httpx.ConnectTimeout(""), "connecting timed out"),
+        (httpx.ReadError(""), "the connection broke while reading the response"),
+        (httpx.ReadTimeout(""), "the server sent nothing within the read timeout"),
+        (httpx.RemoteProtocolError("Server disconnected without sending a response."),
+         "the server broke off the HTTP exchange: Server disconnected without sending a response."),
+        (EOFError(), "input ended"),
+        (ValueError("no such user"), "ValueError: no such user"),
+    ],
+)  # fmt: skip
+def test_failures_are_described_in_words_never_as_a_repr(exc: BaseException, words: str) -> None:
+    assert describe(exc) == words
+    assert "Error(" not in describe(exc)
+
+
+def test_an_unreachable_server_is_named_with_what_to_check() -> None:
+    failure = unreachable("http://127.0.0.1:9/mcp", _raised(httpx.ConnectError("x"), ConnectionRefusedError(111, "x")))
+    assert failure.reason == (
+        "cannot reach http://127.0.0.1:9/mcp: connection refused; check that the server is running at that URL"
+    )

@@ -6,8 +6,11 @@ that says what happened in words. No message ever contains a token.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from typing import Any
+
+import httpx
 
 
 class McpClientError(Exception):
@@ -110,3 +113,60 @@ class ClientClosed(McpClientError):
     """The client was closed while the call was pending."""
 
     kind = "closed"
+
+
+def describe(exc: BaseException) -> str:
+    """What a failed request or handler met, in words for the person reading the error (an exception's repr
+    names our library's classes, not what happened). Logs may keep the repr."""
+    causes = _causes(exc)
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "connecting timed out"
+    if isinstance(exc, httpx.ConnectError):
+        if any(isinstance(cause, ConnectionRefusedError) for cause in causes):
+            return "connection refused"
+        if any(isinstance(cause, socket.gaierror) for cause in causes):
+            return "the host name did not resolve"
+    for kind, words in _WORDS:
+        if isinstance(exc, kind):
+            detail = str(exc).strip()
+            return f"{words}: {detail}" if detail else words
+    detail = str(exc).strip()
+    if isinstance(exc, httpx.HTTPError | McpClientError):
+        return detail or type(exc).__name__
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__  # someone's code failed: name how
+
+
+def unreachable(url: str, exc: BaseException) -> ConnectionFailed:
+    """The one sentence for a server that could not be reached, with what to check."""
+    return ConnectionFailed(f"cannot reach {url}: {describe(exc)}; check that the server is running at that URL")
+
+
+_WORDS: tuple[tuple[type[BaseException], str], ...] = (
+    (httpx.ConnectError, "could not connect"),
+    (httpx.PoolTimeout, "no connection was free in time"),
+    (httpx.ReadTimeout, "the server sent nothing within the read timeout"),
+    (httpx.WriteTimeout, "sending the request timed out"),
+    (httpx.TimeoutException, "timed out"),
+    (httpx.RemoteProtocolError, "the server broke off the HTTP exchange"),
+    (httpx.ReadError, "the connection broke while reading the response"),
+    (httpx.WriteError, "the connection broke while sending the request"),
+    (httpx.UnsupportedProtocol, "the URL's scheme is not http or https"),
+    (EOFError, "input ended"),  # stdin closed while the terminal asked
+)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc``'s causes, exception groups opened (anyio raises one for every address a connect tried)."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo and len(seen) < 32:
+        current = todo.pop()
+        if any(current is s for s in seen):
+            continue
+        seen.append(current)
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        for nxt in (current.__cause__, current.__context__):
+            if nxt is not None:
+                todo.append(nxt)
+    return seen

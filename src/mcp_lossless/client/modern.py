@@ -51,6 +51,8 @@ from .errors import (
     ProtocolViolation,
     RemoteError,
     RequestRejected,
+    describe,
+    unreachable,
 )
 from .handlers import MAX_INPUT_ROUNDS, InputHandler, answer_input, capabilities, checked
 from .oauth import Auth, parse_challenge
@@ -320,9 +322,9 @@ class ModernClient(CatalogReads):
         try:
             result, _ = await self._request("server/discover", {}, frozenset())
         except NOT_SENT_ERRORS as exc:
-            raise ConnectionFailed(f"cannot reach {self.url}: {exc!r}") from exc
+            raise unreachable(self.url, exc) from exc
         except httpx.HTTPError as exc:
-            raise ProtocolViolation(f"server/discover failed on the wire: {exc!r}") from exc
+            raise ProtocolViolation(f"server/discover to {self.url} failed: {describe(exc)}") from exc
         except RemoteError as exc:
             if modern_refusal(exc.code, exc.data):
                 raise  # a modern server that will not speak this revision: an error, not a fallback
@@ -415,7 +417,7 @@ class ModernClient(CatalogReads):
                     return result
                 except httpx.TransportError as exc:
                     if attempt == MAX_REISSUES:
-                        raise ConnectionFailed(f"{method} to {self.url} failed: {exc!r}") from None
+                        raise ConnectionFailed(f"{method} to {self.url} failed: {describe(exc)}") from None
             raise AssertionError("unreachable: the last attempt returns or raises")
 
         return send
@@ -514,10 +516,11 @@ class ModernClient(CatalogReads):
                 return await self._request("tools/call", params, resources, on_note)
             except httpx.ConnectError as exc:
                 if attempt == MAX_REISSUES:
-                    raise ConnectionFailed(f"cannot reach {self.url}: {exc!r}") from None
+                    raise unreachable(self.url, exc) from None
             except httpx.TransportError as exc:
                 if not may_reissue or attempt == MAX_REISSUES:
-                    raise CallMayHaveRun(f"the response of {name} broke ({exc!r}); the call may have run") from None
+                    why = f"the response of {name} broke ({describe(exc)}); the call may have run"
+                    raise CallMayHaveRun(why) from None
             except RemoteError as exc:
                 if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
                     raise _unanswered(name, exc.data) from None

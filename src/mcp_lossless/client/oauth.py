@@ -47,7 +47,7 @@ import orjson
 from anyio.abc import ByteStream, SocketAttribute, SocketListener
 
 from ..core.resources import InvalidResource, audience_of, canonical_resource
-from .errors import AuthorizationFailed, ConnectionFailed
+from .errors import AuthorizationFailed, describe, unreachable
 from .registration import ClientCredentials, ClientRegistration, choose_auth_method, json_object, register_client
 from .scopes import ScopeSelection
 
@@ -473,7 +473,7 @@ class OAuth(Auth):
                 # the server did consume is then refused (invalid_grant), explicitly; it is never used twice.
                 response = await self._client().post(endpoint, content=body_bytes, headers=headers)
         except httpx.HTTPError as exc:
-            raise AuthorizationFailed(f"cannot reach the token endpoint: {exc!r}") from exc
+            raise AuthorizationFailed(f"cannot reach the token endpoint {endpoint}: {describe(exc)}") from exc
         body = json_object(response.content)
         if response.status_code != 200 or not isinstance(body.get("access_token"), str):
             error = str(body.get("error") or f"HTTP {response.status_code}")
@@ -581,7 +581,7 @@ class OAuth(Auth):
             if self._issuer_url is None and urlsplit(url).netloc == urlsplit(self._server_url).netloc:
                 # First contact (the handshake's discovery) and the MCP server's own origin is down: no token can
                 # help, and saying so is the honest outcome. Later rediscoveries keep the metadata they knew.
-                raise ConnectionFailed(f"cannot reach {self._server_url}: {exc!r}") from exc
+                raise unreachable(self._server_url, exc) from exc
             log.info("metadata at %s unreachable: %r", url, exc)
             return None
         except httpx.HTTPError as exc:

@@ -57,6 +57,8 @@ from .errors import (
     RemoteError,
     RequestRejected,
     SessionLost,
+    describe,
+    unreachable,
 )
 from .handlers import InputHandler, answer_input, capabilities, checked
 from .oauth import Auth, parse_challenge
@@ -222,9 +224,9 @@ class Session:
                     session_id = response.headers.get("mcp-session-id")
                     return await self._single_response(response, message["id"]), session_id
             except NOT_SENT_ERRORS as exc:
-                raise ConnectionFailed(f"cannot reach {self.transport.url}: {exc!r}") from exc
+                raise unreachable(self.transport.url, exc) from exc
             except (httpx.HTTPError, ResponseTooLarge, SseTooLarge) as exc:
-                raise ProtocolViolation(f"{message['method']} failed on the wire: {exc!r}") from exc
+                raise ProtocolViolation(f"{message['method']} to {self.transport.url} failed: {describe(exc)}") from exc
         raise AuthorizationFailed(f"{message['method']}: the server kept refusing new tokens")
 
     async def _single_response(self, response: Response, wire_id: object) -> dict[str, Any]:
@@ -458,9 +460,9 @@ class Session:
             except AuthorizationFailed as exc:
                 self._apply(self.ledger.unauthorized(link, action.resources, exc.reason))
             except NOT_SENT_ERRORS as exc:
-                self._apply(self.ledger.not_sent(link, repr(exc)))
+                self._apply(self.ledger.not_sent(link, describe(exc)))
             except (httpx.HTTPError, ResponseTooLarge) as exc:
-                self._apply(self.ledger.lost(link, repr(exc)))
+                self._apply(self.ledger.lost(link, describe(exc)))
         self._release(link.stream, scope)
 
     async def _resume(self, action: Resume, scope: anyio.CancelScope) -> None:
@@ -476,7 +478,7 @@ class Session:
             except AuthorizationFailed as exc:
                 self._apply(self.ledger.unauthorized(link, action.resources, exc.reason))
             except (httpx.HTTPError, ResponseTooLarge) as exc:
-                self._apply(self.ledger.lost(link, repr(exc)))
+                self._apply(self.ledger.lost(link, describe(exc)))
         self._release(link.stream, scope)
 
     async def _consume(self, link: Link, response: Response, sent_on: str | None, resuming: bool) -> None:
@@ -530,7 +532,7 @@ class Session:
         except SseTooLarge as exc:
             self._apply(self.ledger.ended(link, str(exc)))
         except httpx.HTTPError as exc:
-            self._apply(self.ledger.ended(link, f"connection dropped: {exc!r}"))
+            self._apply(self.ledger.ended(link, f"connection dropped: {describe(exc)}"))
         else:
             self._apply(self.ledger.ended(link, "the server closed the stream"))
 
