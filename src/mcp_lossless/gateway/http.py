@@ -40,7 +40,16 @@ from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
 from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
 from .pool import UpstreamPool
-from .upstream import CLIENT_INFO, FailureReason, Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
+from .upstream import (
+    CLIENT_INFO,
+    FailureReason,
+    Relay,
+    Reporter,
+    UpstreamFailure,
+    UpstreamRpcError,
+    UpstreamTool,
+    counted,
+)
 
 log = logging.getLogger("mcp_lossless.gateway")
 BACKOFF = Backoff(initial=0.2, maximum=2.0)
@@ -134,7 +143,8 @@ class HttpUpstream:
         except BaseException:
             await self.close()
             raise
-        log.info("upstream %s: %s era, %d clients, %d tools", self.name, self.era, len(self._clients), len(self._tools))
+        clients, tools = counted(len(self._clients), "client"), counted(len(self._tools), "tool")
+        log.info("upstream %s: %s era, %s, %s", self.name, self.era, clients, tools)
 
     async def _own(self, ready: asyncio.Future[None], on_tools_changed: Callable[[], None]) -> None:
         config = self.config

@@ -43,7 +43,7 @@ from ..core import errors
 from ..server.tools import MethodError
 from .config import UpstreamConfig
 from .stdio_era import LEGACY_INPUT_METHODS, SpokenEra, complete, enveloped, input_requests, negotiate
-from .upstream import Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool
+from .upstream import Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool, counted
 
 log = logging.getLogger("mcp_lossless.gateway")
 MAX_LINE_BYTES = 8 * 1024 * 1024
@@ -171,12 +171,12 @@ class StdioUpstream:
                 may_have_run=False,
             ) from exc
         log.info(
-            "upstream %s: child %d ready, %s era (%s), %d tools",
+            "upstream %s: child %d ready, %s era (%s), %s",
             self.name,
             proc.pid,
             handshake.era,
             handshake.how,
-            len(self._tools),
+            counted(len(self._tools), "tool"),
         )
         self._ready.set()
 

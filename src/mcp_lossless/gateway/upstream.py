@@ -17,6 +17,13 @@ from typing import Any, Literal, Protocol
 from .. import __version__
 
 CLIENT_INFO = {"name": "mcp-lossless-gateway", "version": __version__}
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 tool``, ``3 tools``: the upstreams' start lines are read by people."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 """How the gateway names itself to every upstream, in both transports."""
 
 FailureReason = Literal["execution_lost", "deadline", "unreachable", "rejected", "unauthorized", "protocol", "closed"]
