@@ -19,9 +19,10 @@ import pytest
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
+from mcp_lossless.server.connections import ConnectionGuard
 from tests.support.mcp_http import Peer, call
 from tests.support.processes import free_port, started_cli_server
-from tests.support.uvicorn_server import guarded_server
+from tests.support.uvicorn_server import guarded_server, serve_guarded
 
 HEAD = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 
@@ -204,6 +205,83 @@ async def test_deadlines_do_not_cut_keep_alive_requests_or_a_stream_outliving_th
     assert read.status == 200
     assert [m.get("method") for m in read.messages] == ["notifications/progress"] * 3 + [None]
     assert read.messages[-1]["result"]["isError"] is False
+
+
+async def _ok(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def _answered(sock: socket.socket) -> None:
+    """Send a request on ``sock`` (kept alive) and read its whole answer from ``_ok``."""
+    sock.sendall(HEAD + b"\r\n")
+    answer = b""
+    while not answer.endswith(b"\r\n\r\nok"):
+        chunk = sock.recv(65536)
+        assert chunk, answer
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout() -> None:
+    """uvicorn's ``timeout_keep_alive``, counted from the last answer; the guard's sweep enforces it."""
+    with (
+        serve_guarded(_ok, ConnectionGuard(Limits(header_timeout=30), cap=16, keep_alive=0.3)) as url,
+        _connect(url) as sock,
+    ):
+        _answered(sock)
+        _answered(sock)  # within the keep-alive: served on the same connection
+        answered = time.monotonic()
+        assert _read_all(sock) == b""
+        waited = time.monotonic() - answered
+    assert 0.25 <= waited < 5
+
+
+def test_a_head_begun_after_an_answer_is_held_to_the_head_deadline_not_the_keep_alive() -> None:
+    """A byte after the answer ends the idle wait (as it cancels uvicorn's timer): the head deadline, counted from
+    the answer, decides."""
+    with (
+        serve_guarded(_ok, ConnectionGuard(Limits(header_timeout=1.0), cap=16, keep_alive=0.2)) as url,
+        _connect(url) as sock,
+    ):
+        _answered(sock)
+        answered = time.monotonic()
+        sock.sendall(HEAD)
+        status, error = _refusal(_read_all(sock))
+        waited = time.monotonic() - answered
+    assert status == 408
+    assert error["data"] == {"limit": "header_timeout", "maximum": 1.0}
+    assert 0.9 <= waited < 5
+
+
+def test_a_new_connection_is_held_to_the_head_deadline_not_the_keep_alive() -> None:
+    """Keep-alive concerns answered connections only (uvicorn arms its timer after an answer)."""
+    with (
+        serve_guarded(_ok, ConnectionGuard(Limits(header_timeout=1.0), cap=16, keep_alive=0.2)) as url,
+        _connect(url) as sock,
+    ):
+        began = time.monotonic()
+        assert _read_all(sock) == b""
+        waited = time.monotonic() - began
+    assert 1.0 <= waited < 5
+
+
+def test_at_the_connection_cap_a_head_waiting_past_the_keep_alive_is_the_oldest_and_makes_room() -> None:
+    """Unfinished heads older than the keep-alive wait apart from the newer connections (ConnectionGuard.late):
+    still the first to make room."""
+    with serve_guarded(_ok, ConnectionGuard(Limits(header_timeout=30), cap=3, keep_alive=0.1)) as url:
+        slow = [_connect(url) for _ in range(2)]
+        for sock in slow:
+            sock.sendall(b"GET / HTTP/1.1\r\n")
+        with _connect(url) as answered:  # closed by the sweep that also finds both heads past the keep-alive
+            _answered(answered)
+            assert _read_all(answered) == b""
+        with _connect(url) as fresh, _connect(url) as newcomer:  # the fourth: one connection must go
+            assert _read_all(slow[0]) == b"", "the oldest unfinished head was closed for the newcomer"
+            _answered(fresh)
+            _answered(newcomer)
+        for sock in slow:
+            sock.close()
 
 
 def test_at_the_connection_cap_the_oldest_waiting_connection_makes_room() -> None:

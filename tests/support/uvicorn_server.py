@@ -122,3 +122,15 @@ def guarded_server(make_app: Callable[[int], Any], fd_limit: int | None = None) 
     server = serving(make_app(sock.getsockname()[1]), fd_limit)
     with run_server(server, server.listening, sock) as url:
         yield url, server
+
+
+@contextmanager
+def serve_guarded(app: Any, guard: Any) -> Iterator[str]:
+    """``app`` behind ``guard`` (a ``server.connections.ConnectionGuard``) and nothing else of ours: for tests of the
+    guard's own timing (``keep_alive``), which ``serve`` fixes."""
+    from mcp_lossless.server.connections import guarded_protocol
+
+    config = uvicorn.Config(app, http=guarded_protocol(guard), loop="uvloop", lifespan="off", log_level="warning")
+    server = _SignallingServer(config)
+    with run_server(server, server.ready, loopback_socket()) as url:
+        yield url

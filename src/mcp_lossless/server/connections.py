@@ -7,7 +7,9 @@ a subclass of its httptools protocol that counts and times each connection; the 
 :mod:`mcp_lossless.core.limits`'. A connection waiting for a request head (fresh, or idle after an answer) or for
 a body sits in an insertion-ordered table; one sweep per server walks the tables from their oldest entry, so a
 request costs a few dict operations, not a timer of its own. The sweep stays armed while any connection is open
-(only an open connection has an entry), so a request does not arm it.
+(only an open connection has an entry), so a request does not arm it. The same sweep closes a keep-alive
+connection left idle for ``keep_alive`` seconds after its answer, in place of the timer uvicorn arms and cancels
+for each response.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from ..core.limits import LimitExceeded, Limits
 
 SWEEP_SECONDS = (0.05, 1.0)
 """Bounds of the sweep interval: a quarter of the shortest deadline, within these."""
+KEEP_ALIVE_SECONDS = 5
+"""Seconds an answered connection may stay idle before it is closed: uvicorn's default ``timeout_keep_alive``."""
 UNSENT_BYTES = 128 * 1024
 """Bytes a connection's kernel send queue takes beyond what is in flight (``TCP_NOTSENT_LOWAT``): past it a
 write waits, so a client that does not read makes its stream's writer, then its tool, wait (docs/limits.md)
@@ -51,19 +55,32 @@ def refusal_bytes(exceeded: LimitExceeded) -> bytes:
 class ConnectionGuard:
     """The connections of one server: who waits for a head or a body since when, and the sweep that times them."""
 
-    def __init__(self, limits: Limits, cap: int, on_refusal: Callable[[str], None] = lambda limit: None) -> None:
+    def __init__(
+        self,
+        limits: Limits,
+        cap: int,
+        on_refusal: Callable[[str], None] = lambda limit: None,
+        keep_alive: float = KEEP_ALIVE_SECONDS,
+    ) -> None:
         self.limits = limits
         self.cap = cap
         """Connections held at most (:func:`mcp_lossless.core.limits.connection_cap`)."""
         self.on_refusal = on_refusal
+        self.keep_alive = keep_alive
+        """Seconds an answered connection may wait for its next request's first byte (uvicorn's
+        ``timeout_keep_alive``, which this guard enforces instead of uvicorn's timer per response)."""
         self.heads: dict[GuardedHttpToolsProtocol, float] = {}
         """Connections with no request at work, by the moment they began waiting for a head: oldest first."""
+        self.late: dict[GuardedHttpToolsProtocol, float] = {}
+        """Connections of ``heads`` still waiting past ``keep_alive`` that are not idle (a head begun, or a new
+        connection, which keep-alive does not concern): moved here by the sweep, so that it does not walk them
+        again each time; the head deadline still counts from the same moment. All older than those of ``heads``."""
         self.bodies: dict[GuardedHttpToolsProtocol, float] = {}
         """Requests whose head arrived and whose body has not, by the moment the head arrived."""
         self.held = 0
         """Connections open now (refused ones until they are lost): the sweep runs while there are any."""
         self._sweep: asyncio.TimerHandle | None = None
-        shortest = min(limits.header_timeout, limits.body_timeout) / 4
+        shortest = min(limits.header_timeout, limits.body_timeout, keep_alive) / 4
         self._interval = min(max(shortest, SWEEP_SECONDS[0]), SWEEP_SECONDS[1])
 
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -73,8 +90,21 @@ class ConnectionGuard:
     def sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         self._sweep = None
         now = loop.time()
+        heads, limits = self.heads, self.limits
+        first = min(limits.header_timeout, self.keep_alive)
+        while heads:
+            protocol, since = next(iter(heads.items()))
+            if now - since < first:
+                break
+            del heads[protocol]
+            if now - since >= limits.header_timeout:
+                protocol.refuse(verdicts.head_overdue(limits))
+            elif protocol.idle():
+                protocol.timeout_keep_alive_handler()  # uvicorn's own: closed without an answer
+            else:
+                self.late[protocol] = since
         for table, timeout, overdue in (
-            (self.heads, self.limits.header_timeout, verdicts.head_overdue),
+            (self.late, self.limits.header_timeout, verdicts.head_overdue),
             (self.bodies, self.limits.body_timeout, verdicts.body_overdue),
         ):
             while table:
@@ -91,11 +121,12 @@ class ConnectionGuard:
         waits for a head is closed in its favour (an honest client sends its head at once; slowloris never)."""
         if held <= self.cap:
             return True
-        for victim in self.heads:
-            if victim is not newcomer:
-                del self.heads[victim]
-                victim.shed()
-                return True
+        for table in (self.late, self.heads):  # oldest first
+            for victim in table:
+                if victim is not newcomer:
+                    del table[victim]
+                    victim.shed()
+                    return True
         return False
 
 
@@ -139,6 +170,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         guard = self.guard
         guard.held -= 1
         guard.heads.pop(self, None)
+        guard.late.pop(self, None)
         guard.bodies.pop(self, None)
         super().connection_lost(exc)
 
@@ -157,7 +189,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         guard = self.guard
-        guard.heads.pop(self, None)
+        if guard.heads.pop(self, None) is None:
+            guard.late.pop(self, None)
         head = self.headers
         # The head came in the packet where the previous request ended and those counted since: when those bytes
         # are within the limit, so is the head, and its exact size need not be summed.
@@ -186,13 +219,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         HttpToolsProtocol.on_message_complete(self)
 
     def on_response_complete(self) -> None:
-        HttpToolsProtocol.on_response_complete(self)
-        if (
-            not self.transport.is_closing()
-            and not self.pipeline
-            and (self.cycle is None or self.cycle.response_complete)
-        ):
+        """uvicorn's, but for its keep-alive timer: an idle connection waits in ``heads``, where the sweep closes it
+        after ``keep_alive`` (a timer armed and cancelled per response cost ~7k instructions a request)."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif self.cycle is None or self.cycle.response_complete:
             self.guard.heads[self] = self.loop.time()
+
+    def idle(self) -> bool:
+        """Whether this connection was answered and has received nothing since (as uvicorn's timer, cancelled by
+        the next packet, a new connection is not idle: only the head deadline bounds its wait)."""
+        return self.cycle is not None and self._head_bytes == 0
 
     def shed(self) -> None:
         """Closed to make room for a newer connection (this one had no request at work)."""
@@ -202,8 +244,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def refuse(self, exceeded: LimitExceeded) -> None:
         """Answer ``exceeded`` and close; close without an answer when one is under way or nothing was asked."""
         self._refusal = exceeded
-        self.guard.heads.pop(self, None)
-        self.guard.bodies.pop(self, None)
+        guard = self.guard
+        guard.heads.pop(self, None)
+        guard.late.pop(self, None)
+        guard.bodies.pop(self, None)
         transport = self.transport
         if transport.is_closing():
             return

@@ -17,7 +17,7 @@ import uvicorn
 from ..asgi import ASGIApp
 from ..core.limits import connection_cap
 from .app import LosslessApp
-from .connections import ConnectionGuard, guarded_protocol
+from .connections import KEEP_ALIVE_SECONDS, ConnectionGuard, guarded_protocol
 from .observability import log_decision
 
 FD_LIMIT_WITHOUT_HARD_CAP = 1 << 16
@@ -116,5 +116,6 @@ def lossless_server(
         log_config=None,  # uvicorn's loggers keep the JSON handler configure_logging gave them
         access_log=False,
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,  # the guard enforces it (ConnectionGuard.keep_alive), not uvicorn
     )
     return LosslessServer(settings, app, guard, banner)
