@@ -179,7 +179,9 @@ class LiveStream:
         """Generation of the writer currently sending this stream, if any."""
         self.close_generation = -1
         """A tool asked to close the connection of this writer generation (SEP-1699)."""
-        self._lock = AppendLock()
+        self._lock: AppendLock | None = None
+        """Made when an append first has to hold it across a suspension (:meth:`_append_lock`): most streams'
+        appends never suspend, so they never need one."""
         self._waiters: list[asyncio.Future[None]] = []
         self._queued: deque[tuple[StoredEvent, asyncio.Future[None]]] = deque()
         """Progress events handed to the store and not yet published, in position order, with their commits."""
@@ -356,11 +358,17 @@ class LiveStream:
             data = b"".join((data, b""))  # made as the memory store makes its own (stores/memory.py)
         lock = self._lock
         queued = self._queued
-        # A progress event while the lock is free and the queue has room runs to its end without suspending:
-        # nothing can come between, so it takes no lock (two calls per event saved).
-        locking = terminal or len(queued) >= UNCOMMITTED_LIMIT or lock.locked()
-        if locking and not lock.take():
-            await lock.wait()
+        # An append while the lock is free and nothing is queued for the store (or, for progress, the queue has
+        # room) runs without suspending up to the store's answer: nothing can come between, so it takes no lock
+        # (two calls per event saved). An answer the store does not hold at once takes it before it waits.
+        locking = (bool(queued) if terminal else len(queued) >= UNCOMMITTED_LIMIT) or (
+            lock is not None and lock.locked()
+        )
+        if locking:
+            if lock is None:
+                lock = self._lock = AppendLock()
+            if not lock.take():
+                await lock.wait()
         try:
             if self._lost is not None:
                 raise self._lost
@@ -405,6 +413,10 @@ class LiveStream:
                 # Stored at once (memory): no task and no turn of the loop, so the writer's one yield finds the
                 # answer and sends the whole response in one write.
                 if not write.done() or write.cancelled() or write.exception() is not None:
+                    if not locking:  # free, as nothing suspended since it was found free: held while this waits
+                        lock = self._append_lock()
+                        lock.take()
+                        locking = True
                     write = asyncio.ensure_future(_store_durably(store, event, completes, write))
                     try:
                         await asyncio.shield(write)
@@ -423,6 +435,7 @@ class LiveStream:
                 self._answer_stored(event, answers, completes)
         finally:
             if locking:
+                assert lock is not None
                 lock.release()
         if published and self._waiters:  # no call when no one waits (a writer busy sending, or none)
             self.notify()
@@ -435,6 +448,12 @@ class LiveStream:
                 if self._appends % YIELD_EVERY == 0:
                     await asyncio.sleep(0)  # give other tasks their turn: nothing else may suspend a tight loop
         return event
+
+    def _append_lock(self) -> AppendLock:
+        lock = self._lock
+        if lock is None:
+            lock = self._lock = AppendLock()
+        return lock
 
     def _answer_stored(self, event: StoredEvent, answers: bool, completes: bool) -> None:
         record = self.record
@@ -488,7 +507,7 @@ class LiveStream:
             self.notify()
 
     async def _repair_queued(self) -> None:
-        lock = self._lock
+        lock = self._append_lock()
         try:
             if not lock.take():
                 await lock.wait()
