@@ -120,6 +120,21 @@ def test_too_many_header_fields_get_431_naming_the_count_limit(quick: tuple[str,
     assert error["data"]["limit"] == "max_headers"
 
 
+def test_a_refused_head_ends_the_connection_though_a_valid_request_follows_in_the_same_packet(
+    quick: tuple[str, Any],
+) -> None:
+    """The request after a refused head is never read: its answer would be taken for the refused one's."""
+    url, _ = quick
+    fields = b"".join(b"x-%d: 1\r\n" % i for i in range(Limits().max_headers + 1))
+    with _connect(url) as sock:
+        sock.sendall(HEAD + fields + b"\r\n" + HEAD + b"\r\n")
+        answer = _read_all(sock)
+    status, error = _refusal(answer)
+    assert status == 431
+    assert error["data"]["limit"] == "max_headers"
+    assert answer.count(b"HTTP/1.1 ") == 1, answer
+
+
 def test_a_head_at_the_limits_is_served(quick: tuple[str, Any]) -> None:
     url, _ = quick
     limits = Limits()

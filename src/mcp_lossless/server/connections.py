@@ -20,6 +20,7 @@ import socket
 from collections.abc import Callable
 from http import HTTPStatus
 
+import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -130,6 +131,10 @@ class ConnectionGuard:
         return False
 
 
+class _HeadRefused(Exception):
+    """Raised in the parser's callback to stop it after a refused head (httptools then raises its own error)."""
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, with the limits of :class:`ConnectionGuard` (set by :func:`guarded_protocol`).
 
@@ -175,12 +180,26 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        """uvicorn's (whose keep-alive timer this protocol never arms, so there is none to cancel), counting the
+        head's bytes; a refused head stops the parser (``on_headers_complete``)."""
         if self._refusal is not None:
             return
         self._chunk_bytes = len(data)
         if self._in_head:
             self._head_bytes += self._chunk_bytes
-        HttpToolsProtocol.data_received(self, data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._refusal is None:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+                return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
         if self._refusal is None and self._in_head and self._head_bytes > self.guard.limits.max_header_bytes:
             self._refusal = verdicts.request_head(self.guard.limits, self._head_bytes, 0)
         if self._refusal is not None:
@@ -201,17 +220,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 size += len(name) + len(value)
         self._refusal = verdicts.request_head(guard.limits, size, len(head))
         if self._refusal is not None:
-            return  # no request cycle: nothing of it reaches the app
+            # No request cycle, nothing of it reaches the app, and the parser stops here: neither this request's
+            # body nor a request after it in the same packet is read (its answer would pass for this one's).
+            raise _HeadRefused
         HttpToolsProtocol.on_headers_complete(self)
         guard.bodies[self] = self.loop.time()
 
-    def on_body(self, body: bytes) -> None:
-        if self._refusal is None:
-            HttpToolsProtocol.on_body(self, body)
-
     def on_message_complete(self) -> None:
-        if self._refusal is not None:
-            return
         self.guard.bodies.pop(self, None)
         self._in_head = True
         self._head_bytes = 0
