@@ -31,6 +31,7 @@ import functools
 import itertools
 import logging
 import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -366,8 +367,11 @@ class StdioUpstream:
 
     async def _kill(self, proc: asyncio.subprocess.Process) -> None:
         if proc.returncode is None:
+            # os.kill, not proc.kill(): Popen.send_signal polls first, and that poll reaps a child that has just
+            # exited before asyncio's child watcher does, which then reports status 255 instead of the real one.
+            # Until the watcher reaps it, the pid is the child's (alive or a zombie), so the signal cannot stray.
             with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+                os.kill(proc.pid, signal.SIGKILL)
         await proc.wait()
         for task in (self._reader, self._stderr):
             if task is not None and not task.done():
