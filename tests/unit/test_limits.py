@@ -61,6 +61,22 @@ def test_streams_are_refused_from_the_cap_on(open_streams: int, cap: int) -> Non
     assert (verdict is None) == (open_streams < cap)
 
 
+@given(
+    open_streams=st.integers(0, 50),
+    running=st.integers(0, 50),
+    calls=st.integers(0, 20),
+    stream_cap=st.integers(1, 50),
+    call_cap=st.integers(1, 50),
+)
+def test_a_post_stream_gets_the_stream_verdict_then_the_calls_verdict(
+    open_streams: int, running: int, calls: int, stream_cap: int, call_cap: int
+) -> None:
+    limits = Limits(streams_per_session=stream_cap, calls_per_principal=call_cap)
+    stream = verdicts.new_stream(limits, open_streams)
+    expected = stream if stream is not None or not calls else verdicts.new_calls(limits, running, calls)
+    assert verdicts.new_post_stream(limits, open_streams, running, calls) == expected
+
+
 @given(configured=st.integers(1, 1 << 20), fd_limit=st.integers(1, 1 << 20))
 def test_the_connection_cap_leaves_descriptors_free_and_never_exceeds_the_setting(
     configured: int, fd_limit: int

@@ -164,6 +164,16 @@ def new_stream(limits: Limits, open_streams: int) -> LimitExceeded | None:
     )
 
 
+def new_post_stream(limits: Limits, open_streams: int, running: int, calls: int) -> LimitExceeded | None:
+    """A session with ``open_streams`` streams at work opens one more for ``calls`` tool calls, its principal
+    running ``running``: :func:`new_stream`'s verdict, else :func:`new_calls`' when there are calls. Within both
+    caps (every POST but a refused one) it answers without calling either."""
+    if open_streams < limits.streams_per_session and (not calls or running + calls <= limits.calls_per_principal):
+        return None
+    exceeded = new_stream(limits, open_streams)
+    return new_calls(limits, running, calls) if exceeded is None and calls else exceeded
+
+
 TASK_RETRY_SECONDS = 5
 
 

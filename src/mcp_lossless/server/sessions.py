@@ -18,7 +18,6 @@ from typing import Any
 
 from ..core import limits as verdicts
 from ..core.eventids import new_key
-from ..core.events import PendingRequest
 from ..core.limits import LimitExceeded, Limits
 from ..core.principal import Principal
 from ..stores.base import EventStore, SessionRecord
@@ -26,6 +25,8 @@ from .errors import Refused
 from .streams import LiveStream
 from .tools import ToolContext
 
+TOUCH_SECONDS = 60.0
+"""A session's activity is recorded in the store at most this often (what its idle expiry reads)."""
 _request_id = itemgetter(0)
 """A :class:`~..core.events.PendingRequest`'s id, without a Python frame per request."""
 
@@ -156,20 +157,13 @@ class SessionRegistry:
         self._add(session)
         return session
 
-    def admit(self, session: ServerSession, requests: list[PendingRequest]) -> None:
-        """A POST about to open a stream on ``session`` for ``requests``: 429 before anything is committed when the
-        session holds its maximum of streams, or its tool calls would take the principal past its cap of requests
-        running across all its sessions (another principal's requests never count)."""
-        limits = self._limits
-        exceeded = verdicts.new_stream(limits, len(session.live))
-        if exceeded is None:
-            calls = 0
-            for request in requests:
-                if request.tool is not None:
-                    calls += 1
-            held = session.held
-            running = self.running_calls(session.principal) if held is None else held.running
-            exceeded = verdicts.new_calls(limits, running, calls) if calls else None
+    def admit(self, session: ServerSession, calls: int) -> None:
+        """A POST about to open a stream on ``session`` carrying ``calls`` tool calls: 429 before anything is
+        committed when the session holds its maximum of streams, or the calls would take the principal past its
+        cap of requests running across all its sessions (another principal's requests never count)."""
+        held = session.held
+        running = self.running_calls(session.principal) if held is None else held.running
+        exceeded = verdicts.new_post_stream(self._limits, len(session.live), running, calls)
         if exceeded is not None:
             self._check(exceeded)
 
@@ -261,12 +255,26 @@ class SessionRegistry:
                 await session.close("expired")
         return len(gone)
 
+    def recent(self, session_id: str, principal: Principal, now: float) -> ServerSession | None:
+        """:meth:`find`'s answer without a coroutine, for a session held here for ``principal`` when the store is
+        this process's own and the session's activity needs no recording (:meth:`stale`): nearly every request.
+        ``None``: ask :meth:`find` (and :meth:`touch` when due)."""
+        session = self._sessions.get(session_id)
+        if (
+            session is None
+            or self._store.shared
+            or now - session.last_touch >= TOUCH_SECONDS
+            or (session.principal is not principal and session.principal != principal)
+        ):
+            return None
+        return session
+
     @staticmethod
     def stale(session: ServerSession, now: float) -> bool:
-        """Whether ``session``'s activity is due to be recorded (:meth:`touch`): at most once a minute, as a store
-        write per request would sit on the hot path. Asked first, so a request that records nothing awaits
-        nothing."""
-        return now - session.last_touch >= 60.0
+        """Whether ``session``'s activity is due to be recorded (:meth:`touch`): at most once every
+        :data:`TOUCH_SECONDS`, as a store write per request would sit on the hot path. Asked first, so a request
+        that records nothing awaits nothing."""
+        return now - session.last_touch >= TOUCH_SECONDS
 
     async def touch(self, session: ServerSession, now: float) -> None:
         """Record activity; its caller asks :meth:`stale` first."""

@@ -138,14 +138,16 @@ class Transport:
             await self._initialize(send, grant, first)
             return
         version = checks.protocol_version(scope, messages)
-        session = await self._session(scope, grant)
+        session = self._recent_session(scope, grant)
+        if session is None:
+            session = await self._session(scope, grant)
         if batch:
             checks.require_batches_allowed(session.version)
-        requests, pending = self._admit(session, messages, grant)
+        requests, pending, calls = self._admit(session, messages, grant)
         if not requests:
             await respond(send, 202)
             return
-        self.state.sessions.admit(session, pending)
+        self.state.sessions.admit(session, calls)
         await self._open_post_stream(
             receive, send, session, grant, version or session.version, requests, pending, batch
         )
@@ -172,12 +174,14 @@ class Transport:
 
     def _admit(
         self, session: ServerSession, messages: list[dict[str, Any]], grant: Grant
-    ) -> tuple[list[dict[str, Any]], list[PendingRequest]]:
-        """The requests among ``messages``, each with the resources its events need; 403 naming every resource
-        the token lacks for a call. Responses and cancellations are handed over as they come."""
+    ) -> tuple[list[dict[str, Any]], list[PendingRequest], int]:
+        """The requests among ``messages``, each with the resources its events need, and how many are tool calls;
+        403 naming every resource the token lacks for a call. Responses and cancellations are handed over as they
+        come."""
         state = self.state
         requests = []
         pending = []
+        calls = 0
         refused: set[str] = set()
         for message in messages:
             if "method" not in message:
@@ -202,9 +206,10 @@ class Transport:
             if gap:
                 refused |= gap
             pending.append(PendingRequest(message["id"], method, tool.name, resources))
+            calls += 1
         if refused:
             raise self._forbidden(sorted(refused), requests, pending)
-        return requests, pending
+        return requests, pending, calls
 
     def _forbidden(self, missing: list[str], requests: list[dict[str, Any]], pending: list[PendingRequest]) -> Refused:
         lacks = "audience does not cover" if resources_in(missing) else "lacks"  # scopes only: the audience is fine
@@ -460,6 +465,14 @@ class Transport:
     def _invalid_token(self, description: str) -> Refused:
         challenge = metadata.challenge("invalid_token", description, self.state.prm_url)
         return Refused.rpc(401, errors.INVALID_REQUEST, description, headers=[(b"www-authenticate", challenge)])
+
+    def _recent_session(self, scope: Scope, grant: Grant) -> ServerSession | None:
+        """:meth:`_session`'s answer when the registry has it at hand without awaiting
+        (:meth:`.sessions.SessionRegistry.recent`); ``None``: ask :meth:`_session`, which also refuses."""
+        session_id = headers(scope).get(b"mcp-session-id")
+        if session_id is None:
+            return None
+        return self.state.sessions.recent(session_id.decode("latin-1"), grant.principal, now())
 
     async def _session(self, scope: Scope, grant: Grant) -> ServerSession:
         """The request's session: 400 without the header, 404 when unknown or another principal's (one answer)."""
