@@ -6,7 +6,9 @@ import re
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -165,6 +167,30 @@ def test_a_url_without_an_mcp_endpoint_is_named_with_the_status_it_answered(open
     assert done.returncode == EXIT_SERVER, done.stderr
     assert "HTTP 404" in done.stderr and "no resource at /nowhere" in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_a_confidential_client_without_its_secret_names_the_missing_flag(tmp_path: Path) -> None:
+    """``--client-id dev-client`` alone runs the browser flow (a public client's), which the dev AS refuses at the
+    code exchange: the error names the flag that is missing, not only ``invalid_client``."""
+    with cli_server(["--store", "memory", "--auto-approve"], tmp_path / "serve.log") as server:
+        proc = subprocess.Popen(
+            [*CLI, "call", f"{server.base}/mcp", "search", "query=x", "--client-id", "dev-client"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        assert proc.stderr is not None
+        opened = proc.stderr.readline()
+        assert opened.startswith("Open to authorize: "), opened
+        browser = httpx.get(opened.removeprefix("Open to authorize: ").strip(), timeout=COMMAND_TIMEOUT)
+        assert browser.status_code == 302, "the auto-approving dev AS redirects to the command's listener"
+        httpx.get(browser.headers["location"], timeout=COMMAND_TIMEOUT)
+        out, err = proc.communicate(timeout=COMMAND_TIMEOUT)
+    assert proc.returncode == EXIT_AUTHORIZATION, err
+    assert "invalid_client" in err and "dev-client was sent without a secret" in err
+    assert err.rstrip().endswith("give --client-secret (client_credentials, no browser), or the id of a public client")
+    assert out == ""
 
 
 def test_wrong_secret_is_an_authorization_failure(authorized: ServerProcess) -> None:

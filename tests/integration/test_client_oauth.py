@@ -18,7 +18,13 @@ import orjson
 import pytest
 
 from mcp_lossless.client import AuthorizationFailed, Client, ProgressUpdate
-from mcp_lossless.client.oauth import AuthorizationCodeGrant, LoopbackRedirect, OAuth, unverified_audience
+from mcp_lossless.client.oauth import (
+    AuthorizationCodeGrant,
+    LoopbackRedirect,
+    OAuth,
+    TokenEndpointError,
+    unverified_audience,
+)
 from mcp_lossless.client.transport import Backoff
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
@@ -139,6 +145,21 @@ async def test_authorization_code_with_pkce_and_iss(lossless: tuple[str, Recorde
     # for fetch; this AS (not in least-privilege mode) keeps the server's own URI in the audience too.
     assert len(seen) == 1
     assert f"{url}/tools/fetch" in (unverified_audience(recorder.tokens_for("tools/call")[-1] or "") or ())
+
+
+@pytest.mark.anyio
+async def test_a_confidential_client_used_without_its_secret_is_told_what_is_missing(
+    lossless: tuple[str, Recorder],
+) -> None:
+    """``dev-client`` through the browser, no secret: the code exchange is ``invalid_client``, and the reason says
+    the client was sent without a secret (not only "client authentication failed")."""
+    url, _ = lossless
+    auth = OAuth("dev-client", grant=AuthorizationCodeGrant(REDIRECT, headless))
+    with pytest.raises(TokenEndpointError) as refused:
+        async with fast(url, auth):
+            pass
+    assert refused.value.error == "invalid_client" and refused.value.secretless == "dev-client"
+    assert refused.value.reason.endswith("dev-client was sent without a secret: a confidential client needs its secret")
 
 
 @pytest.mark.anyio

@@ -37,7 +37,7 @@ from .errors import (
 )
 from .handlers import InputHandler
 from .modern import ModernClient, TaskUpdate, open_client
-from .oauth import Auth, AuthorizationCodeGrant, LoopbackRedirect, OAuth
+from .oauth import Auth, AuthorizationCodeGrant, LoopbackRedirect, OAuth, TokenEndpointError
 from .session import ProgressUpdate
 
 EXIT_RESULT = 0
@@ -54,8 +54,9 @@ MINIMUM_WAIT = 0.001
 EPILOG = """\
 Arguments follow httpie: KEY=TEXT is the string TEXT, KEY:=JSON is raw JSON (n:=5, on:=true, tags:='["a"]').
 Without --client-id no credentials are sent (enough for servers that ask for none). With --client-id and
---client-secret the client_credentials grant is used; with --client-id alone, authorization code + PKCE:
-open the printed URL in a browser, which redirects back to a listener on 127.0.0.1.
+--client-secret the client_credentials grant is used; with --client-id alone, authorization code + PKCE as a
+public client (the dev AS's is dev-public; dev-client is confidential and needs --client-secret): open the
+printed URL in a browser, which redirects back to a listener on 127.0.0.1.
 
 Input the tool asks for: --root DIR lists DIR as a root; --elicit KEY=TEXT|KEY:=JSON answers an elicitation
 (declined when the values miss a required field); without --elicit, on a terminal, each field is asked.
@@ -265,7 +266,11 @@ def _failed(args: argparse.Namespace, error: BaseException, err: Console) -> int
     else:
         if isinstance(error, ToolFailed):
             print(error.reason)
-        hint = "; give --client-id (and --client-secret)" if status == EXIT_AUTHORIZATION and not args.client_id else ""
+        hint = ""
+        if status == EXIT_AUTHORIZATION and not args.client_id:
+            hint = "; give --client-id (and --client-secret)"
+        elif isinstance(error, TokenEndpointError) and error.secretless is not None and args.client_secret is None:
+            hint = "; give --client-secret (client_credentials, no browser), or the id of a public client"
         err.print(f"mcp-lossless call: {_headline(status)} ({kind}): {reason}{hint}", markup=False)
     return status
 

@@ -210,11 +210,20 @@ class _Token:
 
 
 class TokenEndpointError(AuthorizationFailed):
-    """The authorization server answered a token request with an OAuth error."""
+    """The authorization server answered a token request with an OAuth error.
 
-    def __init__(self, error: str, description: str) -> None:
-        super().__init__(f"token endpoint refused: {error}: {description}")
+    ``secretless`` names the caller's client when it was sent without a secret and refused as ``invalid_client``:
+    most likely a confidential client used as a public one (the dev AS's ``dev-client`` through the browser),
+    which no retry can fix, so the reason says what is missing.
+    """
+
+    def __init__(self, error: str, description: str, secretless: str | None = None) -> None:
+        reason = f"token endpoint refused: {error}: {description}"
+        if secretless is not None:
+            reason += f"; {secretless} was sent without a secret: a confidential client needs its secret"
+        super().__init__(reason)
         self.error = error
+        self.secretless = secretless
 
 
 class OAuth(Auth):
@@ -477,7 +486,9 @@ class OAuth(Auth):
         body = json_object(response.content)
         if response.status_code != 200 or not isinstance(body.get("access_token"), str):
             error = str(body.get("error") or f"HTTP {response.status_code}")
-            raise TokenEndpointError(error, str(body.get("error_description", "")))
+            unsigned = error == "invalid_client" and client.client_secret is None and self.client_id is not None
+            secretless = client.client_id if unsigned else None  # the caller's client, not a registration of ours
+            raise TokenEndpointError(error, str(body.get("error_description", "")), secretless)
         return self._store(body, wanted)
 
     def _store(self, body: Mapping[str, Any], wanted: frozenset[str]) -> _Token:
