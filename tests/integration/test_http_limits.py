@@ -6,11 +6,13 @@ Each test waits on the server's own answer (a socket read bounded by a timeout),
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import httpx
 import orjson
@@ -19,7 +21,7 @@ import pytest
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
-from mcp_lossless.server.connections import ConnectionGuard
+from mcp_lossless.server.connections import HEADER_MEMO, ConnectionGuard, KnownHeaders
 from tests.support.mcp_http import Peer, call
 from tests.support.processes import free_port, started_cli_server
 from tests.support.uvicorn_server import guarded_server, serve_guarded
@@ -236,6 +238,42 @@ def _answered(sock: socket.socket) -> None:
         assert chunk, answer
         answer += chunk
     assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+async def _header_from_query(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answers with the header the query names: ``?name=value`` (percent-decoded)."""
+    name, _, value = unquote_to_bytes(scope["query_string"]).partition(b"=")
+    headers = [(b"content-length", b"2"), (name, value)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_response_headers_are_still_checked_once_their_checks_are_remembered() -> None:
+    """uvicorn refuses a response header with a bad name or value (the connection closes, nothing of the answer
+    sent); the guarded protocol remembers each check (``KnownHeaders``), the verdicts with it, however often the
+    same header is sent."""
+
+    def answer(url: str, query: bytes) -> bytes:
+        with _connect(url) as sock:
+            sock.sendall(b"GET /?" + query + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+            return _read_all(sock)
+
+    with serve_guarded(_header_from_query, ConnectionGuard(Limits(), cap=16)) as url:
+        for _ in range(3):
+            assert answer(url, b"x-fine=no-cache,%20no-transform").startswith(b"HTTP/1.1 200 ")
+            assert answer(url, b"x-bad=1%0D%0Ainjected:%20yes") == b""
+            assert answer(url, b"x%20bad=1") == b""
+            assert answer(url, b"x-bad=%00") == b""
+
+
+def test_remembered_header_checks_stay_bounded() -> None:
+    known = KnownHeaders(re.compile(b"[\x00-\x08\x0a-\x1f\x7f]"))
+    assert known[b"fine"] is None and known[b"a\nb"] is not None and known[b"a\nb"] is not None
+    for n in range(3 * HEADER_MEMO[0]):
+        assert known[b"%d" % n] is None
+    assert len(known) <= HEADER_MEMO[0]
+    assert known[b"\x00" * (HEADER_MEMO[1] + 1)] is not None
+    assert b"\x00" * (HEADER_MEMO[1] + 1) not in known
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout() -> None:
