@@ -6,6 +6,7 @@ Each test waits on the server's own answer (a socket read bounded by a timeout),
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import threading
@@ -21,7 +22,7 @@ import pytest
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
-from mcp_lossless.server.connections import HEADER_MEMO, ConnectionGuard, KnownHeaders
+from mcp_lossless.server.connections import HEADER_MEMO, REQUEST_TASK, ConnectionGuard, KnownHeaders
 from tests.support.mcp_http import Peer, call
 from tests.support.processes import free_port, started_cli_server
 from tests.support.uvicorn_server import guarded_server, serve_guarded
@@ -274,6 +275,17 @@ def test_remembered_header_checks_stay_bounded() -> None:
     assert len(known) <= HEADER_MEMO[0]
     assert known[b"\x00" * (HEADER_MEMO[1] + 1)] is not None
     assert b"\x00" * (HEADER_MEMO[1] + 1) not in known
+
+
+async def _task_name(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    name = asyncio.current_task().get_name().encode()  # type: ignore[union-attr]
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(name))]})
+    await send({"type": "http.response.body", "body": name})
+
+
+def test_each_request_runs_in_a_task_of_its_own_named_for_it() -> None:
+    with serve_guarded(_task_name, ConnectionGuard(Limits(), cap=16)) as url, httpx.Client(timeout=10) as client:
+        assert [client.get(url).text for _ in range(2)] == [REQUEST_TASK] * 2
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout() -> None:

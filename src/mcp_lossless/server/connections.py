@@ -24,8 +24,9 @@ from http import HTTPStatus
 
 import httptools
 import orjson
+from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http import httptools_impl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from ..core import limits as verdicts
 from ..core.limits import LimitExceeded, Limits
@@ -40,6 +41,8 @@ write waits, so a client that does not read makes its stream's writer, then its 
 after this much rather than after the several megabytes the kernel's buffer grows to. What is in flight is
 bounded by the client's receive window, so throughput on long links is unaffected."""
 _NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+REQUEST_TASK = "http request"
+"""The name of each request's task (uvicorn's ``run_asgi``)."""
 HEADER_MEMO = (512, 256)
 """Header names and values whose check :class:`KnownHeaders` remembers at most, and the longest it remembers."""
 
@@ -279,6 +282,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._start_asgi_task(cycle, app)
         elif self.cycle is None or self.cycle.response_complete:
             self.guard.heads[self] = self.loop.time()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """uvicorn's, the task made directly and named: through uvloop's ``create_task``, a task is named
+        ``Task-<n>`` by formatting first (and renamed after), and its keyword arguments are packed twice."""
+        if getattr(self.config, "reset_contextvars", False) or self.loop.get_task_factory() is not None:
+            HttpToolsProtocol._start_asgi_task(self, cycle, app)
+            return
+        task = asyncio.Task(cycle.run_asgi(app), loop=self.loop, name=REQUEST_TASK)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
     def idle(self) -> bool:
         """Whether this connection was answered and has received nothing since (as uvicorn's timer, cancelled by
