@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tomllib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .server.config import DEFAULT_DEV_CLIENTS, ConfigError, ServerConfig, config_from
+if TYPE_CHECKING:
+    from .server.config import ServerConfig
+# Everything else is imported inside main (the server's modules take half a second): the console script imports
+# this module before main can catch a Ctrl-C, so a Ctrl-C at start-up must find main already running.
 
 STARTUP_FAILURE = 3
 """Exit status when the server could not start listening (uvicorn's)."""
@@ -48,6 +50,8 @@ GATEWAY_HELP = "put MCP servers (Streamable HTTP or stdio) behind the lossless s
 
 def _serve_parser(sub: Any, command: str = "serve") -> None:
     """``serve``'s options; ``gateway`` takes the same but TARGET and --conformance, and needs --config."""
+    from .server.config import ServerConfig
+
     d = ServerConfig()
 
     def default(value: object) -> str:
@@ -224,6 +228,8 @@ class UsageError(Exception):
 
 
 def _read_config(path: str) -> dict[str, Any]:
+    import tomllib
+
     try:
         with open(path, "rb") as handle:
             return tomllib.load(handle)
@@ -237,6 +243,8 @@ def _read_config(path: str) -> dict[str, Any]:
 
 def build_config(args: argparse.Namespace, reserved: tuple[str, ...] = ()) -> ServerConfig:
     """Settings from ``--config`` and the flags; the file's ``reserved`` keys are the caller's (the gateway's)."""
+    from .server.config import DEFAULT_DEV_CLIENTS, ConfigError, ServerConfig, config_from
+
     settings: dict[str, Any] = _read_config(args.config) if args.config else {}
     for key in reserved:
         settings.pop(key, None)
@@ -323,6 +331,18 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The console script: a Ctrl-C at any point (its imports and parsers included) is one line and exit 130."""
+    command = ""
+    try:
+        args = _parse(argv)
+        command = args.command
+        _run(args)
+    except KeyboardInterrupt:  # a running server stops cleanly instead (LosslessServer.run): this is the rest
+        print(f"mcp-lossless{' ' + command if command else ''}: interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="mcp-lossless",
         description="serve the lossless MCP server, put other MCP servers behind it (gateway), audit any MCP server "
@@ -338,11 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         args.arguments += extra  # tool arguments after an option: `call URL fetch --timeout 5 url=…`
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        _run(args)
-    except KeyboardInterrupt:  # a running server stops cleanly instead (LosslessServer.run): this is the rest
-        print(f"mcp-lossless {args.command}: interrupted", file=sys.stderr)
-        sys.exit(INTERRUPTED)
+    return args
 
 
 def _run(args: argparse.Namespace) -> None:
