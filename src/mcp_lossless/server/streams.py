@@ -183,13 +183,16 @@ class LiveStream:
         """Made when an append first has to hold it across a suspension (:meth:`_append_lock`): most streams'
         appends never suspend, so they never need one."""
         self._waiters: list[asyncio.Future[None]] = []
-        self._queued: deque[tuple[StoredEvent, asyncio.Future[None]]] = deque()
-        """Progress events handed to the store and not yet published, in position order, with their commits."""
+        self._queued: deque[tuple[StoredEvent, asyncio.Future[None]]] | None = None
+        """Progress events handed to the store and not yet published, in position order, with their commits; made
+        when the first one waits for its store (a memory store's never does)."""
         self._repair: asyncio.Future[None] | None = None
         self._lost: BaseException | None = None
         """Why a queued event could not be stored even after retrying: every later append fails with it."""
         self._appends = 0
-        waiting = set(map(_request_id, record.requests))
+        requests = record.requests
+        # a set display for the one request of nearly every stream: set(map(...)) costs twice as much
+        waiting = {requests[0].request_id} if len(requests) == 1 else set(map(_request_id, requests))
         if record.answered:  # a stream taken over to settle it starts with answers
             waiting -= record.answered
         self._waiting = waiting
@@ -361,7 +364,7 @@ class LiveStream:
         # An append while the lock is free and nothing is queued for the store (or, for progress, the queue has
         # room) runs without suspending up to the store's answer: nothing can come between, so it takes no lock
         # (two calls per event saved). An answer the store does not hold at once takes it before it waits.
-        locking = (bool(queued) if terminal else len(queued) >= UNCOMMITTED_LIMIT) or (
+        locking = (bool(queued) if terminal else queued is not None and len(queued) >= UNCOMMITTED_LIMIT) or (
             lock is not None and lock.locked()
         )
         if locking:
@@ -401,6 +404,8 @@ class LiveStream:
                         self.events.append(event)
                 else:
                     self._backlog_bytes += len(data)
+                    if queued is None:
+                        queued = self._queued = deque()
                     queued.append((event, committed))
                     committed.add_done_callback(self._committed)
                     published = False
@@ -462,8 +467,12 @@ class LiveStream:
         self._publish(event)
         if answers:
             self._waiting.discard(event.request_id)
-            if completes:
-                record.answered = record.answered.union(map(_request_id, record.requests))
+            if completes:  # every request answered: a stream of one has only this one
+                requests = record.requests
+                if len(requests) == 1:
+                    record.answered = frozenset((requests[0].request_id,))
+                else:
+                    record.answered = record.answered.union(map(_request_id, requests))
                 record.completed = self.done = True
 
     def _committed(self, _future: asyncio.Future[None]) -> None:
@@ -491,7 +500,7 @@ class LiveStream:
         event is stored again in order (riding out an outage as an answer does) before it is published.
         """
         queued = self._queued
-        while len(queued) > keep:
+        while queued is not None and len(queued) > keep:
             event, committed = queued[0]
             if not committed.done():
                 await asyncio.wait((committed,))  # not ``await committed``: a cancel here must not cancel the write
