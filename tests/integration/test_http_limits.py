@@ -25,7 +25,7 @@ from mcp_lossless.server.config import ServerConfig
 from mcp_lossless.server.connections import HEADER_MEMO, REQUEST_TASK, ConnectionGuard, KnownHeaders
 from tests.support.mcp_http import Peer, call
 from tests.support.processes import free_port, started_cli_server
-from tests.support.uvicorn_server import guarded_server, serve_guarded
+from tests.support.uvicorn_server import guarded_server, serve_app, serve_guarded
 
 HEAD = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 
@@ -286,6 +286,52 @@ async def _task_name(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def test_each_request_runs_in_a_task_of_its_own_named_for_it() -> None:
     with serve_guarded(_task_name, ConnectionGuard(Limits(), cap=16)) as url, httpx.Client(timeout=10) as client:
         assert [client.get(url).text for _ in range(2)] == [REQUEST_TASK] * 2
+
+
+async def _scope_echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answers with its scope (but for the addresses and the state) and the body it read."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    shown = {k: v for k, v in scope.items() if k not in ("client", "server", "state")}
+    answer = orjson.dumps({"scope": shown, "body": body.decode()}, default=lambda b: b.decode("latin-1"))
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(answer))]})
+    await send({"type": "http.response.body", "body": answer})
+
+
+PARITY_REQUESTS = [
+    b"GET /a%20b/c?x=1&y=%2F HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nconnection: close\r\n\r\n",
+    b"POST /mcp HTTP/1.0\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}",
+    b"GET /kept HTTP/1.0\r\nHost: h\r\nconnection: keep-alive\r\n\r\n",  # uvicorn keeps no 1.0 alive
+    b"GET /one HTTP/1.1\r\nHost: h\r\n\r\nGET /two?q HTTP/1.1\r\nHost: h\r\nconnection: close\r\n\r\n",
+    b"POST /mcp HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 3\r\nconnection: close\r\n\r\nabc",
+    b"PUT /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nconnection: close\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+]
+
+
+def test_the_guarded_protocol_gives_the_app_what_uvicorns_own_gives_it() -> None:
+    """The guarded protocol starts a request with its own copy of uvicorn's (``_start_request``): the scope, the
+    body and the answers, pipelined, HTTP/1.0, ``Expect: 100-continue`` and chunked requests included, are
+    uvicorn's own protocol's byte for byte (the date aside)."""
+
+    def answers(url: str) -> list[bytes]:
+        out = []
+        for request in PARITY_REQUESTS:
+            with _connect(url) as sock:
+                sock.sendall(request)
+                raw = _read_all(sock)
+            out.append(b"".join(line for line in raw.splitlines(True) if not line.startswith(b"date: ")))
+        return out
+
+    with serve_app(_scope_echo, lifespan="off") as plain:
+        expected = answers(plain)
+    with serve_guarded(_scope_echo, ConnectionGuard(Limits(), cap=16)) as guarded:
+        got = answers(guarded)
+    assert all(b'"scope"' in answer for answer in expected), expected
+    assert got == expected
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout() -> None:
