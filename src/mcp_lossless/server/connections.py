@@ -317,7 +317,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
         self._carried = self._chunk_bytes
-        HttpToolsProtocol.on_message_complete(self)
+        cycle = self.cycle  # uvicorn's on_message_complete from here, a call saved
+        if not (self.parser.should_upgrade() and self._should_upgrade()) and not cycle.response_complete:
+            cycle.more_body = False
+            cycle.message_event.set()
 
     def on_response_complete(self) -> None:
         """uvicorn's, but for its keep-alive timer: an idle connection waits in ``heads``, where the sweep closes it
