@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from .server.config import ServerConfig
@@ -342,8 +342,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(INTERRUPTED)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line naming it (argparse would print the whole usage first: 24 lines for serve) and exit
+    status 2, like every other usage error; its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mcp-lossless",
         description="serve the lossless MCP server, put other MCP servers behind it (gateway), audit any MCP server "
         "for lost or leaked tool results, or call one tool",
@@ -357,7 +365,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     if args.command == "call" and extra and not any(e.startswith("-") for e in extra):
         args.arguments += extra  # tool arguments after an option: `call URL fetch --timeout 5 url=…`
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 
 

@@ -113,6 +113,25 @@ def test_a_bad_target_exits_2_with_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["serve", "--port", "nope"], "mcp-lossless serve: argument --port: invalid int value: 'nope'"),
+        (["serve", "--no-such-flag"], "mcp-lossless serve: unrecognized arguments: --no-such-flag"),
+        (["call", "http://127.0.0.1:9/mcp", "search", "--nope"], "mcp-lossless call: unrecognized arguments: --nope"),
+        (["gateway"], "mcp-lossless gateway: the following arguments are required: --config"),
+        (["srve"], "mcp-lossless: argument command: invalid choice: 'srve'"),
+    ],
+)
+def test_a_bad_flag_is_one_line_naming_it_and_exit_2(args: list[str], line: str) -> None:
+    """argparse would print the whole usage first (24 lines for serve) and bury the one that matters."""
+    done = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    (only,) = done.stderr.splitlines()
+    prog = line.partition(":")[0]
+    assert only.startswith(line) and only.endswith(f"(see {prog} --help)"), only
+
+
+@pytest.mark.parametrize(
     ("toml", "message"),
     [
         ('port = "x"', 'port = "x": expected an integer'),
