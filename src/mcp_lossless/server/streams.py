@@ -148,7 +148,6 @@ class LiveStream:
         codec: EventIdCodec,
         observe: Callable[[float], None],
         limits: Limits | None = None,
-        *,
         answers_only: bool = False,
     ) -> None:
         self.record = record
@@ -300,10 +299,11 @@ class LiveStream:
     def attach_writer(self) -> int:
         """A writer takes the stream over (a resume replaces the connection): an older writer sees the new
         generation and steps aside. Returns the new writer's generation."""
-        self.generation += 1
-        self.writer = self.generation
-        self.notify()
-        return self.generation
+        generation = self.generation = self.generation + 1
+        self.writer = generation
+        if self._waiters:  # an older writer waiting: it wakes to step aside
+            self.notify()
+        return generation
 
     def detach_writer(self, generation: int) -> None:
         """Writer ``generation`` has stopped; the stream has no writer unless a newer one took over."""

@@ -55,6 +55,12 @@ ANSWER_GRACE_SECONDS = 0.05
 """How long a call's response waits for its answer to be stored before its head and priming event go out alone."""
 
 
+_new_request = tuple.__new__
+"""Builds a :class:`PendingRequest` from all four fields without the named tuple's Python ``__new__`` (a frame
+per request, two thirds of its cost)."""
+_UNTAGGED: frozenset[str] = frozenset()
+"""The resources of a request that is no tool call (``PendingRequest``'s default)."""
+
 STANDALONE = PendingRequest("", "standalone")
 """The request a standalone GET stream's messages are stored under: that stream carries no request, so the id
 is nobody's, and no resource tags them."""
@@ -199,13 +205,13 @@ class Transport:
                 name = params.get("name") if isinstance(params, dict) else None
                 tool = state.tools.get(name) if isinstance(name, str) else None
             if tool is None:
-                pending.append(PendingRequest(message["id"], method))
+                pending.append(_new_request(PendingRequest, (message["id"], method, None, _UNTAGGED)))
                 continue
             resources = state.tool_tags[tool.name]
             gap = state.policy.missing(grant.audience, resources, grant.scopes)
             if gap:
                 refused |= gap
-            pending.append(PendingRequest(message["id"], method, tool.name, resources))
+            pending.append(_new_request(PendingRequest, (message["id"], method, tool.name, resources)))
             calls += 1
         if refused:
             raise self._forbidden(sorted(refused), requests, pending)
@@ -255,9 +261,10 @@ class Transport:
             await self._write_json(live, send, batch)
             return
         # Every call the token does not cover was refused above, so it covers every event this stream can carry.
-        gate = DeliveryGate(grant, state.policy, None, state.leeway, covers_stream=True)
+        # Positional arguments: keyword arguments to a class cost a dict per call (about 1,200 instructions).
+        gate = DeliveryGate(grant, state.policy, None, state.leeway, True)  # covers_stream
         writer = SseWriter(state.config.retry_ms, state.metrics, session.id, record.stream, gate, record.requests)
-        writing = writer.run(receive, send, LiveSource(live, 0, has_cursor=bool(head)), head)
+        writing = writer.run(receive, send, LiveSource(live, 0, bool(head)), head)  # has_cursor: the priming id
         if run is None:
             await writing
         else:

@@ -53,7 +53,7 @@ class LiveSource:
     __slots__ = ("buffer", "generation", "has_cursor", "live", "sent_seq")
 
     def __init__(
-        self, live: LiveStream, sent_seq: int, *, has_cursor: bool, replay: list[StoredEvent] | None = None
+        self, live: LiveStream, sent_seq: int, has_cursor: bool, replay: list[StoredEvent] | None = None
     ) -> None:
         self.live = live
         self.sent_seq = sent_seq
