@@ -313,9 +313,9 @@ PARITY_REQUESTS = [
 
 
 def test_the_guarded_protocol_gives_the_app_what_uvicorns_own_gives_it() -> None:
-    """The guarded protocol starts a request with its own copy of uvicorn's (``_start_request``): the scope, the
-    body and the answers, pipelined, HTTP/1.0, ``Expect: 100-continue`` and chunked requests included, are
-    uvicorn's own protocol's byte for byte (the date aside)."""
+    """The guarded protocol overrides uvicorn's per-request callbacks (``data_received``, ``on_response_complete``,
+    ``_start_asgi_task``): the scope, the body and the answers, pipelined, HTTP/1.0, ``Expect: 100-continue`` and
+    chunked requests included, are uvicorn's own protocol's byte for byte (the date aside)."""
 
     def answers(url: str) -> list[bytes]:
         out = []

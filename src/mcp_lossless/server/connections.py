@@ -19,7 +19,6 @@ import contextlib
 import re
 import socket
 import types
-import urllib.parse
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -27,7 +26,6 @@ import httptools
 import orjson
 from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http import httptools_impl
-from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from ..core import limits as verdicts
@@ -179,14 +177,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, with the limits of :class:`ConnectionGuard` (set by :func:`guarded_protocol`).
 
     The callbacks that run per request call their base explicitly (``super()`` inspects the caller's frame on each
-    call) or hold uvicorn's own code (0.54) written out: ``data_received``, ``on_message_complete``,
-    ``on_response_complete`` (without the keep-alive timer), ``_start_request`` (``on_headers_complete``'s) and
-    ``_start_asgi_task``. Each such copy saves a call, a timer or keyword packing per request;
-    ``test_the_guarded_protocol_gives_the_app_what_uvicorns_own_gives_it`` (tests/integration/test_http_limits.py)
-    compares what the app gets and what the client receives with uvicorn's own protocol, so an upgrade of uvicorn
-    that changes them fails there. The guard's own fields are slots: uvicorn's instance holds 28 attributes, and five
-    more overflow CPython's shared-key layout for instance attributes, which makes every attribute access of
-    uvicorn's and ours a dict lookup (~2.7k instructions a request).
+    call). Three are this guard's own rather than extensions of uvicorn's: ``data_received`` (counts the head's
+    bytes and stops at a refused head), ``on_response_complete`` (an idle connection waits for the sweep, not for a
+    keep-alive timer armed per response) and ``_start_asgi_task`` (the request's task made directly); the rest is
+    uvicorn's, called, not copied. ``test_the_guarded_protocol_gives_the_app_what_uvicorns_own_gives_it``
+    (tests/integration/test_http_limits.py) compares what the app gets and what the client receives with uvicorn's
+    own protocol, so an upgrade of uvicorn that these overrides no longer match fails there. The guard's own fields
+    are slots: uvicorn's instance holds 28 attributes, and five more overflow CPython's shared-key layout for
+    instance attributes, which makes every attribute access of uvicorn's and ours a dict lookup (~2.7k
+    instructions a request).
     """
 
     __slots__ = ("_carried", "_chunk_bytes", "_head_bytes", "_in_head", "_refusal")
@@ -225,8 +224,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        """uvicorn's (whose keep-alive timer this protocol never arms, so there is none to cancel), counting the
-        head's bytes; a refused head stops the parser (``on_headers_complete``)."""
+        """Feeds the parser, counting the head's bytes a packet at a time (a head past the limit is refused before
+        it ends); a refused head stops the parser (``on_headers_complete`` raises), so nothing after it is served.
+        No keep-alive timer to cancel: this protocol arms none."""
         if self._refusal is not None:
             return
         self._chunk_bytes = len(data)
@@ -268,69 +268,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # No request cycle, nothing of it reaches the app, and the parser stops here: neither this request's
             # body nor a request after it in the same packet is read (its answer would pass for this one's).
             raise _HeadRefused
-        self._start_request()
+        HttpToolsProtocol.on_headers_complete(self)
         guard.bodies[self] = self.loop.time()
-
-    def _start_request(self) -> None:
-        """uvicorn's ``on_headers_complete`` (0.54), the request cycle made with positional arguments: a Python
-        class called with keywords packs them into a dict and unpacks them again (~5k instructions a request
-        with the frame saved). tests/integration/test_http_limits.py holds the scope and the answers to the same
-        requests equal to uvicorn's own protocol's, so a uvicorn that builds them differently fails there."""
-        parser = self.parser
-        scope = self.scope
-        http_version = parser.get_http_version()
-        scope["method"] = parser.get_method().decode("ascii")
-        if http_version != "1.1":
-            scope["http_version"] = http_version
-        if parser.should_upgrade() and self._should_upgrade():
-            return
-        parsed_url = httptools.parse_url(self.url)
-        raw_path = parsed_url.path
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
-        scope["path"] = self.root_path + path
-        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
-        scope["query_string"] = parsed_url.query or b""
-        limit = self.limit_concurrency
-        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
-            app = service_unavailable
-            self.logger.warning("Exceeded concurrency limit.")
-        else:
-            app = self.app
-        existing = self.cycle
-        self.cycle = cycle = RequestResponseCycle(
-            scope,
-            self.transport,
-            self.flow,
-            self.logger,
-            self.access_logger,
-            self.access_log,
-            self.server_state.default_headers,
-            asyncio.Event(),
-            self.expect_100_continue,
-            http_version != "1.0" and parser.should_keep_alive(),
-            self.on_response_complete,
-        )
-        if existing is None or existing.response_complete:
-            self._start_asgi_task(cycle, app)
-        else:  # pipelined: it waits for the answer under way
-            self.flow.pause_reading()
-            self.pipeline.appendleft((cycle, app))
 
     def on_message_complete(self) -> None:
         self.guard.bodies.pop(self, None)
         self._in_head = True
         self._head_bytes = 0
         self._carried = self._chunk_bytes
-        cycle = self.cycle  # uvicorn's on_message_complete from here, a call saved
-        if not (self.parser.should_upgrade() and self._should_upgrade()) and not cycle.response_complete:
-            cycle.more_body = False
-            cycle.message_event.set()
+        HttpToolsProtocol.on_message_complete(self)
 
     def on_response_complete(self) -> None:
-        """uvicorn's, but for its keep-alive timer: an idle connection waits in ``heads``, where the sweep closes it
-        after ``keep_alive`` (a timer armed and cancelled per response cost ~7k instructions a request)."""
+        """Starts a pipelined request, or leaves the idle connection in ``heads``, where the sweep closes it after
+        ``keep_alive``: a timer armed and cancelled per response, as uvicorn does it, cost ~7k instructions."""
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
@@ -342,7 +292,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.guard.heads[self] = self.loop.time()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
-        """uvicorn's, the task made directly and named: through uvloop's ``create_task``, a task is named
+        """The request's task made directly and named: through uvloop's ``create_task`` a task is named
         ``Task-<n>`` by formatting first (and renamed after), and its keyword arguments are packed twice."""
         if getattr(self.config, "reset_contextvars", False) or self.loop.get_task_factory() is not None:
             HttpToolsProtocol._start_asgi_task(self, cycle, app)
