@@ -247,6 +247,15 @@ def test_unreachable_server_is_a_connection_error_with_or_without_credentials(cr
     assert not re.search(r"\w+Error\(", done.stderr), f"a sentence, not an exception's repr: {done.stderr}"
 
 
+def test_https_to_a_plain_http_server_says_so(open_server: ServerProcess) -> None:
+    url = f"https://127.0.0.1:{open_server.port}/mcp"
+    done = call(url, "search", "query=x")
+    assert done.returncode == EXIT_UNREACHED, done.stderr
+    assert f"cannot reach {url}: the TLS handshake failed (WRONG_VERSION_NUMBER: a plain http:// server?)" in (
+        done.stderr
+    )
+
+
 @pytest.mark.parametrize("url", ["127.0.0.1:8000/mcp", "localhost/mcp", "ftp://127.0.0.1/mcp"])
 @pytest.mark.parametrize("credentials", [[], CREDENTIALS], ids=["none", "credentials"])
 def test_url_without_http_scheme_is_a_usage_error(url: str, credentials: list[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import socket
+import ssl
 
 import httpx
 import orjson
@@ -126,11 +127,27 @@ def _raised(exc: BaseException, cause: Exception) -> BaseException:
         return raised
 
 
+def _tls_error() -> ssl.SSLError:
+    error = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
+    error.reason = "WRONG_VERSION_NUMBER"  # set by the ssl module on the errors it raises
+    return error
+
+
+def _untrusted() -> ssl.SSLCertVerificationError:
+    error = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    error.verify_message = "self-signed certificate"
+    return error
+
+
 @pytest.mark.parametrize(
     ("exc", "words"),
     [
         (_raised(httpx.ConnectError("All attempts failed"), ConnectionRefusedError(111, "x")), "connection refused"),
         (_raised(httpx.ConnectError("[Errno -2]"), socket.gaierror(-2, "x")), "the host name did not resolve"),
+        (_raised(httpx.ConnectError("[SSL]"), _tls_error()),
+         "the TLS handshake failed (WRONG_VERSION_NUMBER: a plain http:// server?)"),
+        (_raised(httpx.ConnectError("[SSL]"), _untrusted()),
+         "its TLS certificate was not accepted (self-signed certificate)"),
         (httpx.ConnectTimeout(""), "connecting timed out"),
         (httpx.ReadError(""), "the connection broke while reading the response"),
         (httpx.ReadTimeout(""), "the server sent nothing within the read timeout"),

@@ -7,6 +7,7 @@ that says what happened in words. No message ever contains a token.
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -126,6 +127,13 @@ def describe(exc: BaseException) -> str:
             return "connection refused"
         if any(isinstance(cause, socket.gaierror) for cause in causes):
             return "the host name did not resolve"
+        refused = next((c for c in causes if isinstance(c, ssl.SSLCertVerificationError)), None)
+        if refused is not None:
+            return f"its TLS certificate was not accepted ({getattr(refused, 'verify_message', '') or refused})"
+        tls = next((c for c in causes if isinstance(c, ssl.SSLError)), None)
+        if tls is not None:
+            plain = ": a plain http:// server?" if tls.reason == "WRONG_VERSION_NUMBER" else ""
+            return f"the TLS handshake failed ({tls.reason or tls}{plain})"
     for kind, words in _WORDS:
         if isinstance(exc, kind):
             detail = str(exc).strip()
