@@ -7,7 +7,8 @@ process does not depend on what else runs, so it decides whether a change made t
     .venv/bin/python benchmarks/instructions_serve.py --baseline ../base739    # the same, beside another checkout
     .venv/bin/python benchmarks/instructions_serve.py --only echo16,stream --no-write   # a quick look, no files
 
-Each (checkout, workload) gets a fresh ``serve --store memory --auth none`` (that checkout's ``.venv``) under
+Each (checkout, workload) gets a fresh ``serve --store memory --auth none`` (that checkout's ``.venv``; with
+``--store sqlite``, a fresh SQLite file each, its writer thread counted with the rest of the process) under
 ``valgrind --tool=callgrind --instr-atstart=no`` with ``PYTHONHASHSEED=0``. The generator (``loadgen``, the same
 for both checkouts) opens the sessions and warms the path up while nothing is counted, switches counting on with
 ``callgrind_control -i on`` only around the measured requests, and divides the server's total by the units:
@@ -157,10 +158,16 @@ def _totals(callgrind_out: Path) -> dict[str, int]:
 
 
 def _drive(
-    checkout: Path, name: str, log: Path, wrapper: list[str], switch: Callable[[int], Callable[[bool], None]]
+    checkout: Path,
+    name: str,
+    log: Path,
+    wrapper: list[str],
+    switch: Callable[[int], Callable[[bool], None]],
+    store: str = "memory",
 ) -> int:
     """A fresh server of ``checkout`` (under ``wrapper``) driven through workload ``name``; ``switch(pid)`` turns
-    the count on and off around the measured requests. Returns the units measured."""
+    the count on and off around the measured requests. ``store``: ``memory``, or ``sqlite`` on a fresh file beside
+    ``log``. Returns the units measured."""
     binary = checkout / ".venv" / "bin" / "mcp-lossless"
     if not binary.is_file():
         raise SystemExit(f"no {binary} (run `make install` in that checkout)")
@@ -168,7 +175,7 @@ def _drive(
     command = [
         *wrapper,
         str(binary),
-        *("serve", "--host", HOST, "--port", str(port), "--log-level", "warning", "--store", "memory"),
+        *("serve", "--host", HOST, "--port", str(port), "--log-level", "warning", "--store", _store_spec(store, log)),
         *("--auth", "none"),
     ]
     environment = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -187,7 +194,16 @@ def _drive(
             server.wait()
 
 
-def measure(checkout: Path, name: str, workdir: Path, cache_sim: bool = False) -> dict[str, Any]:
+def _store_spec(store: str, log: Path) -> str:
+    if store == "memory":
+        return "memory"
+    database = log.with_suffix(".db")
+    for stale in (database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")):
+        stale.unlink(missing_ok=True)
+    return f"sqlite:{database}"
+
+
+def measure(checkout: Path, name: str, workdir: Path, cache_sim: bool = False, store: str = "memory") -> dict[str, Any]:
     """Instructions (and with ``cache_sim``, cache misses) of one fresh server under callgrind, per unit."""
     out = workdir / f"{checkout.name}-{name}.callgrind"
     wrapper = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
@@ -200,7 +216,7 @@ def measure(checkout: Path, name: str, workdir: Path, cache_sim: bool = False) -
         return counting
 
     log = workdir / f"{checkout.name}-{name}.log"
-    units = _drive(checkout, name, log, [*wrapper, *(["--cache-sim=yes"] if cache_sim else [])], switch)
+    units = _drive(checkout, name, log, [*wrapper, *(["--cache-sim=yes"] if cache_sim else [])], switch, store)
     totals = _totals(out)
     row: dict[str, Any] = {"instructions": totals["Ir"], "units": units, "per_unit": totals["Ir"] / units}
     if cache_sim:
@@ -210,7 +226,7 @@ def measure(checkout: Path, name: str, workdir: Path, cache_sim: bool = False) -
     return row
 
 
-def count_syscalls(checkout: Path, name: str, workdir: Path) -> dict[str, float]:
+def count_syscalls(checkout: Path, name: str, workdir: Path, store: str = "memory") -> dict[str, float]:
     """System calls of one fresh server (no valgrind) per unit, by name, from ``strace -c`` attached around the
     measured requests: a call per event that an instruction count does not show (``getpid`` is one)."""
     out = workdir / f"{checkout.name}-{name}.strace"
@@ -229,7 +245,7 @@ def count_syscalls(checkout: Path, name: str, workdir: Path) -> dict[str, float]
 
         return counting
 
-    units = _drive(checkout, name, workdir / f"{checkout.name}-{name}-strace.log", [], switch)
+    units = _drive(checkout, name, workdir / f"{checkout.name}-{name}-strace.log", [], switch, store)
     counts: dict[str, float] = {}
     for line in out.read_text().splitlines():
         fields = line.split()
@@ -254,7 +270,8 @@ def render(results: dict[str, Any]) -> str:
         "",
         f"This checkout: `{results['commit']}`"
         + (f"; baseline `{base['path']}` at `{base['commit']}`." if base else "."),
-        f"Machine: {results['machine']}; {results['valgrind']}. The server: `serve --store memory --auth none`,"
+        f"Machine: {results['machine']}; {results['valgrind']}. The server: `serve --store"
+        f" {results.get('store', 'memory')} --auth none`,"
         " `PYTHONHASHSEED=0`, counted only while the measured requests run (`callgrind_control -i on/off`);"
         " the generator is `benchmarks/loadgen.py` (not counted). See the docstring of"
         " `benchmarks/instructions_serve.py` for the workloads.",
@@ -310,6 +327,9 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="a directory to keep the callgrind outputs and server logs in")
     parser.add_argument("--cache-sim", action="store_true", help="also count cache misses (about twice as slow)")
     parser.add_argument("--syscalls", action="store_true", help="also count system calls (strace -c, no valgrind)")
+    parser.add_argument(
+        "--store", choices=("memory", "sqlite"), default="memory", help="the server's store (sqlite: a fresh file each)"
+    )
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(WORKLOADS)
     unknown = sorted(set(names) - set(WORKLOADS))
@@ -323,6 +343,7 @@ def main() -> None:
         "commit": _commit(ROOT),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "valgrind": valgrind,
+        "store": args.store,
         "workloads": {},
     }
     if args.baseline:
@@ -331,13 +352,15 @@ def main() -> None:
         workdir = args.keep or Path(scratch)
         workdir.mkdir(parents=True, exist_ok=True)
         for name in names:
-            row: dict[str, Any] = {"unit": WORKLOADS[name].unit, "ours": measure(ROOT, name, workdir, args.cache_sim)}
+            ours = measure(ROOT, name, workdir, args.cache_sim, args.store)
+            row: dict[str, Any] = {"unit": WORKLOADS[name].unit, "ours": ours}
             if args.baseline:
-                row["baseline"] = measure(args.baseline.resolve(), name, workdir, args.cache_sim)
+                row["baseline"] = measure(args.baseline.resolve(), name, workdir, args.cache_sim, args.store)
             if args.syscalls:
-                row["ours"]["syscalls_per_unit"] = count_syscalls(ROOT, name, workdir)
+                row["ours"]["syscalls_per_unit"] = count_syscalls(ROOT, name, workdir, args.store)
                 if args.baseline:
-                    row["baseline"]["syscalls_per_unit"] = count_syscalls(args.baseline.resolve(), name, workdir)
+                    baseline = args.baseline.resolve()
+                    row["baseline"]["syscalls_per_unit"] = count_syscalls(baseline, name, workdir, args.store)
             results["workloads"][name] = row
             summary = f"{name}: {row['ours']['per_unit'] / 1000:,.1f}k per {row['unit']}"
             if args.baseline:

@@ -230,3 +230,47 @@ async def test_a_cancel_while_an_answer_is_stored_loses_neither_the_answer_nor_i
         assert [e.request_id for e in await store.read_after("live-1", 0)] == [1, 2]
     finally:
         await store.close()
+
+
+async def test_a_stream_whose_record_cannot_be_stored_stores_and_publishes_nothing(tmp_path: Path) -> None:
+    """The record is queued with the first events (``enqueue_open``) while another connection holds the write lock:
+    the transaction fails, and the stream knows its record is not stored: the answer fails with
+    ``StoreUnavailable`` (not the store's unknown-stream ``KeyError``), nothing is published, the stream is failed."""
+    path = tmp_path / "unrecorded.db"
+    store = SqliteStore(str(path))
+    await store.open()
+    blocker = sqlite3.connect(path, isolation_level=None)
+    try:
+        record = StreamRecord("s1", "live-1", StreamKind.POST, "instance-1", (REQUEST,), 0)
+        blocker.execute("BEGIN IMMEDIATE")
+        opening = store.enqueue_open(record)
+        live = LiveStream(
+            record.copy(), store, EventIdCodec(await store.secret()), lambda _seconds: None, opening=opening
+        )
+        assert live.recording is not None
+        for n in range(1, 4):
+            await live.append(progress(n), REQUEST)
+        with pytest.raises(StoreUnavailable, match="record of stream live-1"):
+            await live.append(b'{"jsonrpc":"2.0","id":1,"result":{}}', REQUEST, terminal=True)
+        blocker.execute("ROLLBACK")
+        assert not await live.wait_recorded()
+        assert live.broken and live.events == [] and live.recording is not None
+        with pytest.raises(StoreUnavailable):
+            await live.append(progress(5), REQUEST)
+        assert await store.get_stream("live-1") is None
+    finally:
+        blocker.close()
+        await store.close()
+
+
+async def test_a_queued_record_is_stored_with_the_first_events_and_before_them(store: EventStore) -> None:
+    """A live stream given its record's pending write publishes nothing before the record is stored."""
+    record = StreamRecord("s1", "live-1", StreamKind.POST, "instance-1", (REQUEST,), 0)
+    opening = store.enqueue_open(record)
+    live = LiveStream(record.copy(), store, EventIdCodec(await store.secret()), lambda _seconds: None, opening=opening)
+    first = await live.append(progress(1), REQUEST)
+    assert live.events in ([], [first]) and (live.recording is None or live.events == [])
+    await live.append(b'{"jsonrpc":"2.0","id":1,"result":{}}', REQUEST, terminal=True)
+    assert await live.wait_recorded() and live.recording is None
+    assert [e.seq for e in live.events] == [1, 2] and live.done
+    assert await store.read_after("live-1", 0) == live.events

@@ -117,6 +117,27 @@ async def test_session_round_trip_touch_and_replace(store: EventStore) -> None:
     assert replaced.protocol_version == "2025-06-18"
 
 
+async def test_an_enqueued_open_is_stored_before_the_events_enqueued_after_it(store: EventStore) -> None:
+    """``enqueue_open`` returns at once; the record's future resolves before those of the events queued after it
+    (no wait between them: the store may write them together), and the stream reads back whole."""
+    request = PendingRequest(1, "tools/call", "a", TOOL_A)
+    await store.put_session(session("s1"))
+    resolved: list[str] = []
+    opened = store.enqueue_open(stream("k1", requests=(request,)))
+    opened.add_done_callback(lambda _future: resolved.append("record"))
+    events = [event("k1", 0, request_id=1), event("k1", 1, request_id=1), event("k1", 2, request_id=1, terminal=True)]
+    futures = [store.enqueue(item, completes=item.terminal) for item in events]
+    for item, future in zip(events, futures, strict=True):
+        future.add_done_callback(lambda _future, seq=item.seq: resolved.append(f"event {seq}"))
+    with anyio.fail_after(10):
+        await asyncio.gather(opened, *futures)
+        await asyncio.sleep(0)  # one turn: the last done-callbacks run
+    assert resolved == ["record", "event 0", "event 1", "event 2"]
+    record = await store.get_stream("k1")
+    assert record is not None and (record.completed, record.last_seq, record.answered) == (True, 2, frozenset({1}))
+    assert await store.read_after("k1", -1) == events
+
+
 async def test_delete_session_removes_its_streams_and_events_only(store: EventStore) -> None:
     await store.put_session(session("s1"))
     await store.put_session(session("s2", BOB))

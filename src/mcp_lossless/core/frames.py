@@ -114,12 +114,16 @@ def execution_lost(request_id: RequestId) -> bytes:
 
 
 def store_unavailable_frames(cursor: str | None, unanswered: Iterable[RequestId]) -> bytes:
-    """The event store failed under a committed stream: say so per request; resuming later may succeed."""
+    """The event store failed under a committed stream: say so per request; resuming later from ``cursor`` may
+    succeed (with no ``cursor`` the client has nothing to resume from: its ledger reports the call as may have run)."""
     data: dict[str, Any] = {
         "reason": "store_unavailable",
         "requiredResources": [],
         "lastEventId": cursor,
         "resumable": True,
     }
-    message = f"event store unavailable; resume later from Last-Event-ID {cursor}"
+    if cursor is None:  # no id was sent (the stream's record, or its first event, could not be stored)
+        message = "event store unavailable before any event id of this stream, which cannot be resumed; it may have run"
+    else:
+        message = f"event store unavailable; resume later from Last-Event-ID {cursor}"
     return b"".join(sse(None, error(rid, DELIVERY_REFUSED, message, data)) for rid in unanswered)

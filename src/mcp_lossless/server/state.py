@@ -87,10 +87,13 @@ class ServerState:
         await self.store.open()
         self._codec = EventIdCodec(await self.store.secret())
 
-    def live_stream(self, record: StreamRecord, *, answers_only: bool = False) -> LiveStream:
+    def live_stream(
+        self, record: StreamRecord, *, answers_only: bool = False, opening: asyncio.Future[None] | None = None
+    ) -> LiveStream:
+        """``opening``: the store's write of ``record`` (:meth:`EventStore.enqueue_open`), if it may be pending."""
         observe = self.metrics.append_latency.observe
         # positional: keyword arguments to a class cost a dict per call (about 1,200 instructions)
-        return LiveStream(record, self.store, self.codec, observe, self.config.limits, answers_only)
+        return LiveStream(record, self.store, self.codec, observe, self.config.limits, answers_only, opening)
 
     def index_tools(self) -> None:
         """Derive resources, tags, policy and the ``tools/list`` answer from the registry (again, after it changed:

@@ -29,8 +29,16 @@ YIELD_EVERY = 16
 """Progress appends between two turns given to other tasks: a tool reporting in a tight loop never holds the loop."""
 
 
-async def _append_with_retry(store: EventStore, event: StoredEvent, completes: bool) -> None:
-    """Store ``event``, riding out a short outage: an event is never sent before it is stored."""
+async def _append_with_retry(
+    store: EventStore, event: StoredEvent, completes: bool, opening: asyncio.Future[None] | None = None
+) -> None:
+    """Store ``event``, riding out a short outage: an event is never sent before it is stored. ``opening``: the
+    write of the stream's record, still pending when ``event`` was handed over; if it failed, so does this (the
+    store would refuse the event as one of an unknown stream)."""
+    if opening is not None:
+        await asyncio.wait((opening,))
+        if opening.cancelled() or opening.exception() is not None:
+            raise StoreUnavailable(f"the record of stream {event.stream} could not be stored")
     delay = 0.05
     waited = 0.0
     while True:
@@ -47,12 +55,22 @@ async def _append_with_retry(store: EventStore, event: StoredEvent, completes: b
             delay = min(delay * 2, 1.0)
 
 
-async def _store_durably(store: EventStore, event: StoredEvent, completes: bool, first: asyncio.Future[None]) -> None:
+async def _store_durably(
+    store: EventStore,
+    event: StoredEvent,
+    completes: bool,
+    first: asyncio.Future[None],
+    opening: asyncio.Future[None] | None,
+) -> None:
     """Wait for ``first`` (the event handed to the store), storing it again through a short outage."""
     try:
         await first
     except StoreUnavailable:
-        await _append_with_retry(store, event, completes)
+        await _append_with_retry(store, event, completes, opening)
+    except KeyError:  # an unknown stream: its record's write, if still pending then, failed (or it is gone)
+        if opening is None:
+            raise
+        await _append_with_retry(store, event, completes, opening)
 
 
 class AppendLock:
@@ -138,6 +156,7 @@ class LiveStream:
         "events",
         "generation",
         "record",
+        "recording",
         "writer",
     )
 
@@ -149,6 +168,7 @@ class LiveStream:
         observe: Callable[[float], None],
         limits: Limits | None = None,
         answers_only: bool = False,
+        opening: asyncio.Future[None] | None = None,
     ) -> None:
         self.record = record
         self._store = store
@@ -189,6 +209,13 @@ class LiveStream:
         self._lost: BaseException | None = None
         """Why a queued event could not be stored even after retrying: every later append fails with it."""
         self._appends = 0
+        self.recording: asyncio.Future[None] | None = None
+        """The store's write of this stream's record (:meth:`EventStore.enqueue_open`) until it is known stored
+        (``None`` from then on): no id of the stream may reach a client before, since a resume from it could not
+        find the stream (store-before-publish)."""
+        if opening is not None and (not opening.done() or opening.cancelled() or opening.exception() is not None):
+            self.recording = opening
+            opening.add_done_callback(self._opened)
         requests = record.requests
         # a set display for the one request of nearly every stream: set(map(...)) costs twice as much
         waiting = {requests[0].request_id} if len(requests) == 1 else set(map(_request_id, requests))
@@ -197,6 +224,24 @@ class LiveStream:
         self._waiting = waiting
         """Requests of the stream not answered yet: the stream completes with the last of them. ``record.answered``
         is brought up to date then (see :meth:`snapshot`): a frozenset rebuilt per answer made batches quadratic."""
+
+    async def wait_recorded(self) -> bool:
+        """Wait until the store has written this stream's record; ``False`` if it could not (the stream is then
+        failed: none of its events can be stored, and a writer ends it with an explicit error, no id)."""
+        opening = self.recording
+        if opening is not None:
+            await asyncio.wait((opening,))  # not ``await opening``: a cancel here must not cancel the write
+            self._opened(opening)
+        return self.recording is None
+
+    def _opened(self, opening: asyncio.Future[None]) -> None:
+        if self.recording is not opening:
+            return
+        if not opening.cancelled() and opening.exception() is None:
+            self.recording = None
+            return
+        self._lost = StoreUnavailable(f"the record of stream {self.record.stream} could not be stored")
+        self.fail()
 
     def snapshot(self) -> StreamRecord:
         """The record as of now, answers included (``record`` itself has them once the stream completes)."""
@@ -422,7 +467,7 @@ class LiveStream:
                         lock = self._append_lock()
                         lock.take()
                         locking = True
-                    write = asyncio.ensure_future(_store_durably(store, event, completes, write))
+                    write = asyncio.ensure_future(_store_durably(store, event, completes, write, self.recording))
                     try:
                         await asyncio.shield(write)
                     except asyncio.CancelledError:
@@ -507,7 +552,7 @@ class LiveStream:
                 continue  # ``_committed`` ran first and published it, or left it for below
             if committed.cancelled() or committed.exception() is not None:
                 try:  # an identical append of a stored position succeeds, so this is safe whatever happened
-                    await _append_with_retry(self._store, event, False)
+                    await _append_with_retry(self._store, event, False, self.recording)
                 except Exception as exc:
                     self._lost = exc
                     raise

@@ -242,8 +242,10 @@ class Transport:
         # Position 0 is the stream's start: the priming event's id names it, and it is never stored.
         record = StreamRecord(session.id, stream_key(), StreamKind.POST, state.instance, tuple(pending), 0)
         json_response = state.config.json_response
-        await state.store.open_stream(record)
-        live = state.live_stream(record, answers_only=json_response)
+        # Queued, not awaited: the record goes into the store's next write with the call's first events (its answer,
+        # if it answers at once), one transaction. No id of the stream goes out before it is stored (below).
+        opening = state.store.enqueue_open(record)
+        live = state.live_stream(record, answers_only=json_response, opening=opening)
         session.live[record.stream] = live
         state.metrics.post_streams.inc()
         head = b"" if json_response else self._priming(live, version)  # names position 0
@@ -264,12 +266,28 @@ class Transport:
         # Positional arguments: keyword arguments to a class cost a dict per call (about 1,200 instructions).
         gate = DeliveryGate(grant, state.policy, None, state.leeway, True)  # covers_stream
         writer = SseWriter(state.config.retry_ms, state.metrics, session.id, record.stream, gate, record.requests)
-        writing = writer.run(receive, send, LiveSource(live, 0, bool(head)), head)  # has_cursor: the priming id
+        source = LiveSource(live, 0, bool(head))  # has_cursor: the priming id
+        if live.recording is None:  # an attribute: no call for a store that opens at once
+            writing = writer.run(receive, send, source, head)
+        else:
+            writing = self._write_recorded(live, writer, receive, send, source, head)
         if run is None:
             await writing
         else:
             await _InlineRun(state.loop, writing, session.contexts, pending[0].request_id).run(run)
         session.forget_if_finished(live)
+
+    @staticmethod
+    async def _write_recorded(
+        live: LiveStream, writer: SseWriter, receive: Receive, send: Send, source: LiveSource, head: bytes
+    ) -> None:
+        """Write a stream whose record the store is still writing: its first id (the priming event's) goes out only
+        once the record is stored, as a resume from it needs the record. If it cannot be stored, the stream is
+        failed and the response carries an explicit error per request, without any id (nothing to resume)."""
+        if not await live.wait_recorded():
+            head = b""
+            source.has_cursor = False
+        await writer.run(receive, send, source, head)
 
     def _priming(self, live: LiveStream, version: str) -> bytes:
         """The priming event (SEP-1699): an id for the stream's current position, empty data, ``retry``.

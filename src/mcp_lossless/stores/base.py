@@ -80,6 +80,17 @@ class EventStore(Protocol):
         ...
 
     async def open_stream(self, record: StreamRecord) -> None: ...
+    def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
+        """:meth:`open_stream` queued as :meth:`enqueue` queues an append: returns at once, and the future resolves
+        once the record is stored (or fails as :meth:`open_stream` would), before any future of an event of the
+        stream enqueued after it. So a call's stream record and its first events share one write. The record is
+        stored as it is at this call (the caller's stream goes on changing it).
+
+        The record makes the stream's event ids resumable: none may reach a client before this future resolved.
+        If it fails, the stream's events are refused (``KeyError``: unknown stream) or fail with it.
+        """
+        ...
+
     async def get_stream(self, stream: str) -> StreamRecord | None: ...
     def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
         """Queue ``event`` behind every write already queued and return at once; the future resolves once the

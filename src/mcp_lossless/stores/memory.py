@@ -165,6 +165,15 @@ class MemoryStore:
         return gone
 
     async def open_stream(self, record: StreamRecord) -> None:
+        self._open(record)
+
+    def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
+        """Opens at once: the future is the shared resolved one :meth:`enqueue` returns."""
+        self._open(record)
+        stored = self._stored
+        return self._resolved() if stored is None else stored
+
+    def _open(self, record: StreamRecord) -> None:
         session = self._sessions.get(record.session_id)
         owner = None if session is None else session.principal
         partition = self._partitions.get(owner)
@@ -197,6 +206,14 @@ class MemoryStore:
             failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
             return failed
+        stored = self._stored
+        if stored is None:  # once per open, not per event: asking asyncio for its loop costs a getpid system call
+            stored = self._stored = asyncio.get_running_loop().create_future()
+            stored.set_result(None)
+        return stored
+
+    def _resolved(self) -> asyncio.Future[None]:
+        """The shared resolved future (:meth:`enqueue`'s, written out there: a call per event costs more)."""
         stored = self._stored
         if stored is None:  # once per open, not per event: asking asyncio for its loop costs a getpid system call
             stored = self._stored = asyncio.get_running_loop().create_future()

@@ -233,6 +233,8 @@ class RedisStore:
         self._queued: dict[str, deque[_QueuedAppend]] = {}
         """Appends waiting for a pipeline, by stream, each stream's in position order (see :meth:`_next_batch`)."""
         self._flusher: asyncio.Task[None] | None = None
+        self._opening: dict[str, asyncio.Task[None]] = {}
+        """Stream records being written (:meth:`enqueue_open`), by stream: its appends wait for it."""
 
     @classmethod
     def from_spec(cls, spec: str) -> RedisStore:
@@ -477,6 +479,19 @@ class RedisStore:
                 await pipe.execute()
         self._remember(record.stream, sid)
 
+    def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
+        """:meth:`open_stream` in a task of its own; appends enqueued after it go in a pipeline sent once it is
+        done, so the record is in Redis before any of its events (or they are refused: unknown stream)."""
+        key = record.stream
+        task = asyncio.ensure_future(self.open_stream(record.copy()))  # as it is now: its stream goes on meanwhile
+        self._opening[key] = task
+        task.add_done_callback(lambda _done: self._opened(key, task))
+        return task
+
+    def _opened(self, key: str, task: asyncio.Task[None]) -> None:
+        if self._opening.get(key) is task:
+            del self._opening[key]
+
     async def get_stream(self, stream: str) -> StreamRecord | None:
         sid = await self._sid(stream)
         if sid is None:
@@ -524,6 +539,9 @@ class RedisStore:
         try:
             while queued:
                 batch = self._next_batch()
+                if not batch:  # every stream with appends queued is still being opened
+                    await asyncio.wait([self._opening[key] for key in queued if key in self._opening])
+                    continue
                 try:
                     outcomes = await self._append_batch(batch)
                 except Exception as exc:  # StoreUnavailable (the pipeline failed), or a bug: each append fails
@@ -550,13 +568,19 @@ class RedisStore:
         a stream with hundreds queued delays another stream's next append by one pipeline, not by all of its
         own (issue 11, H1: a flooding tool's appends held another client's answer for ~8 pipelines)."""
         queued = self._queued
+        opening = self._opening
         batch: list[_QueuedAppend] = []
+        held: dict[str, deque[_QueuedAppend]] = {}
         while queued and len(batch) < _PIPELINE_LIMIT:
             stream = next(iter(queued))
             queue = queued.pop(stream)
+            if stream in opening:  # its record is not written yet: its appends wait (enqueue_open)
+                held[stream] = queue
+                continue
             batch.append(queue.popleft())
             if queue:
                 queued[stream] = queue  # to the back of the turn
+        queued.update(held)
         return batch
 
     async def _append_batch(self, batch: list[_QueuedAppend]) -> list[Exception | None]:

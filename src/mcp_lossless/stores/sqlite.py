@@ -804,9 +804,14 @@ class SqliteStore:
 
     async def open_stream(self, record: StreamRecord) -> None:
         """Create ``record``'s stream; opening an existing key starts it afresh, as the memory store does."""
+        await self.enqueue_open(record)
+
+    def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
+        """Queue the stream's row for the next transaction: with the events enqueued after it in the same loop turn
+        (a call that answers at once), one transaction writes it and them, the row whole with its last position."""
         future = self._future()
         self._submit(_Open(record.copy(), future))
-        await future
+        return future
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         rows = await self._read(
