@@ -190,15 +190,11 @@ def _text(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-class _Append:
-    """A queued append. Appends of one batch are applied together: one row read and one update per stream."""
-
-    __slots__ = ("completes", "event", "future")
-
-    def __init__(self, event: StoredEvent, completes: bool, future: asyncio.Future[None]) -> None:
-        self.event = event
-        self.completes = completes
-        self.future = future
+_Append = tuple[StoredEvent, bool, "asyncio.Future[None]"]
+"""A queued append: the event, whether it completes its stream, its future. A plain tuple: an object per event
+(its ``__init__`` a Python frame) cost more than the batch's own work for it."""
+_UNREAD: Any = object()
+"""A stream a batch has not read its row of yet (``None``: read, and there is none)."""
 
 
 class _Open:
@@ -225,6 +221,10 @@ class _Call:
 
 _Op = _Append | _Open | _Call
 _Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
+
+
+def _future_of(op: _Op) -> asyncio.Future[Any]:
+    return op[2] if isinstance(op, tuple) else op.future
 
 
 class _StreamState:
@@ -285,58 +285,42 @@ class _Batch:
         self.request_id_text: str | None = None
         """The last request id encoded: a request's events carry the same id object, encoded once."""
 
-    def add(self, op: _Append) -> BaseException | None:
-        """Record ``op``'s writes, or return why it is refused (nothing of it is written then)."""
-        event = op.event
+    def add(self, event: StoredEvent, completes: bool) -> BaseException | None:
+        """Record the append's writes, or return why it is refused (nothing of it is written then)."""
+        _session, key, seq, event_id, data, request_id, tool, resources, terminal = event  # one unpack, not 9 lookups
         states = self.states
-        key = event.stream
-        if key in states:
-            state = states[key]
-        else:
+        state = states.get(key, _UNREAD)
+        if state is _UNREAD:
             found = self.db.execute(
                 "SELECT id, first_seq, last_seq, answered FROM streams WHERE stream = ?", (key,)
             ).fetchone()
             state = states[key] = None if found is None else _StreamState(*found)
         if state is None:
             return KeyError(f"append to unknown stream {key}")
-        if event.seq != state.last_seq + 1:
-            if event.seq <= state.last_seq and self._holds(state, event):
+        if seq != state.last_seq + 1:
+            if seq <= state.last_seq and self._holds(state, event):
                 return None  # a retry of a stored append (its outcome was lost to a cancel): already done
-            return ValueError(f"append of position {event.seq} to stream {key} after {state.last_seq}")
-        request_id = event.request_id
-        tags = self.tag_texts.get(event.resources)
+            return ValueError(f"append of position {seq} to stream {key} after {state.last_seq}")
+        tag_texts = self.tag_texts
+        tags = tag_texts.get(resources)
         if tags is None:
-            if len(self.tag_texts) >= CACHE_LIMIT:
-                self.tag_texts.clear()
-            tags = self.tag_texts[event.resources] = encode_tags(event.resources).decode()
-        self.rows.append(
-            (
-                state.stream_id,
-                event.seq,
-                event.event_id,
-                self._request_id_text(request_id),
-                event.tool,
-                tags,
-                event.data,
-                int(event.terminal),
-            )
-        )
-        state.last_seq = event.seq
-        if event.terminal and request_id is not None:
-            state.answer(request_id)
-        if op.completes:
-            state.completes = True
-        limit = self.limit
-        if limit is not None and event.seq - limit + 1 > state.first_seq:
-            state.first_seq = event.seq - limit + 1
-            state.trimmed = True
-        return None
-
-    def _request_id_text(self, request_id: RequestId | None) -> str | None:
-        if request_id is not self.request_id:
+            if len(tag_texts) >= CACHE_LIMIT:
+                tag_texts.clear()
+            tags = tag_texts[resources] = encode_tags(resources).decode()
+        if request_id is not self.request_id:  # a request's events carry the same id object: encoded once
             self.request_id = request_id
             self.request_id_text = None if request_id is None else _text(request_id)
-        return self.request_id_text
+        self.rows.append((state.stream_id, seq, event_id, self.request_id_text, tool, tags, data, 1 if terminal else 0))
+        state.last_seq = seq
+        if terminal and request_id is not None:
+            state.answer(request_id)
+        if completes:
+            state.completes = True
+        limit = self.limit
+        if limit is not None and seq - limit + 1 > state.first_seq:
+            state.first_seq = seq - limit + 1
+            state.trimmed = True
+        return None
 
     def open(self, op: _Open) -> None:
         """Start ``op``'s stream afresh: its row is written with this batch's appends to it."""
@@ -605,7 +589,7 @@ class SqliteStore:
             except Exception as exc:
                 if len(writes) == 1 or isinstance(exc, sqlite3.OperationalError):  # the file cannot be written now
                     failure = self._failure(exc)
-                    outcomes = [(op.future, None, failure) for op in writes]
+                    outcomes = [(_future_of(op), None, failure) for op in writes]
                 else:
                     outcomes = []
                     for op in writes:
@@ -613,7 +597,7 @@ class SqliteStore:
                             outcomes += self._transaction(db, [op])
                             committed = True
                         except Exception as alone:
-                            outcomes.append((op.future, None, self._failure(alone)))
+                            outcomes.append((_future_of(op), None, self._failure(alone)))
         for op in batch:
             if isinstance(op, _Call) and not op.write:
                 try:
@@ -628,16 +612,18 @@ class SqliteStore:
         batch = _Batch(db, self.max_events_per_stream, self._clock(), self._tag_texts)
         db.execute("BEGIN IMMEDIATE")
         try:
+            add = batch.add
+            outcome = outcomes.append
             for op in writes:
-                if isinstance(op, _Append):
-                    outcomes.append((op.future, None, batch.add(op)))
-                    continue
-                if isinstance(op, _Open):
+                if isinstance(op, tuple):
+                    event, completes, future = op
+                    outcome((future, None, add(event, completes)))
+                elif isinstance(op, _Open):
                     batch.open(op)
-                    outcomes.append((op.future, None, None))
-                    continue
-                batch.flush()
-                outcomes.append((op.future, op.fn(db), None))
+                    outcome((op.future, None, None))
+                else:
+                    batch.flush()
+                    outcome((op.future, op.fn(db), None))
             batch.flush()
             db.execute("COMMIT")
         except BaseException:
@@ -837,7 +823,7 @@ class SqliteStore:
     def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
         """Queue ``event`` for the next transaction; the future resolves once that transaction committed."""
         future = self._future()
-        self._submit(_Append(event, completes, future))
+        self._submit((event, completes, future))
         return future
 
     async def append(self, event: StoredEvent, completes: bool = False) -> None:
