@@ -176,6 +176,48 @@ def _auth_cost(summary: dict[str, Any]) -> tuple[float, float, float] | None:
     return wall, cpu, noise
 
 
+def _rep_measures(window: dict[str, Any]) -> dict[str, float | None]:
+    """One window's server CPU per unit: a call at c=16 and c=64, a progress event, a replayed event."""
+    echo = {slot["concurrency"]: slot.get("server_cpu_us_per_request") for slot in window.get("echo", [])}
+    stream = window.get("stream") or {}
+    runs = [r["server_cpu_us_per_event"] for r in (window.get("replay") or {}).get("runs", [])]
+    return {
+        "tools/call c=16, CPU per call": echo.get(16),
+        "tools/call c=64, CPU per call": echo.get(64),
+        "progress stream, CPU per event": stream.get("server_cpu_us_per_event"),
+        "replay, CPU per event": _median(runs) if runs else None,
+    }
+
+
+def _beside_baseline(windows: list[dict[str, Any]]) -> list[str]:
+    """This checkout's server CPU ÷ the baseline checkout's, rep by rep (the two ran in the same rep, minutes
+    apart): the spread of these ratios is the run-to-run noise a comparison of the medians has to beat."""
+    out: list[str] = []
+    for ours, base in (("ours-none", "base-none"), ("ours-sqlite", "base-sqlite")):
+        mine = [_rep_measures(w) for w in windows if w["config"] == ours]
+        theirs = [_rep_measures(w) for w in windows if w["config"] == base]
+        if not mine or not theirs:
+            continue
+        if not out:
+            out += [
+                "## This checkout beside the baseline checkout (`--baseline`), rep by rep",
+                "",
+                "Server CPU per unit, this checkout ÷ the baseline's in the same rep (below 1: this one is cheaper).",
+                "The spread across reps is this box's run-to-run noise; a median ratio within it is no difference.",
+                "",
+                "| configs | measure | per rep | median | spread (min to max) |",
+                "|---|---|---|---|---|",
+            ]
+        for measure in mine[0]:
+            ratios = [x / y for a, b in zip(mine, theirs, strict=False) if (x := a[measure]) and (y := b[measure])]
+            if ratios:
+                out.append(
+                    f"| {ours} ÷ {base} | {measure} | {', '.join(f'{r:.2f}' for r in ratios)} | "
+                    f"{_median(ratios):.2f} | {min(ratios):.2f} to {max(ratios):.2f} |"
+                )
+    return [*out, ""] if out else []
+
+
 def _get(entry: Any, *path: str) -> float | None:
     """A number nested in the summary, or None when missing (config not run, phase failed)."""
     for key in path:
@@ -363,6 +405,7 @@ def markdown(document: dict[str, Any], json_path: Path) -> str:
         out += [f"- `{name}`: {msg[:600]}" for name, msgs in failures.items() for msg in msgs]
         out.append("")
     out += ["## Targets", "", *_targets(summary), ""]
+    out += _beside_baseline(document["windows"])
     out += _gateway(json_path.parent)
     out += [
         f"## echo: `tools/call search(steps=0, delay_ms=0)`, closed loop, one session per worker, "
