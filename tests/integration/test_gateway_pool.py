@@ -13,7 +13,7 @@ import pytest
 
 from mcp_lossless.gateway.pool import UpstreamPool
 from tests.support.processes import free_port
-from tests.support.uvicorn_server import serve_app
+from tests.support.uvicorn_server import read_body, serve_app
 
 pytestmark = pytest.mark.anyio
 
@@ -24,12 +24,7 @@ def echo_app() -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["path"] == "/close":  # answer, then close the connection (as a server past its keep-alive)
             headers = [(b"content-type", b"text/plain"), (b"connection", b"close")]
         else:

@@ -25,7 +25,7 @@ from mcp_lossless.server.config import ServerConfig
 from mcp_lossless.server.connections import HEADER_MEMO, REQUEST_TASK, ConnectionGuard, KnownHeaders
 from tests.support.mcp_http import Peer, call
 from tests.support.processes import free_port, started_cli_server
-from tests.support.uvicorn_server import guarded_server, serve_app, serve_guarded
+from tests.support.uvicorn_server import guarded_server, read_body, serve_app, serve_guarded
 
 HEAD = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 
@@ -290,12 +290,7 @@ def test_each_request_runs_in_a_task_of_its_own_named_for_it() -> None:
 
 async def _scope_echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Answers with its scope (but for the addresses and the state) and the body it read."""
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     shown = {k: v for k, v in scope.items() if k not in ("client", "server", "state")}
     answer = orjson.dumps({"scope": shown, "body": body.decode()}, default=lambda b: b.decode("latin-1"))
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(answer))]})

@@ -134,3 +134,13 @@ def serve_guarded(app: Any, guard: Any) -> Iterator[str]:
     server = _SignallingServer(config)
     with run_server(server, server.ready, loopback_socket()) as url:
         yield url
+
+
+async def read_body(receive: Callable[[], Any]) -> bytes:
+    """The whole body of the request an ASGI test app is answering."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
