@@ -45,6 +45,12 @@ def _serve(limits: Limits, fd_limit: int | None = None, **settings: Any) -> Any:
     return guarded_server(make, fd_limit)
 
 
+LOOP_CLOCK_SLACK = 0.005
+"""How much earlier than its deadline by this test's clock a connection may be closed: the guard stamps a
+connection with the loop's time (uvloop's: whole milliseconds, read once per loop iteration), which can lag the
+moment the client's connect returned (seen: closed after 0.39996 s of a 0.4 s deadline)."""
+
+
 @pytest.fixture(scope="module")
 def quick() -> Iterator[tuple[str, Any]]:
     """Short deadlines, so that the tests that wait for one are quick."""
@@ -186,7 +192,7 @@ def test_an_unfinished_head_is_answered_408_at_its_deadline(quick: tuple[str, An
         waited = time.monotonic() - started
     assert status == 408
     assert error["data"] == {"limit": "header_timeout", "maximum": 0.4}
-    assert 0.4 <= waited < 5
+    assert 0.4 - LOOP_CLOCK_SLACK <= waited < 5
 
 
 def test_a_connection_that_sends_nothing_is_closed_without_an_answer(quick: tuple[str, Any]) -> None:
@@ -194,7 +200,7 @@ def test_a_connection_that_sends_nothing_is_closed_without_an_answer(quick: tupl
     with _connect(url) as sock:
         started = time.monotonic()
         assert _read_all(sock) == b""
-        assert 0.4 <= time.monotonic() - started < 5
+        assert 0.4 - LOOP_CLOCK_SLACK <= time.monotonic() - started < 5
 
 
 def test_an_unfinished_body_is_answered_408_at_its_deadline(quick: tuple[str, Any]) -> None:
