@@ -413,8 +413,7 @@ class LiveStream:
             lock is not None and lock.locked()
         )
         if locking:
-            if lock is None:
-                lock = self._lock = AppendLock()
+            lock = self._append_lock()
             if not lock.take():
                 await lock.wait()
         try:
