@@ -169,6 +169,26 @@ def test_a_url_without_an_mcp_endpoint_is_named_with_the_status_it_answered(open
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
+def test_a_url_without_a_path_says_the_endpoint_usually_has_one(open_server: ServerProcess) -> None:
+    done = call(f"{open_server.base}/", "search", "query=x")
+    assert done.returncode == EXIT_SERVER, done.stderr
+    assert "HTTP 404" in done.stderr and "an MCP endpoint usually has one, such as /mcp" in done.stderr
+    elsewhere = call(f"{open_server.base}/nowhere", "search", "query=x")
+    assert "such as /mcp" not in elsewhere.stderr, "a URL with a path gets no guess"
+
+
+def test_credentials_for_a_url_short_of_the_endpoint_name_the_resource_the_metadata_describes(
+    authorized: ServerProcess,
+) -> None:
+    """The origin's metadata describes ``…/mcp``; the URL given stops short of it, so the AS refuses the origin as
+    a resource (``invalid_target``) and the error names the resource the server does describe."""
+    done = call(authorized.base, "search", "query=x", *CREDENTIALS)
+    assert done.returncode == EXIT_AUTHORIZATION, done.stderr
+    assert "invalid_target" in done.stderr
+    assert f"the server's metadata describes {authorized.base}/mcp: is that the MCP endpoint?" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
 def test_a_confidential_client_without_its_secret_names_the_missing_flag(tmp_path: Path) -> None:
     """``--client-id dev-client`` alone runs the browser flow (a public client's), which the dev AS refuses at the
     code exchange: the error names the flag that is missing, not only ``invalid_client``."""

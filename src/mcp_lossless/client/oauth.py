@@ -215,12 +215,18 @@ class TokenEndpointError(AuthorizationFailed):
     ``secretless`` names the caller's client when it was sent without a secret and refused as ``invalid_client``:
     most likely a confidential client used as a public one (the dev AS's ``dev-client`` through the browser),
     which no retry can fix, so the reason says what is missing.
+    ``described`` is the resource the server's metadata named below the URL the client was given: a resource
+    refused as ``invalid_target`` is then most likely a URL that stops short of the MCP endpoint.
     """
 
-    def __init__(self, error: str, description: str, secretless: str | None = None) -> None:
+    def __init__(
+        self, error: str, description: str, secretless: str | None = None, described: str | None = None
+    ) -> None:
         reason = f"token endpoint refused: {error}: {description}"
         if secretless is not None:
             reason += f"; {secretless} was sent without a secret: a confidential client needs its secret"
+        if described is not None and error == "invalid_target":
+            reason += f"; the server's metadata describes {described}: is that the MCP endpoint?"
         super().__init__(reason)
         self.error = error
         self.secretless = secretless
@@ -272,6 +278,8 @@ class OAuth(Auth):
         self.resource: str | None = None
         """The MCP server's canonical resource (from its metadata, else its URL)."""
         self._challenge_metadata: str | None = None
+        self._described: str | None = None
+        """A resource below the server URL that its metadata describes (the URL likely stops short of it)."""
         self._as: dict[str, Any] | None = None
         self._tokens: list[_Token] = []
         self._refresh_token: str | None = None
@@ -488,7 +496,7 @@ class OAuth(Auth):
             error = str(body.get("error") or f"HTTP {response.status_code}")
             unsigned = error == "invalid_client" and client.client_secret is None and self.client_id is not None
             secretless = client.client_id if unsigned else None  # the caller's client, not a registration of ours
-            raise TokenEndpointError(error, str(body.get("error_description", "")), secretless)
+            raise TokenEndpointError(error, str(body.get("error_description", "")), secretless, self._described)
         return self._store(body, wanted)
 
     def _store(self, body: Mapping[str, Any], wanted: frozenset[str]) -> _Token:
@@ -562,8 +570,10 @@ class OAuth(Auth):
             if not isinstance(servers, list) or not servers or not isinstance(servers[0], str):
                 raise AuthorizationFailed(f"protected resource metadata at {url} names no authorization server")
             theirs, mine = canonical_resource(resource), canonical_resource(self._server_url)
-            if theirs == mine or mine.startswith(theirs + "/"):
+            covers = theirs == mine or mine.startswith(theirs + "/")
+            if covers:
                 self.resource = theirs  # sent exactly as published, even where it names the whole origin
+            self._described = None if covers else theirs
             self._scope.advertised(document.get("scopes_supported"))
             self._legacy = False
             return servers[0]

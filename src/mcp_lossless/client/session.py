@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -220,7 +221,10 @@ class Session:
                         continue
                     if status >= 400:
                         body = await self.transport.body(response)
-                        raise RequestRejected(f"{message['method']} refused with HTTP {status}: {_snippet(body)}")
+                        reason = f"{message['method']} refused with HTTP {status}: {_snippet(body)}"
+                        if status == 404 and not urlsplit(self.transport.url).path.strip("/"):
+                            reason += "; this URL has no path, and an MCP endpoint usually has one, such as /mcp"
+                        raise RequestRejected(reason)
                     session_id = response.headers.get("mcp-session-id")
                     return await self._single_response(response, message["id"]), session_id
             except NOT_SENT_ERRORS as exc:
