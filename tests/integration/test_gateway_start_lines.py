@@ -7,12 +7,13 @@ import logging
 import sys
 from collections.abc import Iterator
 
+import orjson
 import pytest
 
 from mcp_lossless.gateway import UpstreamConfig
 from mcp_lossless.gateway.http import HttpUpstream
 from mcp_lossless.gateway.stdio import StdioUpstream
-from mcp_lossless.gateway.upstream import counted
+from mcp_lossless.gateway.upstream import UpstreamFailure, counted
 from mcp_lossless.server import ToolContext, ToolRegistry, create_app
 from mcp_lossless.server.config import ServerConfig
 from tests.support.uvicorn_server import lossless_server
@@ -93,3 +94,62 @@ async def test_a_stdio_upstreams_start_line(caplog: pytest.LogCaptureFixture) ->
         await upstream.close()
     lines = [line for line in start_lines(caplog, "child") if " ready, " in line]
     assert lines and lines[0].endswith("legacy era (configured), 1 tool"), lines
+
+
+@pytest.mark.parametrize("era", ["auto", "legacy", "modern"])
+async def test_an_upstream_that_hangs_up_is_described_in_words(era: str) -> None:
+    """An upstream that accepts and closes at once: the failure a client and the log see says what happened, not
+    an exception's repr."""
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.close()
+
+    listener = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    upstream = HttpUpstream(UpstreamConfig(name="rude", url=f"http://127.0.0.1:{port}/mcp", era=era))  # type: ignore[arg-type]
+    try:
+        async with asyncio.timeout(WAIT):
+            with pytest.raises(UpstreamFailure) as failed:
+                await upstream.start(lambda: None)
+    finally:
+        await upstream.close()
+        listener.close()
+    assert "the server broke off the HTTP exchange" in failed.value.detail, failed.value.detail
+    assert "Error(" not in failed.value.detail, failed.value.detail
+
+
+async def test_a_modern_upstream_whose_listing_stream_ends_early_is_described_in_words() -> None:
+    """``server/discover`` is answered, the ``tools/list`` stream ends before its answer: the failure names the
+    request and what happened in words."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        )
+        request = orjson.loads(await reader.readexactly(length))
+        if request["method"] == "server/discover":
+            result = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}
+            body = orjson.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result})
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body))
+            writer.write(b"connection: close\r\n\r\n" + body)
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    upstream = HttpUpstream(UpstreamConfig(name="short", url=f"http://127.0.0.1:{port}/mcp", era="modern"))
+    try:
+        async with asyncio.timeout(WAIT):
+            with pytest.raises(UpstreamFailure) as failed:
+                await upstream.start(lambda: None)
+    finally:
+        await upstream.close()
+        listener.close()
+    assert failed.value.detail == (
+        f"tools/list to http://127.0.0.1:{port}/mcp failed: "
+        "the server broke off the HTTP exchange: the response stream ended before its answer"
+    )

@@ -36,6 +36,7 @@ from ..client import (
     RequestRejected,
     ToolFailed,
 )
+from ..client.errors import describe
 from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
 from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
@@ -171,7 +172,7 @@ class HttpUpstream:
                 ready.set_exception(_failure(exc))
         except httpx.TransportError as exc:  # the modern client's discovery and listing pass these on
             if not ready.done():
-                ready.set_exception(UpstreamFailure("unreachable", repr(exc), may_have_run=False))
+                ready.set_exception(UpstreamFailure("unreachable", describe(exc), may_have_run=False))
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
@@ -245,7 +246,7 @@ class HttpUpstream:
                     await client.listen(message, opened)
                 detail = "the upstream ended it"
             except (McpClientError, httpx.TransportError) as exc:
-                detail = repr(exc)
+                detail = describe(exc)
             attempt += 1
             pause = min(WATCH_MAX_SECONDS, 0.25 * 2**attempt)
             log.info("upstream %s: list-change stream closed (%s); again in %.2g s", self.name, detail, pause)
@@ -359,7 +360,7 @@ class HttpUpstream:
             except McpClientError as exc:
                 raise _failure(exc) from None
             except httpx.TransportError as exc:  # the modern client passes on what it cannot classify
-                raise UpstreamFailure("protocol", repr(exc), may_have_run=True) from None
+                raise UpstreamFailure("protocol", describe(exc), may_have_run=True) from None
             return dict(result.raw)
         raise AssertionError("unreachable")
 

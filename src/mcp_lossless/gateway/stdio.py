@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from ..client.errors import ProtocolViolation
+from ..client.errors import ProtocolViolation, describe
 from ..client.handlers import MAX_INPUT_ROUNDS
 from ..client.paging import collect_pages
 from ..core import errors
@@ -337,7 +337,7 @@ class StdioUpstream:
             proc.stdin.write(orjson.dumps(message) + b"\n")
             await proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
-            raise _ChildExited(f"upstream {self.name}: {exc!r}") from exc
+            raise _ChildExited(f"upstream {self.name}: its stdin is closed ({describe(exc)})") from exc
 
     async def _notify(self, method: str) -> None:
         await self._write({"jsonrpc": "2.0", "method": method})
