@@ -274,3 +274,22 @@ async def test_a_queued_record_is_stored_with_the_first_events_and_before_them(s
     assert await live.wait_recorded() and live.recording is None
     assert [e.seq for e in live.events] == [1, 2] and live.done
     assert await store.read_after("live-1", 0) == live.events
+
+
+async def test_an_answer_waits_for_its_commit_in_its_own_task(tmp_path: Path) -> None:
+    """No second task per answer (a shielded one cost more than the rest of the wait): while the store commits,
+    the only new task is the one appending; the answer is published once stored."""
+    store = SqliteStore(str(tmp_path / "own-task.db"))
+    await store.open()
+    try:
+        live = await live_stream(store)
+        before = asyncio.all_tasks()
+        answering = asyncio.create_task(live.append(b'{"jsonrpc":"2.0","id":1,"result":{}}', REQUEST, terminal=True))
+        await asyncio.sleep(0)  # the task runs up to its wait for the store
+        assert not answering.done()
+        assert asyncio.all_tasks() - before == {answering}
+        event = await answering
+        assert live.done and live.events == [event]
+        assert await store.read_after("live-1", 0) == [event]
+    finally:
+        await store.close()

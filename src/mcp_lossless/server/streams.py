@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from operator import itemgetter
 from time import perf_counter
 
@@ -71,6 +72,12 @@ async def _store_durably(
         if opening is None:
             raise
         await _append_with_retry(store, event, completes, opening)
+
+
+def _wake(settled: asyncio.Future[None], _write: asyncio.Future[None]) -> None:
+    """``write`` is done: wake the task waiting on ``settled``, unless a cancel woke it already."""
+    if not settled.done():
+        settled.set_result(None)
 
 
 class AppendLock:
@@ -466,20 +473,27 @@ class LiveStream:
                         lock = self._append_lock()
                         lock.take()
                         locking = True
-                    write = asyncio.ensure_future(_store_durably(store, event, completes, write, self.recording))
-                    try:
-                        await asyncio.shield(write)
-                    except asyncio.CancelledError:
-                        # A write once handed to the store happens whatever becomes of this task: learn its
-                        # outcome before the lock goes, so a stored answer is published and the next append
-                        # takes the next position (not this one again, which the store would refuse as a rewrite).
-                        while not write.done():
-                            with contextlib.suppress(asyncio.CancelledError):
-                                await asyncio.wait((write,))
-                        if write.exception() is None:
-                            self._answer_stored(event, answers, completes)
-                            self.notify()
-                        raise
+                    if not write.done():
+                        # Woken by the store's outcome through a future of its own, not by awaiting ``write``
+                        # (a cancel of this task would cancel that) nor by a task shielded around it (a second
+                        # task and the shield's future per answer): nearly every write succeeds the first time.
+                        settled = write.get_loop().create_future()
+                        write.add_done_callback(partial(_wake, settled))
+                        try:
+                            await settled
+                        except asyncio.CancelledError:
+                            retry = asyncio.ensure_future(
+                                _store_durably(store, event, completes, write, self.recording)
+                            )
+                            await self._settle_cancelled(event, answers, completes, retry)
+                            raise
+                    if write.cancelled() or write.exception() is not None:  # stored again through an outage
+                        retry = asyncio.ensure_future(_store_durably(store, event, completes, write, self.recording))
+                        try:
+                            await asyncio.shield(retry)
+                        except asyncio.CancelledError:
+                            await self._settle_cancelled(event, answers, completes, retry)
+                            raise
                 self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
                 self._answer_stored(event, answers, completes)
         finally:
@@ -497,6 +511,20 @@ class LiveStream:
                 if self._appends % YIELD_EVERY == 0:
                     await asyncio.sleep(0)  # give other tasks their turn: nothing else may suspend a tight loop
         return event
+
+    async def _settle_cancelled(
+        self, event: StoredEvent, answers: bool, completes: bool, durable: asyncio.Future[None]
+    ) -> None:
+        """The task storing an answer was cancelled: a write once handed to the store happens whatever becomes of
+        this task, so learn the outcome of ``durable`` (a :func:`_store_durably` of it) before the lock goes, so a
+        stored answer is published and the next append takes the next position (not this one again, which the
+        store would refuse as a rewrite)."""
+        while not durable.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait((durable,))
+        if not durable.cancelled() and durable.exception() is None:
+            self._answer_stored(event, answers, completes)
+            self.notify()
 
     def _append_lock(self) -> AppendLock:
         lock = self._lock
