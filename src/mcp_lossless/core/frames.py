@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from .errors import DELIVERY_REFUSED, EXECUTION_LOST
-from .events import RequestId, StoredEvent
+from .events import EventRows, RequestId, StoredEvent
 from .replay import Refusal, RefusalReason
 from .resources import describe, resources_in, scopes_in
 
@@ -33,9 +33,13 @@ def sse(event_id: str | None, data: bytes, retry_ms: int | None = None) -> bytes
 def sse_events(events: Iterable[StoredEvent], retry_ms: int) -> bytes:
     """The frames of stored events, joined: each exactly :func:`sse` of its id and data (``retry`` on an event with
     no data). One pass gathering parts, with no call, concatenation or formatting per event: a replay or a busy
-    stream frames thousands per write."""
+    stream frames thousands per write. :class:`~.events.EventRows` are framed from their rows, with no event built."""
     empty = b"\nretry: %d\ndata: " % retry_ms
     parts: list[bytes] = []
+    if type(events) is EventRows:
+        for event_id, data, _request, _tool, _tags, _terminal in events.rows:
+            parts += (b"id: ", event_id.encode("ascii"), b"\ndata: " if data else empty, data, b"\n\n")
+        return b"".join(parts)
     for event in events:
         data = event.data
         parts += (b"id: ", event.event_id.encode("ascii"), b"\ndata: " if data else empty, data, b"\n\n")

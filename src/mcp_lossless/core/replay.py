@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from .events import RequestId, StoredEvent
+from .events import EventRows, RequestId, StoredEvent
 from .principal import Grant
 from .resources import AudiencePolicy
 
@@ -58,9 +58,21 @@ class Coverage:
         """``(index, gap)`` for each event that starts a run of one tag set the token does not cover.
 
         Runs of one tool share one interned set, so an event whose set is the previous one's is passed over
-        with an identity test. The first pair yielded is the first event the token lacks something for; the
+        with an identity test (rows of :class:`~.events.EventRows`: an equality test of their index into its
+        table, which holds each set once). The first pair yielded is the first event the token lacks something for; the
         union of the gaps yielded is everything it lacks for ``events``.
         """
+        if type(events) is EventRows:  # a run is one index into the rows' table, which holds each set once
+            tags_of, last_index = events.tags, -1
+            for index, row in enumerate(events.rows):
+                tag_index = row[4]
+                if tag_index == last_index:
+                    continue
+                last_index = tag_index
+                gap = self.gap(tags_of[tag_index])
+                if gap:
+                    yield index, gap
+            return
         last_tags: frozenset[str] | None = None
         for index, event in enumerate(events):
             tags = event.resources

@@ -13,12 +13,13 @@ stream this process produces costs no owner check.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from .eventids import Cursor, CursorProblem, Unverified
-from .events import RequestId, StoredEvent, StreamKind, StreamRecord
+from .events import RequestId, StoredEvent, StreamKind, StreamRecord, answered_in
 from .principal import Grant
 from .replay import Refusal, plan_replay
 from .resources import AudiencePolicy
@@ -64,7 +65,7 @@ class ResumeFacts:
     """Whether another live process produces ``record`` (``None``: not asked)."""
     settled: bool = False
     """``record`` is what settling its orphaned stream left."""
-    events: list[StoredEvent] | Lookup = Lookup.PENDING
+    events: Sequence[StoredEvent] | Lookup = Lookup.PENDING
     """The stream's events after the cursor's position, or ``ABSENT`` when no longer retained."""
 
 
@@ -125,7 +126,7 @@ class ReplayPlan:
 
     cursor: Cursor
     record: StreamRecord
-    events: list[StoredEvent]
+    events: Sequence[StoredEvent]
     tail: Tail
     settled: frozenset[RequestId]
     """Requests answered before the cursor: the client has their answers, so a later refusal does not name them."""
@@ -185,5 +186,5 @@ def decide_resume(facts: ResumeFacts, grant: Grant, policy: AudiencePolicy) -> Q
         tail = Tail.REPLICA
     else:
         tail = Tail.NONE
-    settled = record.answered - {e.request_id for e in events if e.terminal and e.request_id is not None}
+    settled = record.answered.difference(answered_in(events))
     return ReplayPlan(decoded, record, events, tail, settled, covers)

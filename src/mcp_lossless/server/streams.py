@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from operator import itemgetter
 from time import perf_counter
@@ -281,7 +281,7 @@ class LiveStream:
         start = seq + 1 - events[0].seq
         return events[start:] if start < len(events) else []
 
-    async def catch_up(self, seq: int) -> list[StoredEvent]:
+    async def catch_up(self, seq: int) -> Sequence[StoredEvent]:
         """The events after ``seq`` that memory no longer holds, from the store (which holds whatever was
         published); a writer whose client resumed from an earlier position than was last sent reads them here."""
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from time import perf_counter
 from typing import Any
 
@@ -380,7 +380,7 @@ class Transport:
             return None
         return live
 
-    async def _read_after(self, step: NeedEvents) -> list[StoredEvent] | Lookup:
+    async def _read_after(self, step: NeedEvents) -> Sequence[StoredEvent] | Lookup:
         started = perf_counter()
         try:
             events = await self.state.store.read_after(step.stream, step.seq)

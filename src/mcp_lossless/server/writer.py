@@ -9,12 +9,12 @@ cursor stays put.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from ..asgi import Receive, Send
 from ..core import frames
-from ..core.events import PendingRequest, RequestId, StoredEvent
+from ..core.events import EventRows, PendingRequest, RequestId, StoredEvent, answered_in
 from ..core.replay import DeliveryGate, Refusal
 from ..stores.base import EventStore, StoreUnavailable
 from .observability import Metrics, fingerprint, log_decision, now
@@ -36,7 +36,7 @@ class EventSource(Protocol):
     """Where a writer's events come from. ``ready`` never blocks: events now, ``[]`` for none yet, ``None`` at end.
     ``sent`` tells the source that everything ``ready`` gave so far is with the connection."""
 
-    def ready(self) -> list[StoredEvent] | None: ...
+    def ready(self) -> Sequence[StoredEvent] | None: ...
     async def wait(self) -> None: ...
     def sent(self) -> None: ...
     def close(self) -> None: ...
@@ -53,7 +53,7 @@ class LiveSource:
     __slots__ = ("buffer", "generation", "has_cursor", "live", "sent_seq")
 
     def __init__(
-        self, live: LiveStream, sent_seq: int, has_cursor: bool, replay: list[StoredEvent] | None = None
+        self, live: LiveStream, sent_seq: int, has_cursor: bool, replay: Sequence[StoredEvent] | None = None
     ) -> None:
         self.live = live
         self.sent_seq = sent_seq
@@ -80,11 +80,11 @@ class LiveSource:
             or (self.has_cursor and live.close_requested(self.generation))
         )
 
-    def ready(self) -> list[StoredEvent] | None:
+    def ready(self) -> Sequence[StoredEvent] | None:
         live = self.live
         if live.broken:
             raise StoreUnavailable("an answer on this stream could not be stored")
-        events: list[StoredEvent] | None
+        events: Sequence[StoredEvent] | None
         if self.buffer:
             events, self.buffer = self.buffer, []
         else:
@@ -132,7 +132,7 @@ class RemoteTail:
         self.stream = stream
         self.producers = producers
 
-    async def read_after(self, seq: int) -> list[StoredEvent] | None:
+    async def read_after(self, seq: int) -> Sequence[StoredEvent] | None:
         """Events after ``seq`` (``[]``: none yet, ask again), or ``None`` once the stream has ended."""
         events = await self.store.wait_events(self.stream, seq, TAIL_WAIT_SECONDS)
         if events:
@@ -150,12 +150,12 @@ class StoredSource:
 
     __slots__ = ("buffer", "finished", "sent_seq", "tail")
 
-    def __init__(self, events: list[StoredEvent], sent_seq: int, tail: RemoteTail | None = None) -> None:
+    def __init__(self, events: Sequence[StoredEvent], sent_seq: int, tail: RemoteTail | None = None) -> None:
         self.buffer = events
         self.sent_seq = events[-1].seq if events else sent_seq
         self.tail = tail
 
-    def ready(self) -> list[StoredEvent] | None:
+    def ready(self) -> Sequence[StoredEvent] | None:
         if self.buffer:
             events, self.buffer = self.buffer, []
             return events
@@ -276,7 +276,7 @@ class SseWriter:
                 await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
 
-    def _frames(self, events: list[StoredEvent], out: list[bytes], size: int) -> int:
+    def _frames(self, events: Sequence[StoredEvent], out: list[bytes], size: int) -> int:
         """Append the frames of ``events`` the token may receive; the bytes in ``out`` after them (``size``
         before), or -1 when a refusal ended the stream."""
         admitted, refusal = self.gate.admit(events, now())
@@ -286,9 +286,12 @@ class SseWriter:
             out.append(frame)
             size += len(frame)
             settled = self.settled
-            for event in sent:  # a plain loop: C iterators (compress, map, attrgetter) measured slower here
-                if event.terminal and event.request_id is not None:
-                    settled.add(event.request_id)
+            if type(sent) is EventRows:  # a replay's rows, read as they are (no event built per row)
+                settled.update(answered_in(sent))
+            else:
+                for event in sent:  # a plain loop: C iterators (compress, map, attrgetter) measured slower here
+                    if event.terminal and event.request_id is not None:
+                        settled.add(event.request_id)
         if refusal is not None:
             out.append(self._refusal(refusal))
             return -1

@@ -8,6 +8,7 @@ predates the retained window raises :class:`EventsEvicted`, never a partial repl
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -112,8 +113,9 @@ class EventStore(Protocol):
         ...
 
     async def complete_stream(self, stream: str) -> None: ...
-    async def read_after(self, stream: str, seq: int) -> list[StoredEvent]:
-        """Every retained event of ``stream`` with a position above ``seq``, in order."""
+    async def read_after(self, stream: str, seq: int) -> Sequence[StoredEvent]:
+        """Every retained event of ``stream`` with a position above ``seq``, in order: a list, or the store's own rows
+        as :class:`~..core.events.EventRows` (the memory store's, ADR 0020); callers only index, slice and iterate."""
         ...
 
     async def owner_alive(self, owner: str) -> bool:
@@ -128,7 +130,7 @@ class EventStore(Protocol):
         """Atomically take over a stream whose owner died; ``False`` if someone else already did."""
         ...
 
-    async def wait_events(self, stream: str, seq: int, block_seconds: float) -> list[StoredEvent]:
+    async def wait_events(self, stream: str, seq: int, block_seconds: float) -> Sequence[StoredEvent]:
         """Like :meth:`read_after`, but block up to ``block_seconds`` for events another process appends.
 
         Single-process stores have no other writer to wait for and answer at once.

@@ -8,9 +8,10 @@ keeps only its length. The copy is ``b"".join((data, b""))``: a join of two part
 exact size, at half the cost of ``memoryview(data).tobytes()``, which first makes two objects the garbage
 collector tracks (~900 instructions an event under callgrind). A plain tuple of strings, bytes and numbers
 is one the garbage collector stops tracking, so a million held events add nothing to a full collection
-(held as event tuples, which carry their tag set, each one was walked: pauses of 0.4 s); and a replay only
-rebuilds the events, it decodes nothing (an encoded ``bytes`` per event was ~2x smaller and made replay
-~4x slower).
+(held as event tuples, which carry their tag set, each one was walked: pauses of 0.4 s); and a replay gets
+the held rows as they are (:class:`~..core.events.EventRows`, ADR 0020), it neither decodes nor rebuilds an
+event per row (an encoded ``bytes`` per event was ~2x smaller and made replay ~4x slower; a rebuilt event per
+row was half the replay's instructions).
 
 The bound is partitioned by principal (the session's issuer, subject and client): each principal's
 events are evicted only to bring it under ``max_bytes_per_principal`` / ``max_events_per_principal``, or,
@@ -26,9 +27,10 @@ import asyncio
 import os
 import sys
 from collections import deque
+from collections.abc import Sequence
 from itertools import islice
 
-from ..core.events import RequestId, StoredEvent, StreamRecord
+from ..core.events import EventRows, Row, StoredEvent, StreamRecord
 from ..core.principal import Principal
 from .base import EventsEvicted, SessionRecord
 
@@ -36,8 +38,9 @@ _SLOT_BYTES = 16
 """Two deque slots per held event (its stream's and its principal's eviction order), on top of its bytes."""
 
 
-_Held = tuple[str, bytes, RequestId | None, str | None, int, bool]
-"""An event as held: id, payload, request id, tool, tag-set index, terminal (its position is its place)."""
+_Held = Row
+"""An event as held (:data:`~..core.events.Row`): id, payload, request id, tool, tag-set index, terminal (its
+position is its place); a replay gets these rows as they are (:class:`~..core.events.EventRows`)."""
 
 
 _HELD_BYTES = sys.getsizeof((None,) * 6) + sys.getsizeof("") + sys.getsizeof(b"") + _SLOT_BYTES
@@ -302,7 +305,9 @@ class MemoryStore:
         if found is not None:
             found.record.completed = True
 
-    async def read_after(self, stream: str, seq: int) -> list[StoredEvent]:
+    async def read_after(self, stream: str, seq: int) -> Sequence[StoredEvent]:
+        """The held rows themselves, with the stream's tag table (:class:`EventRows`): a replay frames and checks
+        them without an event built per row (ADR 0020)."""
         found = self._streams.get(stream)
         if found is None:
             return []
@@ -313,13 +318,7 @@ class MemoryStore:
             return []
         first = record.last_seq - len(events) + 1
         start = max(0, seq + 1 - first)
-        session, tags, new = record.session_id, found.tags, tuple.__new__  # skips the named tuple's Python __new__
-        return [
-            new(StoredEvent, (session, stream, position, event_id, data, request_id, tool, tags[tag_index], terminal))
-            for position, (event_id, data, request_id, tool, tag_index, terminal) in enumerate(
-                islice(events, start, None), first + start
-            )
-        ]
+        return EventRows(record.session_id, stream, first + start, list(islice(events, start, None)), tuple(found.tags))
 
     async def owner_alive(self, owner: str) -> bool:
         return False
@@ -334,5 +333,5 @@ class MemoryStore:
         found.record.owner = new_owner
         return True
 
-    async def wait_events(self, stream: str, seq: int, block_seconds: float) -> list[StoredEvent]:
+    async def wait_events(self, stream: str, seq: int, block_seconds: float) -> Sequence[StoredEvent]:
         return await self.read_after(stream, seq)
