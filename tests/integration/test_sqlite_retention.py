@@ -412,3 +412,28 @@ async def test_a_version_3_file_is_carried_forward(tmp_path: Path) -> None:
         (definition,) = reopened.execute("SELECT sql FROM sqlite_master WHERE name = 'streams_by_session'").fetchone()
         assert "completed_at" not in definition
         assert reopened.execute("SELECT count(*) FROM events").fetchone()[0] == 0
+
+
+async def test_a_stream_opened_after_the_newest_was_deleted_gets_a_new_id(tmp_path: Path) -> None:
+    """The store carries the next stream id from one transaction to the next (the largest id is read once): a
+    stream opened after the newest one's session was deleted gets an id never given before, at the end of the
+    tables as every new stream's (the id was read per transaction before, and a deleted largest id given again)."""
+    path = tmp_path / "ids.db"
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        await store.put_session(session("s1", ALICE))
+        await store.put_session(session("s2", ALICE))
+        await finished_call(store, "kept", "s1")
+        await finished_call(store, "newest", "s2")
+        await store.delete_session("s2")
+        await finished_call(store, "after", "s1")
+    finally:
+        await store.close()
+    db = sqlite3.connect(path)
+    try:
+        ids = dict(db.execute("SELECT stream, id FROM streams").fetchall())
+    finally:
+        db.close()
+    assert set(ids) == {"kept", "after"}
+    assert ids["after"] == ids["kept"] + 2  # not kept + 1, the deleted newest stream's id

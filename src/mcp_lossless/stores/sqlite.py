@@ -277,7 +277,12 @@ class _Batch:
     """The appends of one transaction, gathered per stream, then written with one ``executemany`` per statement."""
 
     def __init__(
-        self, db: sqlite3.Connection, limit: int | None, now: float, tag_texts: dict[frozenset[str], str]
+        self,
+        db: sqlite3.Connection,
+        limit: int | None,
+        now: float,
+        tag_texts: dict[frozenset[str], str],
+        next_id: int = 0,
     ) -> None:
         self.db = db
         self.limit = limit
@@ -285,9 +290,10 @@ class _Batch:
         self.tag_texts = tag_texts
         self.rows: list[tuple[Any, ...]] = []
         self.states: dict[str, _StreamState | None] = {}
-        self.next_id = 0
+        self.next_id = next_id
         """The id the next stream opened in this transaction gets (0: not read yet); ids only grow, so a new
-        stream's row and events go at the end of their tables."""
+        stream's row and events go at the end of their tables. The store carries it from one transaction to the
+        next (it owns the file), so the largest id is read once, not per transaction."""
         self.request_id: RequestId | None = None
         self.request_id_text: str | None = None
         """The last request id encoded: a request's events carry the same id object, encoded once."""
@@ -456,6 +462,9 @@ class SqliteStore:
         self._interner = Interner()
         self._tag_texts: dict[frozenset[str], str] = {}
         """Encoded tag sets by set: events of one tool share one. Both used on the writer thread only."""
+        self._next_stream_id = 0
+        """The id the next stream opened gets (0: not read from the file yet; writer thread only): ids never go back,
+        not even after the streams with the largest ones were deleted."""
 
     @classmethod
     def from_spec(cls, spec: str) -> SqliteStore:
@@ -616,7 +625,7 @@ class SqliteStore:
 
     def _transaction(self, db: sqlite3.Connection, writes: list[_Op]) -> list[_Outcome]:
         outcomes: list[_Outcome] = []
-        batch = _Batch(db, self.max_events_per_stream, self._clock(), self._tag_texts)
+        batch = _Batch(db, self.max_events_per_stream, self._clock(), self._tag_texts, self._next_stream_id)
         db.execute("BEGIN IMMEDIATE")
         try:
             add = batch.add
@@ -637,6 +646,8 @@ class SqliteStore:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        finally:  # ids a rolled-back transaction gave out are not given again: a gap, never a reuse
+            self._next_stream_id = batch.next_id
         return outcomes
 
     def _failure(self, exc: Exception) -> Exception:
