@@ -7,6 +7,9 @@ import base64
 import os
 import random
 
+import pytest
+
+from mcp_lossless.server import keys
 from mcp_lossless.server.keys import stamp, stream_key
 
 
@@ -43,3 +46,16 @@ def test_a_forked_child_draws_fresh_bytes() -> None:
     os.waitpid(pid, 0)
     parent_next = [stream_key() for _ in range(4)]
     assert child_key and child_key not in parent_next
+
+
+def test_a_keys_stamp_is_its_times_across_the_cached_high_digits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys reuse the stamp's first 6 digits for 4,096 ms: each key's stamp is still exactly its own time's, across
+    a boundary of those digits, a jump forward and a clock that goes back."""
+    entropy = keys._Entropy()
+    times = [4095, 4096, 4097, 8191, 8192, 2**40 + 5, 2**40 + 4095, 2**40 + 4096, 9_000, 4096, 0, 2**48 - 1, 2**47]
+    times += random.Random(12).sample(range(2**41, 2**41 + 3 * 4096), 300)
+    for milliseconds in times:
+        monkeypatch.setattr(keys, "time_ns", lambda ms=milliseconds: ms * 1_000_000 + 999_999)
+        key = entropy.next_key()
+        assert key[:8] == stamp(milliseconds), milliseconds
+        assert len(key) == 32
