@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import orjson
 import pytest
@@ -96,6 +96,24 @@ async def test_a_stdio_upstreams_start_line(caplog: pytest.LogCaptureFixture) ->
     assert lines and lines[0].endswith("legacy era (configured), 1 tool"), lines
 
 
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def start_failure(handler: Handler, era: str) -> tuple[UpstreamFailure, int]:
+    """How an HTTP upstream served by ``handler`` (a raw socket peer) fails to start, and the peer's port."""
+    listener = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    upstream = HttpUpstream(UpstreamConfig(name="peer", url=f"http://127.0.0.1:{port}/mcp", era=era))  # type: ignore[arg-type]
+    try:
+        async with asyncio.timeout(WAIT):
+            with pytest.raises(UpstreamFailure) as failed:
+                await upstream.start(lambda: None)
+    finally:
+        await upstream.close()
+        listener.close()
+    return failed.value, port
+
+
 @pytest.mark.parametrize("era", ["auto", "legacy", "modern"])
 async def test_an_upstream_that_hangs_up_is_described_in_words(era: str) -> None:
     """An upstream that accepts and closes at once: the failure a client and the log see says what happened, not
@@ -105,18 +123,9 @@ async def test_an_upstream_that_hangs_up_is_described_in_words(era: str) -> None
         await reader.read(1)
         writer.close()
 
-    listener = await asyncio.start_server(hang_up, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    upstream = HttpUpstream(UpstreamConfig(name="rude", url=f"http://127.0.0.1:{port}/mcp", era=era))  # type: ignore[arg-type]
-    try:
-        async with asyncio.timeout(WAIT):
-            with pytest.raises(UpstreamFailure) as failed:
-                await upstream.start(lambda: None)
-    finally:
-        await upstream.close()
-        listener.close()
-    assert "the server broke off the HTTP exchange" in failed.value.detail, failed.value.detail
-    assert "Error(" not in failed.value.detail, failed.value.detail
+    failure, _ = await start_failure(hang_up, era)
+    assert "the server broke off the HTTP exchange" in failure.detail, failure.detail
+    assert "Error(" not in failure.detail, failure.detail
 
 
 async def test_a_modern_upstream_whose_listing_stream_ends_early_is_described_in_words() -> None:
@@ -139,17 +148,8 @@ async def test_a_modern_upstream_whose_listing_stream_ends_early_is_described_in
         await writer.drain()
         writer.close()
 
-    listener = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    upstream = HttpUpstream(UpstreamConfig(name="short", url=f"http://127.0.0.1:{port}/mcp", era="modern"))
-    try:
-        async with asyncio.timeout(WAIT):
-            with pytest.raises(UpstreamFailure) as failed:
-                await upstream.start(lambda: None)
-    finally:
-        await upstream.close()
-        listener.close()
-    assert failed.value.detail == (
+    failure, port = await start_failure(answer, "modern")
+    assert failure.detail == (
         f"tools/list to http://127.0.0.1:{port}/mcp failed: "
         "the server broke off the HTTP exchange: the response stream ended before its answer"
     )
