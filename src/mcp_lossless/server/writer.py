@@ -14,7 +14,7 @@ from typing import Protocol
 
 from ..asgi import Receive, Send
 from ..core import frames
-from ..core.events import EventRows, PendingRequest, RequestId, StoredEvent, answered_in
+from ..core.events import PendingRequest, RequestId, StoredEvent, answered_in
 from ..core.replay import DeliveryGate, Refusal
 from ..stores.base import EventStore, StoreUnavailable
 from .observability import Metrics, fingerprint, log_decision, now
@@ -285,13 +285,7 @@ class SseWriter:
             frame = frames.sse_events(sent, self.retry_ms)
             out.append(frame)
             size += len(frame)
-            settled = self.settled
-            if type(sent) is EventRows:  # a replay's rows, read as they are (no event built per row)
-                settled.update(answered_in(sent))
-            else:
-                for event in sent:  # a plain loop: C iterators (compress, map, attrgetter) measured slower here
-                    if event.terminal and event.request_id is not None:
-                        settled.add(event.request_id)
+            self.settled.update(answered_in(sent))  # a replay's rows are read as they are, no event built per row
         if refusal is not None:
             out.append(self._refusal(refusal))
             return -1
