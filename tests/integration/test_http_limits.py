@@ -283,6 +283,34 @@ def test_remembered_header_checks_stay_bounded() -> None:
     assert b"\x00" * (HEADER_MEMO[1] + 1) not in known
 
 
+async def _head_then_echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Sends its head before reading the request's body, then the body back."""
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    body = await read_body(receive)
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_a_head_sent_before_the_body_reaches_the_client_without_waiting_for_the_body() -> None:
+    """The guarded protocol holds a response head to send it with its first body bytes, but never past the loop
+    turn: a client that waits for the head before it sends the rest of its request is answered."""
+    with serve_guarded(_head_then_echo, ConnectionGuard(Limits(), cap=16)) as url, _connect(url) as sock:
+        sock.settimeout(5)
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-length: 5\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = sock.recv(65536)
+            assert chunk, head
+            head += chunk
+        assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in head
+        sock.sendall(b"hello")
+        rest = head.partition(b"\r\n\r\n")[2]
+        while not rest.endswith(b"0\r\n\r\n"):
+            chunk = sock.recv(65536)
+            assert chunk, rest
+            rest += chunk
+        assert rest == b"5\r\nhello\r\n0\r\n\r\n"
+
+
 async def _task_name(scope: dict[str, Any], receive: Any, send: Any) -> None:
     name = asyncio.current_task().get_name().encode()  # type: ignore[union-attr]
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(name))]})

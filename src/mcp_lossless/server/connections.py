@@ -9,7 +9,8 @@ a body sits in an insertion-ordered table; one sweep per server walks the tables
 request costs a few dict operations, not a timer of its own. The sweep stays armed while any connection is open
 (only an open connection has an entry), so a request does not arm it. The same sweep closes a keep-alive
 connection left idle for ``keep_alive`` seconds after its answer, in place of the timer uvicorn arms and cancels
-for each response. uvicorn's response-header checks are remembered per header text (:class:`KnownHeaders`).
+for each response. uvicorn's response-header checks are remembered per header text (:class:`KnownHeaders`), and a
+response's head goes out in one write with its first body bytes (:class:`HeldHead`).
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ class ConnectionGuard:
         again each time; the head deadline still counts from the same moment. All older than those of ``heads``."""
         self.bodies: dict[GuardedHttpToolsProtocol, float] = {}
         """Requests whose head arrived and whose body has not, by the moment the head arrived."""
+        self.held_heads: list[HeldHead] = []
+        """Response heads held this loop turn (:class:`HeldHead`)."""
         self.held = 0
         """Connections open now (refused ones until they are lost): the sweep runs while there are any."""
         self._sweep: asyncio.TimerHandle | None = None
@@ -173,13 +176,65 @@ class _HeadRefused(Exception):
     """Raised in the parser's callback to stop it after a refused head (httptools then raises its own error)."""
 
 
+class HeldHead:
+    """What a request's cycle writes through: a response's head is held until its first body bytes, so the two go
+    out in one system call (uvicorn writes each ``send`` at once: two writes a response, the second costing some
+    6 us of kernel time on loopback, measured). A head the app sends alone is written at the end of the loop turn
+    in which it was held, so holding never delays it past that turn; the connections of a server share one
+    callback a turn for it (``held``: the server's heads held this turn). An interim ``100 Continue`` is not held."""
+
+    __slots__ = ("_head", "_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, held: list[HeldHead]) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held = held
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.write(head + data)
+        elif data[:9] == b"HTTP/1.1 " and data[9:10] != b"1":
+            self._head = data
+            held = self._held
+            held.append(self)
+            if len(held) == 1:
+                self._loop.call_soon(_write_held, held)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+
+def _write_held(held: list[HeldHead]) -> None:
+    """The end of the turn in which heads were held: those still waiting for their body go out alone."""
+    for head in held:
+        head.flush()
+    held.clear()
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, with the limits of :class:`ConnectionGuard` (set by :func:`guarded_protocol`).
 
     The callbacks that run per request call their base explicitly (``super()`` inspects the caller's frame on each
     call). Three are this guard's own rather than extensions of uvicorn's: ``data_received`` (counts the head's
     bytes and stops at a refused head), ``on_response_complete`` (an idle connection waits for the sweep, not for a
-    keep-alive timer armed per response) and ``_start_asgi_task`` (the request's task made directly); the rest is
+    keep-alive timer armed per response) and ``_start_asgi_task`` (the request's task made directly); each request
+    cycle writes through the connection's :class:`HeldHead`; the rest is
     uvicorn's, called, not copied. ``test_the_guarded_protocol_gives_the_app_what_uvicorns_own_gives_it``
     (tests/integration/test_http_limits.py) compares what the app gets and what the client receives with uvicorn's
     own protocol, so an upgrade of uvicorn that these overrides no longer match fails there. The guard's own fields
@@ -188,7 +243,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     instructions a request).
     """
 
-    __slots__ = ("_carried", "_chunk_bytes", "_head_bytes", "_in_head", "_refusal")
+    __slots__ = ("_carried", "_chunk_bytes", "_head_bytes", "_held_head", "_in_head", "_refusal")
     guard: ConnectionGuard
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -207,6 +262,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         and ``_head_bytes`` does not count them."""
         self._in_head = True
         self._refusal: LimitExceeded | None = None
+        self._held_head = HeldHead(transport, self.loop, self.guard.held_heads)
+        """What every request cycle of this connection writes through."""
         guard = self.guard
         guard.held += 1
         guard.watch(self.loop)
@@ -269,6 +326,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # body nor a request after it in the same packet is read (its answer would pass for this one's).
             raise _HeadRefused
         HttpToolsProtocol.on_headers_complete(self)
+        cycle = self.cycle
+        if cycle is not None:  # None: the first request asked for an upgrade, which has no cycle
+            cycle.transport = self._held_head  # type: ignore[assignment]
         guard.bodies[self] = self.loop.time()
 
     def on_message_complete(self) -> None:
