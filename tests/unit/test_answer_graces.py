@@ -78,3 +78,50 @@ def test_a_call_that_fails_within_its_grace_has_its_stream_closed_unwritten() ->
         return log
 
     assert asyncio.run(main()) == []
+
+
+def test_graces_that_end_within_the_slack_of_the_first_end_on_one_firing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At thousands of calls a second each call's grace ends at its own moment: one firing per call unless a
+    firing also ends the graces that ended within :data:`transport.GRACE_SLACK_SECONDS` of the first."""
+    monkeypatch.setattr(transport, "ANSWER_GRACE_SECONDS", 0.02)
+    monkeypatch.setattr(transport, "GRACE_SLACK_SECONDS", 0.2)
+    names = "abcdefgh"
+
+    async def main() -> tuple[int, list[str]]:
+        loop = asyncio.get_running_loop()
+        graces = _AnswerGraces(loop)
+        armed = 0
+        call_at = loop.call_at
+
+        def counting(when: float, callback: Any, *args: Any, context: Any = None) -> asyncio.TimerHandle:
+            nonlocal armed
+            armed += getattr(callback, "__self__", None) is graces
+            return call_at(when, callback, *args, context=context)
+
+        monkeypatch.setattr(loop, "call_at", counting)
+        log: list[str] = []
+        all_written = loop.create_future()
+
+        async def write(name: str) -> None:
+            log.append(f"write {name}")
+            if sum(entry.startswith("write") for entry in log) == len(names):
+                all_written.set_result(None)
+
+        stored = {name: loop.create_future() for name in names}
+        runs = []
+        began = loop.time()
+        for name in names:  # each run's grace begins some ms after the last, so each ends at its own moment
+            runs.append(
+                asyncio.ensure_future(_InlineRun(graces, write(name), {}, name).run(_call(log, name, stored[name])))
+            )
+            await asyncio.sleep(0.002)  # spacing the graces, not waiting for anything
+        assert loop.time() - began < 0.2  # all began within the slack of the first
+        await all_written  # every grace ended while its store still worked: each writer started
+        for future in stored.values():
+            future.set_result(None)
+        await asyncio.gather(*runs)
+        return armed, log
+
+    armed, log = asyncio.run(main())
+    assert armed == 1
+    assert all(log.index(f"write {name}") < log.index(f"answered {name}") for name in names)
