@@ -13,7 +13,7 @@ from mcp_lossless.gateway.config import (
     parse_upstream,
     parse_upstreams,
 )
-from mcp_lossless.gateway.table import expose
+from mcp_lossless.gateway.table import expose, expose_prompts, expose_resources
 from mcp_lossless.gateway.upstream import UpstreamTool
 
 
@@ -114,3 +114,49 @@ def test_scopes_per_tool_add_the_upstreams_own_and_reach_the_table() -> None:
     exposed = {e.name: e.scopes for e in expose(config, [tool("get"), tool("put")])}
     assert exposed == {"up_get": ("up:use",), "up_put": ("up:use", "up:write")}
     assert parse_upstream({"name": "c", "url": "http://x"}).scopes_of("any") == ()
+
+
+def test_prompt_and_resource_rules_parse_and_default_to_the_tools_star_scopes() -> None:
+    upstream = parse_upstream(
+        {
+            "name": "docs",
+            "url": "http://h/mcp",
+            "scopes": {"*": ["docs:read"], "search": ["docs:search"]},
+            "prompts": {"deny": ["internal"]},
+            "resources": {"allow": ["file:///a"], "scopes": ["files:read"]},
+        }
+    )
+    assert upstream.prompts.exposes("review") and not upstream.prompts.exposes("internal")
+    assert upstream.resources.exposes("file:///a") and not upstream.resources.exposes("file:///b")
+    assert upstream.catalog_scopes(upstream.prompts) == ("docs:read",), "guarded tools do not leave prompts open"
+    assert upstream.catalog_scopes(upstream.resources) == ("files:read",)
+    closed = parse_upstream({"name": "x", "url": "http://h/mcp", "prompts": False})
+    assert not closed.prompts.exposes("anything") and closed.resources.exposes("file:///a")
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ({"prompts": True}, "prompts must be false or a table of allow, deny and scopes lists"),
+        ({"resources": {"only": ["a"]}}, "resources must be false or a table of allow, deny and scopes lists"),
+        ({"prompts": {"scopes": ["a b"]}}, "scopes must be a tuple of RFC 6749 scope tokens"),
+        ({"resources": {"deny": "file:///a"}}, "resources.deny must be a list of non-empty strings"),
+    ],
+)
+def test_prompt_and_resource_rule_mistakes_are_named(raw: dict[str, object], problem: str) -> None:
+    with pytest.raises(GatewayConfigError, match=re.escape(problem)):
+        parse_upstream({"name": "x", "url": "http://h/mcp", **raw})
+
+
+def test_prompts_are_named_as_tools_and_resources_keep_their_uris_first_upstream_first() -> None:
+    docs = parse_upstream({"name": "docs", "url": "http://h/mcp", "prompts": {"deny": ["internal"]}})
+    entries = [{"name": "review", "title": "Review"}, {"name": "internal"}, {"title": "no name"}]
+    listed = expose_prompts(docs, entries, taken={"docs_other"})
+    assert [(p.key, p.name, p.entry) for p in listed] == [
+        ("docs_review", "review", {"name": "docs_review", "title": "Review"})
+    ]
+    assert not expose_prompts(docs, [{"name": "review"}], taken={"docs_review"}), "a taken name is skipped"
+    resources = expose_resources(docs, [{"uri": "file:///a", "name": "a"}, {"uri": "file:///b"}], taken={"file:///b"})
+    assert [(r.key, r.upstream, r.entry) for r in resources] == [
+        ("file:///a", "docs", {"uri": "file:///a", "name": "a"})
+    ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ProtocolViolation
@@ -50,11 +50,13 @@ class Resource:
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """One entry of ``prompts/list``: its ``arguments`` as the server declared them (name, required, …)."""
+    """One entry of ``prompts/list``: its ``arguments`` as the server declared them (name, required, …); ``raw``
+    keeps what the server sent (title, icons, ``_meta``)."""
 
     name: str
     description: str | None
     arguments: list[Mapping[str, Any]]
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_wire(cls, raw: Mapping[str, Any]) -> Prompt:
@@ -63,6 +65,7 @@ class Prompt:
             name=str(raw["name"]),
             description=_text(raw, "description"),
             arguments=[a for a in arguments if isinstance(a, dict)] if isinstance(arguments, list) else [],
+            raw=raw,
         )
 
 

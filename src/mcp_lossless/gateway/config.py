@@ -11,6 +11,8 @@
     allow = ["echo", "trigger-long-running-operation"]                  # or deny = [...]
     idempotent = ["echo"]                            # safe to re-issue when the answer is lost
     scopes = { echo = ["echo:run"], "*" = ["ev"] }   # OAuth scopes a client's token needs per tool ("*": all)
+    prompts = { deny = ["secret"], scopes = ["ev:prompts"] }   # exposed prompts: ev_<prompt>; or false: none
+    resources = { allow = ["file:///readme"] }       # exposed resources keep their URIs; or false: none
 
 The credentials of an upstream are its own: a client's token never travels on (no token passthrough).
 """
@@ -43,6 +45,8 @@ _KNOWN = frozenset(
         "max_restarts",
         "scopes",
         "era",
+        "prompts",
+        "resources",
     }
 )
 
@@ -89,6 +93,20 @@ ERAS: tuple[Era, ...] = ("auto", "modern", "legacy")
 
 
 @dataclass(frozen=True, slots=True)
+class CatalogRule:
+    """Which of an upstream's prompts (by name) or resources (by URI) are exposed, and what a token needs for them."""
+
+    exposed: bool = True
+    allow: frozenset[str] | None = None
+    deny: frozenset[str] = frozenset()
+    scopes: tuple[str, ...] | None = None
+    """OAuth scopes a client's token must hold to get or read any of them; ``None``: the tools' ``"*"`` scopes."""
+
+    def exposes(self, key: str) -> bool:
+        return self.exposed and (self.allow is None or key in self.allow) and key not in self.deny
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamConfig:
     name: str
     url: str | None = None
@@ -110,6 +128,8 @@ class UpstreamConfig:
     scopes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """OAuth scopes a client's token must hold per upstream tool name (``"*"``: every tool of the upstream)."""
     era: Era = "auto"
+    prompts: CatalogRule = CatalogRule()
+    resources: CatalogRule = CatalogRule()
 
     @property
     def exposed_prefix(self) -> str:
@@ -121,6 +141,11 @@ class UpstreamConfig:
     def scopes_of(self, tool: str) -> tuple[str, ...]:
         """What a token must hold to call ``tool`` here (and to receive its events): its own and the ``"*"`` ones."""
         return tuple(sorted({*self.scopes.get("*", ()), *self.scopes.get(tool, ())}))
+
+    def catalog_scopes(self, rule: CatalogRule) -> tuple[str, ...]:
+        """What a token must hold for this upstream's prompts or resources: the rule's scopes, else the ``"*"`` ones
+        (an operator who guarded every tool of an upstream has not opened its prompts and resources wider)."""
+        return rule.scopes if rule.scopes is not None else tuple(self.scopes.get("*", ()))
 
     def require_executable(self) -> None:
         """A stdio upstream's command must be where its child will look (its PATH): a typo would otherwise be
@@ -152,6 +177,24 @@ def _auth(where: str, value: object) -> UpstreamAuth:
         return ClientCredentialsFromEnv(value["client_id"], value.get("secret_env"), value.get("scope"))
     raise GatewayConfigError(
         f"{where}: auth has unknown keys {sorted(value)}; use bearer_env, or client_id + secret_env"
+    )
+
+
+def _catalog_rule(where: str, key: str, value: object) -> CatalogRule:
+    if value is False:
+        return CatalogRule(exposed=False)
+    if not isinstance(value, dict) or not set(value) <= {"allow", "deny", "scopes"}:
+        raise GatewayConfigError(f"{where}: {key} must be false or a table of allow, deny and scopes lists")
+    scopes = None
+    if "scopes" in value:
+        try:
+            scopes = scope_tokens(f"{where}: {key}.scopes", _strings(where, f"{key}.scopes", value["scopes"]))
+        except ValueError as exc:
+            raise GatewayConfigError(str(exc)) from None
+    return CatalogRule(
+        allow=frozenset(_strings(where, f"{key}.allow", value["allow"])) if "allow" in value else None,
+        deny=frozenset(_strings(where, f"{key}.deny", value.get("deny", []))),
+        scopes=scopes,
     )
 
 
@@ -218,6 +261,8 @@ def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
         max_restarts=restarts,
         scopes=required,
         era=era,
+        prompts=_catalog_rule(where, "prompts", raw.get("prompts", {})),
+        resources=_catalog_rule(where, "resources", raw.get("resources", {})),
     )
 
 

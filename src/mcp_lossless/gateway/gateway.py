@@ -19,6 +19,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from ..asgi import Receive, Scope, Send, run_lifespan
 from ..core import errors
+from ..core.resources import canonical_resource
 from ..core.tasks import extension_required
 from ..server.app import STARTUP_FAILURES, LosslessApp, create_app
 from ..server.auth import TokenVerifier
@@ -26,6 +27,7 @@ from ..server.config import ServerConfig
 from ..server.observability import log_decision
 from ..server.tools import InputRequired, MethodError, RawToolHandler, ToolContext, ToolRegistry, ToolReturn
 from ..stores.base import EventStore
+from .catalog import Catalog
 from .config import GatewayConfigError, UpstreamConfig
 from .http import HttpUpstream
 from .stdio import StdioUpstream
@@ -104,12 +106,23 @@ class Gateway:
         verifier: TokenVerifier | None = None,
     ) -> None:
         self.registry = ToolRegistry()
-        # Its tools change with its upstreams': clients are told (``tools.listChanged``, both eras).
-        capabilities = {"tools": {"listChanged": True}}
-        self.app = create_app(server, self.registry, store=store, verifier=verifier, capabilities=capabilities)
-        self.state = self.app.state
         self.configs = {u.name: u for u in upstreams}
         self.upstreams: dict[str, HttpUpstream | StdioUpstream] = {u.name: open_upstream(u) for u in upstreams}
+        self.catalog = Catalog(canonical_resource(server.canonical_uri), self.configs, self.upstreams)
+        # Its tools change with its upstreams': clients are told (``tools.listChanged``, both eras). Its prompts
+        # and resources are listed anew on every list: there is no change to announce.
+        capabilities: dict[str, Any] = {"tools": {"listChanged": True}}
+        capabilities |= {kind: {"listChanged": False} for kind in ("prompts", "resources") if self.catalog.offers(kind)}
+        self.app = create_app(
+            server,
+            self.registry,
+            store=store,
+            verifier=verifier,
+            methods=self.catalog.methods(),
+            capabilities=capabilities,
+            method_tags=self.catalog.tags(),
+        )
+        self.state = self.app.state
         self.exposed: dict[str, ExposedTool] = {}
         self.metrics = _Metrics(self.app)
         self._keepers: set[asyncio.Task[None]] = set()

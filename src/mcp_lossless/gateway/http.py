@@ -43,6 +43,8 @@ from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
 from .pool import UpstreamPool
 from .upstream import (
     CLIENT_INFO,
+    CatalogKind,
+    CatalogRead,
     FailureReason,
     Relay,
     Reporter,
@@ -363,6 +365,42 @@ class HttpUpstream:
                 raise UpstreamFailure("protocol", describe(exc), may_have_run=True) from None
             return dict(result.raw)
         raise AssertionError("unreachable")
+
+    async def listing(self, kind: CatalogKind) -> list[dict[str, Any]]:
+        client = self._client()
+        try:
+            if kind == "prompts":
+                return [dict(p.raw) for p in await client.list_prompts()]
+            return [dict(r.raw) for r in await client.list_resources()]
+        except RemoteError as exc:
+            raise UpstreamRpcError(exc.code, exc.message, exc.data) from None
+        except McpClientError as exc:
+            raise _failure(exc) from None
+        except httpx.TransportError as exc:
+            raise UpstreamFailure("protocol", describe(exc), may_have_run=False) from None
+
+    async def read(self, method: CatalogRead, params: dict[str, Any]) -> dict[str, Any]:
+        client = self._client()
+        try:
+            if method == "resources/read":
+                return {"contents": [dict(c) for c in await client.read_resource(str(params.get("uri")))]}
+            arguments = params.get("arguments")
+            prompt = await client.get_prompt(str(params.get("name")), arguments if isinstance(arguments, dict) else {})
+        except RemoteError as exc:
+            raise UpstreamRpcError(exc.code, exc.message, exc.data) from None
+        except McpClientError as exc:
+            raise _failure(exc) from None
+        except httpx.TransportError as exc:
+            raise UpstreamFailure("protocol", describe(exc), may_have_run=False) from None
+        result: dict[str, Any] = {"messages": [dict(m) for m in prompt.messages]}
+        if prompt.description is not None:
+            result["description"] = prompt.description
+        return result
+
+    def _client(self) -> Client | ModernClient:
+        if not self._clients:
+            raise UpstreamFailure("unreachable", f"upstream {self.name} is not connected", may_have_run=False)
+        return self._clients[min(range(len(self._in_flight)), key=self._in_flight.__getitem__)]
 
     async def close(self) -> None:
         self._closed.set()

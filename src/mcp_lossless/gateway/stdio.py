@@ -44,7 +44,16 @@ from ..core import errors
 from ..server.tools import MethodError
 from .config import UpstreamConfig
 from .stdio_era import LEGACY_INPUT_METHODS, SpokenEra, complete, enveloped, input_requests, negotiate
-from .upstream import Relay, Reporter, UpstreamFailure, UpstreamRpcError, UpstreamTool, counted
+from .upstream import (
+    CatalogKind,
+    CatalogRead,
+    Relay,
+    Reporter,
+    UpstreamFailure,
+    UpstreamRpcError,
+    UpstreamTool,
+    counted,
+)
 
 log = logging.getLogger("mcp_lossless.gateway")
 MAX_LINE_BYTES = 8 * 1024 * 1024
@@ -481,6 +490,35 @@ class StdioUpstream:
             call.rid = next(self._ids)
             result = await self._exchange(call, retry)
         raise AssertionError("unreachable: the loop returns or raises")
+
+    async def listing(self, kind: CatalogKind) -> list[dict[str, Any]]:
+        async def page(params: dict[str, Any]) -> dict[str, Any]:
+            return await self._ask_now(f"{kind}/list", params)
+
+        try:
+            return await collect_pages(page, kind)
+        except ProtocolViolation as exc:
+            raise UpstreamFailure("protocol", str(exc), may_have_run=False) from exc
+
+    async def read(self, method: CatalogRead, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._ask_now(method, params)
+
+    async def _ask_now(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """One request that changes nothing, to the running child, within the upstream's ``timeout``: a child that
+        is restarting or gone is ``unreachable`` (a read is not worth waiting for one)."""
+        if not self._ready.is_set() or self._given_up is not None:
+            raise UpstreamFailure("unreachable", f"upstream {self.name} is not running", may_have_run=False)
+        try:
+            async with asyncio.timeout(self.config.timeout):
+                return await self._request(method, self._speaking(dict(params)))
+        except TimeoutError:
+            raise UpstreamFailure(
+                "deadline",
+                f"upstream {self.name} did not answer {method} within {self.config.timeout:g} s",
+                may_have_run=False,
+            ) from None
+        except _ChildExited as exc:
+            raise UpstreamFailure("unreachable", str(exc), may_have_run=False) from None
 
     def _cancel(self, rid: int, reason: str) -> None:
         message = {

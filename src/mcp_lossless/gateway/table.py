@@ -1,16 +1,18 @@
-"""The exposed-tool table: which upstream tool answers to which name here (pure: no I/O).
+"""The exposed tables: which upstream tool, prompt or resource answers to which name here (pure: no I/O).
 
 An upstream tool ``t`` of upstream ``u`` is exposed as ``<prefix><t>`` (prefix ``"<u>_"`` unless configured),
 filtered by the upstream's allow and deny lists. Each exposed tool is then an ordinary tool of the
 gateway's server, with its own resource indicator ``<canonical>/tools/<exposed name>`` and the scopes the
 config requires for it: authorization of calls, replays and live events is the server's, unchanged.
+Prompts are named as tools are; resources keep their URIs (docs/decisions/0021).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .config import UpstreamConfig
 from .upstream import UpstreamTool
@@ -45,4 +47,54 @@ def expose(config: UpstreamConfig, tools: Iterable[UpstreamTool], taken: Iterabl
         used.add(name)
         idempotent = tool.annotated_idempotent or tool.name in config.idempotent
         out.append(ExposedTool(name, config.name, tool, idempotent, config.scopes_of(tool.name)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """One prompt or resource of an upstream as the gateway lists it: ``key`` is the exposed prompt name or the
+    resource's URI, ``name`` the upstream's own, ``entry`` the listing entry as the gateway's clients see it."""
+
+    key: str
+    upstream: str
+    name: str
+    entry: dict[str, Any]
+
+
+def expose_prompts(config: UpstreamConfig, entries: Iterable[Mapping[str, Any]], taken: Iterable[str]) -> list[Listed]:
+    """An upstream's exposed prompts, named as its tools are (``<prefix><prompt>``); a name already ``taken`` by
+    another upstream's prompt is skipped, logged."""
+    used = set(taken)
+    out: list[Listed] = []
+    for entry in entries:
+        name = entry.get("name")
+        if not isinstance(name, str) or not name or not config.prompts.exposes(name):
+            continue
+        exposed = config.exposed_prefix + name
+        if exposed in used:
+            log.error(
+                "upstream %s: prompt %s would be exposed as %r, which is taken; skipped", config.name, name, exposed
+            )
+            continue
+        used.add(exposed)
+        out.append(Listed(exposed, config.name, name, {**entry, "name": exposed}))
+    return out
+
+
+def expose_resources(
+    config: UpstreamConfig, entries: Iterable[Mapping[str, Any]], taken: Iterable[str]
+) -> list[Listed]:
+    """An upstream's exposed resources under their own URIs (a URI is the client's handle on the content: it is
+    not rewritten); a URI another upstream already lists is skipped, logged: a read of it goes to the first."""
+    used = set(taken)
+    out: list[Listed] = []
+    for entry in entries:
+        uri = entry.get("uri")
+        if not isinstance(uri, str) or not uri or not config.resources.exposes(uri):
+            continue
+        if uri in used:
+            log.error("upstream %s: resource %s is listed by another upstream too; skipped", config.name, uri)
+            continue
+        used.add(uri)
+        out.append(Listed(uri, config.name, uri, dict(entry)))
     return out

@@ -26,6 +26,8 @@ def counted(n: int, noun: str) -> str:
 
 """How the gateway names itself to every upstream, in both transports."""
 
+CatalogKind = Literal["prompts", "resources"]
+CatalogRead = Literal["prompts/get", "resources/read"]
 FailureReason = Literal["execution_lost", "deadline", "unreachable", "rejected", "unauthorized", "protocol", "closed"]
 
 
@@ -113,6 +115,14 @@ class Upstream(Protocol):
     async def call(
         self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool
     ) -> dict[str, Any]: ...
+
+    async def listing(self, kind: CatalogKind) -> list[dict[str, Any]]:
+        """Every entry of the upstream's ``<kind>/list`` (all its pages), as it sent them, asked now."""
+        ...
+
+    async def read(self, method: CatalogRead, params: dict[str, Any]) -> dict[str, Any]:
+        """The upstream's result of ``resources/read`` or ``prompts/get`` (safe to send again: it changes nothing)."""
+        ...
 
     async def close(self) -> None: ...
 

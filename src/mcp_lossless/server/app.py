@@ -35,7 +35,7 @@ from .errors import ServerError
 from .modern import ModernLeg
 from .observability import log_decision, now
 from .state import ServerState
-from .tools import MethodHandler, ToolRegistry
+from .tools import MethodHandler, MethodTags, ToolRegistry
 from .transport import Transport, rpc_error
 
 log = logging.getLogger("mcp_lossless.app")
@@ -293,8 +293,11 @@ def create_app(
     methods: Mapping[str, MethodHandler] | None = None,
     capabilities: Mapping[str, Any] | None = None,
     task_store: TaskStore | None = None,
+    method_tags: Mapping[str, MethodTags] | None = None,
 ) -> LosslessApp:
     """The server for ``config``. ``issuer="dev"`` mounts the embedded authorization server under /dev-as.
+
+    ``method_tags``: what a token needs for a request of one of ``methods`` (:data:`.tools.MethodTags`).
 
     Tasks (2026-07-28) are kept beside the events (:func:`~mcp_lossless.stores.tasks.task_store_beside`)
     unless ``task_store`` says otherwise.
@@ -335,6 +338,6 @@ def create_app(
         servers = [config.dev_issuer]
     elif config.issuer is not None:
         servers = [config.issuer]
-    state = ServerState(config, registry, store, verifier, servers, methods, capabilities)
+    state = ServerState(config, registry, store, verifier, servers, methods, capabilities, method_tags)
     modern = ModernLeg(state, task_store if task_store is not None else task_store_beside(store))
     return LosslessApp(state, dev_as, modern)

@@ -425,6 +425,9 @@ class ModernLeg:
             await self._task_request(send, grant, rid, method, params, declared)
         elif method in self.s.methods and method not in REMOVED:
             handler = self.s.methods[method]
+            tags = self.s.method_tags.get(method)
+            if tags is not None:
+                self._require(grant, tags(params))
 
             async def work(ctx: ToolContext) -> dict[str, Any]:
                 try:
@@ -509,13 +512,7 @@ class ModernLeg:
             )
             return
         _check_mirrored(index, params, self._mirrored(tool))
-        tags = s.tool_tags[tool.name]
-        missing = sorted(s.policy.missing(grant.audience, tags, grant.scopes))
-        if missing:
-            s.metrics.refusals.labels("insufficient_audience", "call").inc()
-            description = f"token does not cover {describe(missing)}"
-            data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
-            raise _refused(403, errors.TOOL_FORBIDDEN, description, data, self._challenge(description, missing, tags))
+        self._require(grant, s.tool_tags[tool.name])
         if tool.task == "required" and not declared:
             raise self._missing_extension()
         exceeded = s.sessions.start_call(grant.principal)  # one cap per principal, both eras counted
@@ -538,6 +535,16 @@ class ModernLeg:
             await self._run_now(receive, send, grant, rid, params, work, channel)
         finally:
             s.sessions.end_call(grant.principal)
+
+    def _require(self, grant: Grant, tags: frozenset[str]) -> None:
+        """403 naming what the token lacks of ``tags`` (a tool's, or an extra method request's), with its challenge."""
+        s = self.s
+        missing = sorted(s.policy.missing(grant.audience, tags, grant.scopes))
+        if missing:
+            s.metrics.refusals.labels("insufficient_audience", "call").inc()
+            description = f"token does not cover {describe(missing)}"
+            data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
+            raise _refused(403, errors.TOOL_FORBIDDEN, description, data, self._challenge(description, missing, tags))
 
     def _mirrored(self, tool: RegisteredTool) -> tuple[_Mirrored, ...]:
         """The tool's ``x-mcp-header`` parameters, read from its schema once (again if the tool was replaced)."""

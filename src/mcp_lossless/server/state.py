@@ -19,7 +19,7 @@ from .config import ServerConfig
 from .observability import Metrics
 from .sessions import SessionRegistry
 from .streams import LiveStream
-from .tools import MethodHandler, ToolRegistry
+from .tools import MethodHandler, MethodTags, ToolRegistry
 
 
 class ServerState:
@@ -39,10 +39,13 @@ class ServerState:
         authorization_servers: Iterable[str] = (),
         methods: Mapping[str, MethodHandler] | None = None,
         capabilities: Mapping[str, Any] | None = None,
+        method_tags: Mapping[str, MethodTags] | None = None,
     ) -> None:
         self.config = config
         self.methods = dict(methods or {})
         """Extra JSON-RPC methods beyond ping, tools/list and tools/call."""
+        self.method_tags = dict(method_tags or {})
+        """What a token needs for a request of an extra method (by its params); a method absent needs nothing."""
         self.capabilities: dict[str, Any] = {"tools": {"listChanged": False}, "logging": {}, **(capabilities or {})}
         canonical = canonical_resource(config.canonical_uri)
         self.canonical = canonical

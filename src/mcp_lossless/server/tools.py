@@ -140,6 +140,11 @@ class MethodError(ServerError):
 MethodHandler = Callable[[ToolContext, dict[str, Any]], Awaitable[dict[str, Any]]]
 """An extra JSON-RPC method (``resources/read``, ``prompts/get`` …): params in, result out."""
 
+MethodTags = Callable[[dict[str, Any]], frozenset[str]]
+"""What a request of an extra method needs of a token, from its params: a tag set as a tool's
+(:func:`~mcp_lossless.core.resources.requirement`), checked before the handler runs and carried by the request's
+events, exactly as a tool call's; empty: any admitted token (what an extra method without one gets)."""
+
 
 class ToolInputError(ServerError, ValueError):
     pass

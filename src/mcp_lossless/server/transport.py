@@ -194,8 +194,8 @@ class Transport:
         self, session: ServerSession, messages: list[dict[str, Any]], grant: Grant
     ) -> tuple[list[dict[str, Any]], list[PendingRequest], int]:
         """The requests among ``messages``, each with the resources its events need, and how many are tool calls;
-        403 naming every resource the token lacks for a call. Responses and cancellations are handed over as they
-        come."""
+        403 naming every resource the token lacks for a call (or for an extra method's request, by its tags).
+        Responses and cancellations are handed over as they come."""
         state = self.state
         requests = []
         pending = []
@@ -212,19 +212,24 @@ class Transport:
             requests.append(message)
             method = message["method"]
             tool = None
+            params = message.get("params")
             if method == "tools/call":
-                params = message.get("params")
                 name = params.get("name") if isinstance(params, dict) else None
                 tool = state.tools.get(name) if isinstance(name, str) else None
-            if tool is None:
+            if tool is not None:
+                resources = state.tool_tags[tool.name]
+                calls += 1
+            elif method in state.method_tags:
+                resources = state.method_tags[method](params if isinstance(params, dict) else {})
+            else:
                 pending.append(_new_request(PendingRequest, (message["id"], method, None, _UNTAGGED)))
                 continue
-            resources = state.tool_tags[tool.name]
             gap = state.policy.missing(grant.audience, resources, grant.scopes)
             if gap:
                 refused |= gap
-            pending.append(_new_request(PendingRequest, (message["id"], method, tool.name, resources)))
-            calls += 1
+            pending.append(
+                _new_request(PendingRequest, (message["id"], method, None if tool is None else tool.name, resources))
+            )
         if refused:
             raise self._forbidden(sorted(refused), requests, pending)
         return requests, pending, calls

@@ -13,7 +13,8 @@ Tools: ``work`` (progress per step, one log message; not idempotent), ``lookup``
 read-only and idempotent), ``polled`` (closes its own stream mid-call: SEP-1699 polling), ``hang`` (never
 answers), ``grow`` (adds a tool and announces ``list_changed``), ``confirm`` (asks the client to confirm its
 question by elicitation: a request on the call's stream at 2025-11-25, an ``input_required`` round at
-2026-07-28; not idempotent) and ``spell`` (the same, read-only and idempotent).
+2026-07-28; not idempotent) and ``spell`` (the same, read-only and idempotent). Resources ``notes://readme`` and ``notes://private``
+(text); prompts ``review`` (argument ``topic``) and ``internal``.
 """
 
 from __future__ import annotations
@@ -103,6 +104,26 @@ def build_server() -> MCPServer:
         await ctx.session.send_tool_list_changed()  # legacy: on this session's standalone GET stream
         await ctx.notify_tools_changed()  # 2026-07-28: on every subscriptions/listen stream that asked for it
         return f"added {name}"
+
+    @server.resource("notes://readme", name="readme", mime_type="text/plain")
+    def readme() -> str:
+        """The notes' readme."""
+        return "read me first"
+
+    @server.resource("notes://private", name="private", mime_type="text/plain")
+    def private() -> str:
+        """Notes not every client may read."""
+        return "private notes"
+
+    @server.prompt()
+    def review(topic: str) -> str:
+        """Ask for a review of `topic`."""
+        return f"Please review {topic}."
+
+    @server.prompt()
+    def internal() -> str:
+        """A prompt the gateway's configuration keeps to itself."""
+        return "internal"
 
     return server
 

@@ -1,0 +1,172 @@
+"""The upstreams' prompts and resources as the gateway's own (docs/decisions/0021).
+
+Lists are asked of every upstream when a client lists (they are never stale, and an upstream's
+``list_changed`` needs no watching), merged into one page, and remembered as the routes of the reads
+that follow: ``prompts/get`` by exposed name, ``resources/read`` by URI. A read of a name or URI the last
+listing did not have lists again first; still absent, it is unknown (-32602 / -32002), as a tool is.
+
+Authorization is the server's (:data:`~..server.tools.MethodTags`): a get or read needs the gateway's
+canonical resource and the upstream's prompt or resource scopes, checked before it runs and carried by its
+events. The tags come from the configuration, never from a listing alone: a name that some upstream's
+prefix could hold needs what each such upstream requires, and a URI no listing routes needs what every
+upstream exposing resources requires — so a stale or missing route can refuse, never leak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ..core import errors
+from ..core.resources import AudiencePolicy, describe, requirement, resources_in, scopes_in
+from ..server.tools import MethodError, MethodHandler, MethodTags, ToolContext
+from .config import CatalogRule, UpstreamConfig
+from .table import Listed, expose_prompts, expose_resources
+from .upstream import CatalogKind, CatalogRead, Upstream, UpstreamFailure, UpstreamRpcError
+
+log = logging.getLogger("mcp_lossless.gateway")
+RESOURCE_NOT_FOUND = -32002
+"""MCP's code for a ``resources/read`` of a URI the server does not have (2026-07-28 clients get -32602)."""
+
+
+def _rule(config: UpstreamConfig, kind: CatalogKind) -> CatalogRule:
+    return config.prompts if kind == "prompts" else config.resources
+
+
+class Catalog:
+    """The ``prompts/*`` and ``resources/*`` methods of a gateway over its upstreams, and what each needs."""
+
+    def __init__(
+        self,
+        canonical: str,
+        configs: Mapping[str, UpstreamConfig],
+        upstreams: Mapping[str, Upstream],
+    ) -> None:
+        self.configs = configs
+        self.upstreams = upstreams
+        self._tags = {
+            (name, kind): requirement({canonical}, config.catalog_scopes(_rule(config, kind)))
+            for name, config in configs.items()
+            for kind in ("prompts", "resources")
+        }
+        self._routes: dict[CatalogKind, dict[str, Listed]] = {"prompts": {}, "resources": {}}
+        self._policy = AudiencePolicy(canonical)
+
+    def offers(self, kind: CatalogKind) -> bool:
+        return any(_rule(config, kind).exposed for config in self.configs.values())
+
+    def methods(self) -> dict[str, MethodHandler]:
+        methods: dict[str, MethodHandler] = {}
+        if self.offers("prompts"):
+            methods |= {"prompts/list": self._list_prompts, "prompts/get": self._get_prompt}
+        if self.offers("resources"):
+            methods |= {"resources/list": self._list_resources, "resources/read": self._read_resource}
+        return methods
+
+    def tags(self) -> dict[str, MethodTags]:
+        return {"prompts/get": self._prompt_tags, "resources/read": self._resource_tags}
+
+    # ---- what a token needs ------------------------------------------------------------------------
+
+    def _prompt_tags(self, params: dict[str, Any]) -> frozenset[str]:
+        name = params.get("name")
+        if not isinstance(name, str):
+            return frozenset()  # answered as invalid before anything is asked upstream
+        holders = [
+            upstream
+            for upstream, config in self.configs.items()
+            if config.prompts.exposed and name.startswith(config.exposed_prefix)
+        ]
+        return frozenset().union(*(self._tags[upstream, "prompts"] for upstream in holders))
+
+    def _resource_tags(self, params: dict[str, Any]) -> frozenset[str]:
+        uri = params.get("uri")
+        if not isinstance(uri, str):
+            return frozenset()
+        routed = self._routes["resources"].get(uri)
+        holders = (
+            [routed.upstream] if routed is not None else [n for n, c in self.configs.items() if c.resources.exposed]
+        )
+        return frozenset().union(*(self._tags[upstream, "resources"] for upstream in holders))
+
+    # ---- the methods -------------------------------------------------------------------------------
+
+    async def _list_prompts(self, ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
+        return {"prompts": [listed.entry for listed in (await self._list("prompts")).values()]}
+
+    async def _list_resources(self, ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
+        return {"resources": [listed.entry for listed in (await self._list("resources")).values()]}
+
+    async def _get_prompt(self, ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
+        name = params.get("name")
+        if not isinstance(name, str):
+            raise MethodError(errors.INVALID_PARAMS, "prompts/get needs params.name, a string")
+        listed = await self._route("prompts", name)
+        if listed is None:
+            raise MethodError(errors.INVALID_PARAMS, f"unknown prompt {name!r}")
+        arguments = params.get("arguments")
+        forwarded = {"name": listed.name, "arguments": arguments if isinstance(arguments, dict) else {}}
+        return await self._read(ctx, listed, "prompts/get", forwarded)
+
+    async def _read_resource(self, ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
+        uri = params.get("uri")
+        if not isinstance(uri, str):
+            raise MethodError(errors.INVALID_PARAMS, "resources/read needs params.uri, a string")
+        listed = await self._route("resources", uri)
+        if listed is None:
+            raise MethodError(RESOURCE_NOT_FOUND, f"unknown resource {uri!r}", {"uri": uri})
+        return await self._read(ctx, listed, "resources/read", {"uri": uri})
+
+    # ---- upstream ----------------------------------------------------------------------------------
+
+    async def _route(self, kind: CatalogKind, key: str) -> Listed | None:
+        listed = self._routes[kind].get(key)
+        if listed is None:
+            listed = (await self._list(kind)).get(key)
+        return listed
+
+    async def _list(self, kind: CatalogKind) -> dict[str, Listed]:
+        """Every upstream's exposed entries of ``kind``, in configuration order; the new routes."""
+        names = [name for name, config in self.configs.items() if _rule(config, kind).exposed]
+        listings = await asyncio.gather(*(self._listing(name, kind) for name in names))
+        routes: dict[str, Listed] = {}
+        expose = expose_prompts if kind == "prompts" else expose_resources
+        for name, entries in zip(names, listings, strict=True):
+            for listed in expose(self.configs[name], entries, routes):
+                routes[listed.key] = listed
+        self._routes[kind] = routes
+        return routes
+
+    async def _listing(self, name: str, kind: CatalogKind) -> list[dict[str, Any]]:
+        """One upstream's list; one that has none (-32601: no such capability) or cannot answer now adds nothing
+        (as its tools are absent while it is down), the latter logged."""
+        try:
+            return await self.upstreams[name].listing(kind)
+        except UpstreamRpcError as exc:
+            if exc.code != errors.METHOD_NOT_FOUND:
+                log.warning("upstream %s: %s/list refused: %s %s", name, kind, exc.code, exc.message)
+        except UpstreamFailure as exc:
+            log.warning("upstream %s: %s/list failed (%s: %s)", name, kind, exc.reason, exc.detail)
+        return []
+
+    async def _read(
+        self, ctx: ToolContext, listed: Listed, method: CatalogRead, params: dict[str, Any]
+    ) -> dict[str, Any]:
+        kind: CatalogKind = "prompts" if method == "prompts/get" else "resources"
+        # The server checked the tags of the route known when the request came; a listing since may have moved it.
+        missing = self._policy.missing(ctx.grant.audience, self._tags[listed.upstream, kind], ctx.grant.scopes)
+        if missing:
+            data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
+            raise MethodError(errors.FORBIDDEN, f"token does not cover {describe(missing)}", data)
+        try:
+            return await self.upstreams[listed.upstream].read(method, params)
+        except UpstreamRpcError as exc:
+            raise MethodError(exc.code, exc.message, exc.data) from None
+        except UpstreamFailure as exc:
+            raise MethodError(
+                errors.UPSTREAM_FAILED,
+                f"upstream {listed.upstream}: {exc.reason}: {exc.detail}",
+                {"reason": exc.reason, "upstream": listed.upstream, "mayHaveRun": False},
+            ) from None

@@ -1,0 +1,261 @@
+"""Issue 14: the gateway exposes its upstreams' prompts and resources (docs/decisions/0021).
+
+Real upstreams on loopback: the official SDK server (``MCPServer``, a resource pair and two prompts) over
+Streamable HTTP in both eras and over stdio in both eras, and our own demo server, which has neither
+(``resources/list`` answers -32601). Clients in front of the gateway: raw HTTP in both eras, with real JWTs
+of the gateway's dev AS, and our own client.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+import pytest
+
+from mcp_lossless.client import BearerToken, Client, RemoteError
+from mcp_lossless.client.modern import ModernClient
+from mcp_lossless.core.errors import FORBIDDEN, INVALID_PARAMS, TOOL_FORBIDDEN
+from mcp_lossless.gateway import BearerFromEnv, Gateway, UpstreamConfig, create_gateway
+from mcp_lossless.gateway.config import CatalogRule
+from mcp_lossless.server.app import create_app
+from mcp_lossless.server.config import ServerConfig
+from tests.support.mcp_http import Peer, StreamRead
+from tests.support.modern_http import ModernPeer
+from tests.support.modern_http import answer as modern_answer
+from tests.support.processes import free_port
+from tests.support.upstreams import SdkHttpUpstream
+from tests.support.uvicorn_server import lossless_server
+
+pytestmark = pytest.mark.anyio
+
+UPSTREAM_TOKEN = "gateway-own-upstream-credential"
+TOKEN_ENV = "MCP_LOSSLESS_TEST_CATALOG_UPSTREAM_TOKEN"
+SDK_STDIO = (sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio")
+RESOURCE_NOT_FOUND = -32002
+
+
+@dataclass
+class Deployment:
+    url: str
+    gateway: Gateway
+    sdk: SdkHttpUpstream
+
+    @property
+    def mcp(self) -> str:
+        return f"{self.url}/mcp"
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    sdk = SdkHttpUpstream(free_port(), tmp_path_factory.mktemp("sdk") / "headers.jsonl", UPSTREAM_TOKEN)
+    sdk.start()
+    os.environ[TOKEN_ENV] = UPSTREAM_TOKEN
+    auth = BearerFromEnv(TOKEN_ENV)
+    guarded = CatalogRule(scopes=("notes:read",))
+    holder: list[Gateway] = []
+
+    def plain(port: int) -> Any:
+        return create_app(ServerConfig(port=port, store="memory", issuer=None))
+
+    def make(port: int, plain_url: str) -> Gateway:
+        upstreams = [
+            # The SDK's legacy leg; its private notes and internal prompt are not exposed.
+            UpstreamConfig(
+                name="sdk",
+                url=sdk.url,
+                auth=auth,
+                era="legacy",
+                sessions=1,
+                resources=CatalogRule(deny=frozenset({"notes://private"})),
+                prompts=CatalogRule(deny=frozenset({"internal"})),
+            ),
+            # The same server in 2026-07-28: its readme's URI is the sdk upstream's (skipped, logged); its
+            # private notes and its prompts need a scope.
+            UpstreamConfig(
+                name="modern", url=sdk.url, auth=auth, prefix="m_", sessions=1, resources=guarded, prompts=guarded
+            ),
+            # stdio children in both eras: prompts only.
+            UpstreamConfig(name="pysdk", command=SDK_STDIO, resources=CatalogRule(exposed=False)),
+            UpstreamConfig(name="pyold", command=SDK_STDIO, era="legacy", resources=CatalogRule(exposed=False)),
+            # Our demo server: tools only, -32601 for the rest.
+            UpstreamConfig(name="plain", url=plain_url),
+        ]
+        config = ServerConfig(port=port, store="memory", dev_clients={"dev-client": "dev-secret"}, retry_ms=200)
+        holder.append(create_gateway(config, upstreams))
+        return holder[0]
+
+    try:
+        with lossless_server(plain) as plain_base, lossless_server(lambda p: make(p, f"{plain_base}/mcp"), 120) as url:
+            yield Deployment(url, holder[0], sdk)
+    finally:
+        sdk.stop()
+        os.environ.pop(TOKEN_ENV, None)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        yield client
+
+
+async def token(http: httpx.AsyncClient, d: Deployment, scope: str = "", resource: str | None = None) -> str:
+    """A real signed JWT of the gateway's dev AS for ``resource`` (the whole gateway unless given)."""
+    form = [("grant_type", "client_credentials"), ("resource", resource or d.mcp)]
+    form += [("scope", scope)] if scope else []
+    response = await http.post(
+        f"{d.url}/dev-as/token",
+        content=urlencode(form),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+        auth=("dev-client", "dev-secret"),
+    )
+    assert response.status_code == 200, response.text
+    value: str = response.json()["access_token"]
+    return value
+
+
+def answer(read: StreamRead, request_id: int) -> dict[str, Any]:
+    for message in read.messages:
+        if message.get("id") == request_id:
+            return message
+    raise AssertionError(f"no answer to {request_id}: {read}")
+
+
+def request(request_id: int, method: str, **params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+
+
+async def test_legacy_client_lists_gets_and_reads_through_every_upstream_era(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = Peer(http, d.url, await token(http, d, "notes:read"))
+    initialized = await peer.initialize()
+    assert initialized["capabilities"]["prompts"] == {"listChanged": False}
+    assert initialized["capabilities"]["resources"] == {"listChanged": False}
+
+    prompts = answer(await peer.post(request(1, "prompts/list")), 1)["result"]["prompts"]
+    names = sorted(p["name"] for p in prompts)
+    assert names == [
+        *("m_internal", "m_review", "pyold_internal", "pyold_review", "pysdk_internal", "pysdk_review", "sdk_review")
+    ]
+    review = next(p for p in prompts if p["name"] == "sdk_review")
+    assert review["arguments"][0]["name"] == "topic" and review["description"] == "Ask for a review of `topic`."
+
+    resources = answer(await peer.post(request(2, "resources/list")), 2)["result"]["resources"]
+    assert sorted((r["uri"], r["name"]) for r in resources) == [
+        ("notes://private", "private"),  # modern's: sdk denies it
+        ("notes://readme", "readme"),  # sdk's: modern's copy of the URI is skipped
+    ]
+
+    for rid, name in enumerate(["sdk_review", "m_review", "pysdk_review", "pyold_review"], start=3):
+        got = answer(await peer.post(request(rid, "prompts/get", name=name, arguments={"topic": "the gateway"})), rid)
+        assert got["result"]["messages"][0]["content"] == {"type": "text", "text": "Please review the gateway."}, got
+
+    readme = answer(await peer.post(request(10, "resources/read", uri="notes://readme")), 10)["result"]
+    assert readme["contents"][0]["text"] == "read me first"
+    private = answer(await peer.post(request(11, "resources/read", uri="notes://private")), 11)["result"]
+    assert private["contents"][0]["text"] == "private notes"
+
+
+async def test_denied_unknown_and_uncovered_are_refused_explicitly(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = Peer(http, d.url, await token(http, d))  # the whole gateway, no scope
+    await peer.initialize()
+    await peer.post(request(1, "resources/list"))
+
+    denied = answer(await peer.post(request(2, "prompts/get", name="sdk_internal")), 2)["error"]
+    assert denied["code"] == INVALID_PARAMS and denied["message"] == "unknown prompt 'sdk_internal'"
+    # A URI no listing routes needs what every upstream exposing resources needs (here modern's scope): a stale
+    # route can refuse, never leak. With it, the URI is unknown.
+    unrouted = await peer.post(request(3, "resources/read", uri="notes://nowhere"))
+    assert unrouted.status == 403 and unrouted.json()["error"]["data"]["requiredScopes"] == ["notes:read"]
+    reader = await token(http, d, "notes:read")
+    unknown = answer(await peer.post(request(4, "resources/read", uri="notes://nowhere"), token=reader), 4)["error"]
+    assert unknown == {
+        "code": RESOURCE_NOT_FOUND,
+        "message": "unknown resource 'notes://nowhere'",
+        "data": {"uri": "notes://nowhere"},
+    }
+
+    before = len(d.sdk.messages())
+    for message in [request(5, "resources/read", uri="notes://private"), request(6, "prompts/get", name="m_review")]:
+        refused = await peer.post(message)
+        assert refused.status == 403, refused
+        error = refused.json()["error"]
+        assert error["code"] == FORBIDDEN and error["message"] == "token lacks scope notes:read"
+        assert error["data"] == {"requiredResources": [], "requiredScopes": ["notes:read"]}
+        assert 'error="insufficient_scope"' in refused.headers["www-authenticate"]
+    assert not any(m["method"] in ("resources/read", "prompts/get") for m in d.sdk.messages()[before:]), (
+        "a refused read never reaches the upstream"
+    )
+
+    # A token for one exposed tool only is not a token for the gateway's prompts and resources.
+    narrow = await token(http, d, "notes:read", resource=f"{d.mcp}/tools/sdk_lookup")
+    refused = await peer.post(request(7, "resources/read", uri="notes://readme"), token=narrow)
+    assert refused.status == 403 and refused.json()["error"]["data"]["requiredResources"] == [d.mcp]
+
+
+async def test_modern_clients_get_read_and_are_refused_the_same_way(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = ModernPeer(http, d.url, await token(http, d))
+    refused = await peer.request("resources/read", {"uri": "notes://private"})
+    assert refused.status == 403
+    assert refused.json()["error"]["code"] == TOOL_FORBIDDEN
+    assert refused.json()["error"]["data"] == {"requiredResources": [], "requiredScopes": ["notes:read"]}
+    reader = await token(http, d, "notes:read")
+    missing = modern_answer(await peer.request("resources/read", {"uri": "notes://nowhere"}, token=reader))["error"]
+    assert missing["code"] == INVALID_PARAMS and missing["data"] == {"uri": "notes://nowhere"}
+
+    async with ModernClient(d.mcp, auth=BearerToken(reader)) as client:
+        assert {p.name for p in await client.list_prompts()} >= {"sdk_review", "m_review", "pysdk_review"}
+        got = await client.get_prompt("pyold_review", {"topic": "stdio"})
+        assert got.messages[0]["content"]["text"] == "Please review stdio."
+        contents = await client.read_resource("notes://private")
+        assert contents[0]["text"] == "private notes"
+        with pytest.raises(RemoteError) as unknown:
+            await client.get_prompt("plain_anything")
+        assert unknown.value.code == INVALID_PARAMS
+
+    async with Client(d.mcp, auth=BearerToken(await token(http, d))) as legacy:
+        assert [r.uri for r in await legacy.list_resources()] == ["notes://readme", "notes://private"]
+        assert (await legacy.read_resource("notes://readme"))[0]["text"] == "read me first"
+
+
+async def test_a_reads_stored_answer_is_replayed_only_to_a_token_that_covers_it(deployment: Deployment, http) -> None:
+    d = deployment
+    reader = await token(http, d, "notes:read")
+    peer = Peer(http, d.url, reader)
+    await peer.initialize()
+    first = await peer.post(request(1, "resources/read", uri="notes://private"), stop_after=1)
+    assert first.status == 200 and len(first.ids) == 1  # the priming event; the answer is left on the stream
+
+    bare = await token(http, d)
+    refused = await peer.resume(first.ids[0], token=bare)
+    assert refused.status == 403, refused
+    assert refused.json()["error"] == "replay_refused" and refused.json()["requiredScopes"] == ["notes:read"]
+    assert "private notes" not in refused.body.decode()
+
+    replayed = await peer.resume(first.ids[0], token=reader)
+    assert answer(replayed, 1)["result"]["contents"][0]["text"] == "private notes"
+
+
+async def test_an_upstream_without_prompts_or_resources_is_skipped_cleanly(
+    deployment: Deployment, http, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = deployment
+    peer = Peer(http, d.url, await token(http, d, "notes:read"))
+    await peer.initialize()
+    tools = answer(await peer.post(request(1, "tools/list")), 1)["result"]["tools"]
+    assert any(t["name"].startswith("plain_") for t in tools), "the demo server is connected"
+    with caplog.at_level(logging.WARNING, logger="mcp_lossless.gateway"):
+        prompts = answer(await peer.post(request(2, "prompts/list")), 2)["result"]["prompts"]
+        resources = answer(await peer.post(request(3, "resources/list")), 3)["result"]["resources"]
+    assert not any(p["name"].startswith("plain_") for p in prompts) and len(resources) == 2
+    assert not [r for r in caplog.records if "plain" in r.getMessage()], "its -32601 is no failure"
+    unknown = answer(await peer.post(request(4, "prompts/get", name="plain_echo")), 4)["error"]
+    assert unknown["code"] == INVALID_PARAMS
