@@ -195,6 +195,9 @@ async def test_denied_unknown_and_uncovered_are_refused_explicitly(deployment: D
     )
 
     # A token for one exposed tool only is not a token for the gateway's prompts and resources.
+    prm = (await http.get(f"{d.url}/.well-known/oauth-protected-resource/mcp")).json()
+    assert "notes:read" in prm["scopes_supported"], "the scopes prompts and resources need are discoverable"
+
     narrow = await token(http, d, "notes:read", resource=f"{d.mcp}/tools/sdk_lookup")
     refused = await peer.post(request(7, "resources/read", uri="notes://readme"), token=narrow)
     assert refused.status == 403 and refused.json()["error"]["data"]["requiredResources"] == [d.mcp]

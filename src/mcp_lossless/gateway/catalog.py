@@ -46,10 +46,11 @@ class Catalog:
     ) -> None:
         self.configs = configs
         self.upstreams = upstreams
-        self._tags = {
+        kinds: tuple[CatalogKind, ...] = ("prompts", "resources")
+        self._tags: dict[tuple[str, CatalogKind], frozenset[str]] = {
             (name, kind): requirement({canonical}, config.catalog_scopes(_rule(config, kind)))
             for name, config in configs.items()
-            for kind in ("prompts", "resources")
+            for kind in kinds
         }
         self._routes: dict[CatalogKind, dict[str, Listed]] = {"prompts": {}, "resources": {}}
         self._policy = AudiencePolicy(canonical)
@@ -64,6 +65,11 @@ class Catalog:
         if self.offers("resources"):
             methods |= {"resources/list": self._list_resources, "resources/read": self._read_resource}
         return methods
+
+    def scopes(self) -> frozenset[str]:
+        """Every scope a get or read may need, for the gateway's protected resource metadata."""
+        exposed = [tags for (name, kind), tags in self._tags.items() if _rule(self.configs[name], kind).exposed]
+        return frozenset(scopes_in(frozenset().union(*exposed)))
 
     def tags(self) -> dict[str, MethodTags]:
         return {"prompts/get": self._prompt_tags, "resources/read": self._resource_tags}

@@ -121,6 +121,7 @@ class Gateway:
             methods=self.catalog.methods(),
             capabilities=capabilities,
             method_tags=self.catalog.tags(),
+            method_scopes=self.catalog.scopes(),
         )
         self.state = self.app.state
         self.exposed: dict[str, ExposedTool] = {}

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -294,10 +294,12 @@ def create_app(
     capabilities: Mapping[str, Any] | None = None,
     task_store: TaskStore | None = None,
     method_tags: Mapping[str, MethodTags] | None = None,
+    method_scopes: Iterable[str] = (),
 ) -> LosslessApp:
     """The server for ``config``. ``issuer="dev"`` mounts the embedded authorization server under /dev-as.
 
-    ``method_tags``: what a token needs for a request of one of ``methods`` (:data:`.tools.MethodTags`).
+    ``method_tags``: what a token needs for a request of one of ``methods`` (:data:`.tools.MethodTags`);
+    ``method_scopes``: the scopes those may name, published in the server's protected resource metadata.
 
     Tasks (2026-07-28) are kept beside the events (:func:`~mcp_lossless.stores.tasks.task_store_beside`)
     unless ``task_store`` says otherwise.
@@ -338,6 +340,6 @@ def create_app(
         servers = [config.dev_issuer]
     elif config.issuer is not None:
         servers = [config.issuer]
-    state = ServerState(config, registry, store, verifier, servers, methods, capabilities, method_tags)
+    state = ServerState(config, registry, store, verifier, servers, methods, capabilities, method_tags, method_scopes)
     modern = ModernLeg(state, task_store if task_store is not None else task_store_beside(store))
     return LosslessApp(state, dev_as, modern)

@@ -40,12 +40,15 @@ class ServerState:
         methods: Mapping[str, MethodHandler] | None = None,
         capabilities: Mapping[str, Any] | None = None,
         method_tags: Mapping[str, MethodTags] | None = None,
+        method_scopes: Iterable[str] = (),
     ) -> None:
         self.config = config
         self.methods = dict(methods or {})
         """Extra JSON-RPC methods beyond ping, tools/list and tools/call."""
         self.method_tags = dict(method_tags or {})
         """What a token needs for a request of an extra method (by its params); a method absent needs nothing."""
+        self.method_scopes = frozenset(method_scopes)
+        """The scopes those needs may name: published with the aggregate's, as every tool's are."""
         self.capabilities: dict[str, Any] = {"tools": {"listChanged": False}, "logging": {}, **(capabilities or {})}
         canonical = canonical_resource(config.canonical_uri)
         self.canonical = canonical
@@ -105,7 +108,7 @@ class ServerState:
         self.tool_resource = {name: tool_resource(canonical, name, tool.resource) for name, tool in self.tools.items()}
         self.tool_tags = {name: requirement({uri}, self.tools[name].scopes) for name, uri in self.tool_resource.items()}
         self.scopes_for = {uri: frozenset(self.tools[name].scopes) for name, uri in self.tool_resource.items()}
-        self.scopes_for[canonical] = frozenset().union(*self.scopes_for.values())
+        self.scopes_for[canonical] = self.method_scopes.union(*self.scopes_for.values())
         self.policy = AudiencePolicy(canonical, self.tool_resource.values())
         self.tools_list = [self._describe(name) for name in self.tools]
 
