@@ -267,7 +267,7 @@ async def test_a_version_1_file_is_carried_forward(tmp_path: Path) -> None:
         await store.close()
     with sqlite3.connect(path) as reopened:
         assert reopened.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
-        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 5
 
 
 VERSION_2 = """
@@ -347,9 +347,9 @@ async def test_a_version_2_file_is_carried_forward(tmp_path: Path) -> None:
     finally:
         await store.close()
     with sqlite3.connect(path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 5
         tables = {row[0] for row in reopened.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert tables == {"meta", "sessions", "streams", "events"}
+        assert tables == {"meta", "sessions", "streams", "events", "session_streams"}
         assert reopened.execute("SELECT count(*) FROM events").fetchone()[0] == 3
 
 
@@ -379,12 +379,21 @@ PRAGMA user_version = 3;
 """
 
 
-async def test_a_version_3_file_is_carried_forward(tmp_path: Path) -> None:
-    """Schema 4 indexes the same tables differently: a version-3 file keeps its rows, gets the new indexes, and
-    retention by count and by age, DELETE and new streams work on it."""
-    path = tmp_path / "v3.db"
+@pytest.mark.parametrize("version", [3, 4])
+async def test_a_version_3_or_4_file_is_carried_forward(tmp_path: Path, version: int) -> None:
+    """Schemas 4 and 5 index the same tables differently: a version-3 or version-4 file (version 4: the index by
+    session alone) keeps its rows, has its streams indexed in ``session_streams``, and retention by count and by
+    age, DELETE and new streams work on it."""
+    path = tmp_path / f"v{version}.db"
+    script = VERSION_3
+    if version == 4:
+        script = script.replace("(session_id, completed_at);", "(session_id);").replace(
+            "PRAGMA user_version = 3;",
+            "CREATE INDEX completed_streams ON streams (completed_at, session_id) WHERE completed_at IS NOT NULL;"
+            " PRAGMA user_version = 4;",
+        )
     with sqlite3.connect(path) as old:
-        old.executescript(VERSION_3)
+        old.executescript(script)
     store = SqliteStore(str(path), retention_seconds=1_000, max_completed_streams_per_session=1, clock=Clock(5_000.0))
     await store.open()
     try:
@@ -406,12 +415,11 @@ async def test_a_version_3_file_is_carried_forward(tmp_path: Path) -> None:
     finally:
         await store.close()
     with sqlite3.connect(path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 4
-        indexes = {row[0] for row in reopened.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-        assert {"streams_by_session", "completed_streams"} <= indexes
-        (definition,) = reopened.execute("SELECT sql FROM sqlite_master WHERE name = 'streams_by_session'").fetchone()
-        assert "completed_at" not in definition
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 5
+        names = {row[0] for row in reopened.execute("SELECT name FROM sqlite_master")}
+        assert {"session_streams", "completed_streams"} <= names and "streams_by_session" not in names
         assert reopened.execute("SELECT count(*) FROM events").fetchone()[0] == 0
+        assert reopened.execute("SELECT count(*) FROM session_streams").fetchone()[0] == 0
 
 
 async def test_a_stream_opened_after_the_newest_was_deleted_gets_a_new_id(tmp_path: Path) -> None:
@@ -437,3 +445,72 @@ async def test_a_stream_opened_after_the_newest_was_deleted_gets_a_new_id(tmp_pa
         db.close()
     assert set(ids) == {"kept", "after"}
     assert ids["after"] == ids["kept"] + 2  # not kept + 1, the deleted newest stream's id
+
+
+def _rows(path: Path, query: str) -> list[tuple[object, ...]]:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute(query).fetchall()
+    finally:
+        db.close()
+
+
+async def test_a_sessions_deletion_takes_its_indexed_and_its_not_yet_indexed_streams_and_only_those(
+    tmp_path: Path,
+) -> None:
+    """Streams are indexed by session in bulk (schema 5), not in the commit that opens them: a session's DELETE
+    finds both the streams ``session_streams`` holds and those opened since its last indexing."""
+    path = tmp_path / "index.db"
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        for name in ("s1", "s2"):
+            await store.put_session(session(name, ALICE))
+        await finished_call(store, "indexed", "s1")
+        await finished_call(store, "other", "s2")
+        await store.sweep()  # indexes both
+        await finished_call(store, "fresh", "s1")
+        await store.open_stream(stream("running", "s1"))
+        await store.append(event("running", 0, session_id="s1"))
+        assert _rows(path, "SELECT session_id, stream_id FROM session_streams ORDER BY stream_id") == [
+            ("s1", 1),
+            ("s2", 2),
+        ]
+        await store.delete_session("s1")
+        for key in ("indexed", "fresh", "running"):
+            assert await store.get_stream(key) is None and await store.read_after(key, -1) == []
+        assert await store.get_stream("other") is not None and len(await store.read_after("other", -1)) == 3
+    finally:
+        await store.close()
+    assert _rows(path, "SELECT session_id FROM session_streams") == [("s2",)]
+    assert _rows(path, "SELECT DISTINCT stream_id FROM events") == [(2,)]
+
+
+async def test_stream_ids_do_not_go_back_across_a_restart_so_every_stream_is_found_by_its_session(
+    tmp_path: Path,
+) -> None:
+    """After the streams with the largest ids went (their session deleted), a restarted store gives ids above every
+    id it indexed, so a later stream is neither skipped by the indexing nor by a deletion's range."""
+    path = tmp_path / "restart.db"
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        await store.put_session(session("s1", ALICE))
+        await store.put_session(session("s2", ALICE))
+        await finished_call(store, "kept", "s1")
+        await finished_call(store, "gone", "s2")
+        await store.sweep()
+        await store.delete_session("s2")
+    finally:
+        await store.close()
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        await finished_call(store, "after", "s1")
+        await store.sweep()
+        assert _rows(path, "SELECT stream_id FROM session_streams ORDER BY stream_id") == [(1,), (3,)]
+        await store.delete_session("s1")
+        assert await store.get_stream("after") is None and await store.get_stream("kept") is None
+    finally:
+        await store.close()
+    assert _rows(path, "SELECT count(*) FROM streams") == [(0,)]
