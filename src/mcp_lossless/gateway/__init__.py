@@ -2,6 +2,7 @@
 
 from .config import (
     BearerFromEnv,
+    CatalogRule,
     ClientCredentialsFromEnv,
     GatewayConfigError,
     UpstreamConfig,
@@ -11,6 +12,7 @@ from .gateway import Gateway, create_gateway
 
 __all__ = [
     "BearerFromEnv",
+    "CatalogRule",
     "ClientCredentialsFromEnv",
     "Gateway",
     "GatewayConfigError",
