@@ -257,3 +257,82 @@ async def test_a_handler_that_fails_ends_the_call_once_and_its_task_is_cancelled
     assert sent(recorder, "tasks/update") == []
     (cancel,) = sent(recorder, "tasks/cancel")
     assert cancel.received_json()["result"] == {"resultType": "complete"}, "the task does not wait for its TTL"
+
+
+class Named(Elicitor):
+    """An :class:`Elicitor` giving its own name: whose handler answered shows in the tool's result."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    async def __call__(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.asked.append(params["message"])
+        if params.get("requestedSchema") == NAME_SCHEMA:
+            return {"action": "accept", "content": {"name": self.name}}
+        return {"action": "accept"}
+
+
+async def test_a_legacy_calls_own_handlers_answer_what_arrives_on_its_stream(
+    served: tuple[str, RecordingTransport, httpx.AsyncClient],
+) -> None:
+    """Two calls at once on one session, each with its own handler: each request is answered by the handler of
+    the call whose stream it arrived on; a call without handlers of its own gets the client's."""
+    url, _recorder, http = served
+    SEEN.clear()
+    alice, bob, client_wide = Named("Alice"), Named("Bob"), Named("Carol")
+    auth = OAuth("dev-client", "dev-secret")
+    async with Client(url, auth=auth, http=http, input_handlers={"elicitation/create": client_wide}) as client:
+        results = await asyncio.gather(
+            client.call_tool("book", {"city": "Oslo"}, input_handlers={"elicitation/create": alice}),
+            client.call_tool("book", {"city": "Rome"}, input_handlers={"elicitation/create": bob}),
+        )
+        plain = await client.call_tool("book", {"city": "Bern"})
+    assert [r.text for r in results] == ["booked Oslo for Alice (accept)", "booked Rome for Bob (accept)"]
+    assert plain.text == "booked Bern for Carol (accept)"
+    assert alice.asked == bob.asked == client_wide.asked == ["Name?", "Sure?"], "each asked only its own call's"
+
+
+async def test_input_methods_offer_a_capability_that_only_calls_answer(
+    served: tuple[str, RecordingTransport, httpx.AsyncClient],
+) -> None:
+    """A gateway's session has no handler of its own: it offers the capability for its calls' handlers, and a
+    request on a call's stream that brought none is refused (method not found), never answered made up."""
+    url, recorder, http = served
+    SEEN.clear()
+    alice = Named("Alice")
+    auth = OAuth("dev-client", "dev-secret")
+    async with Client(url, auth=auth, http=http, input_methods=("elicitation/create",)) as client:
+        answered = await client.call_tool("book", {"city": "Oslo"}, input_handlers={"elicitation/create": alice})
+        with pytest.raises(RemoteError, match="does not support elicitation/create"):
+            await client.call_tool("book", {"city": "Rome"}, timeout=10)
+    assert answered.text == "booked Oslo for Alice (accept)" and SEEN == ["name=Alice", "sure=accept"]
+    (handshake,) = sent(recorder, "initialize")
+    assert handshake.sent_json()["params"]["capabilities"] == {"elicitation": {}}
+    with pytest.raises(ValueError, match="input methods"):
+        Client(url, input_methods=("tools/call",))
+
+
+async def test_a_modern_calls_own_handlers_answer_its_rounds_and_its_task_and_declare_their_capability(
+    served: tuple[str, RecordingTransport, httpx.AsyncClient],
+) -> None:
+    url, recorder, http = served
+    SEEN.clear()
+    alice = Named("Alice")
+    auth = OAuth("dev-client", "dev-secret")
+    async with ModernClient(url, auth=auth, http=http) as client:  # no handler of the client's own
+        booked = await client.call_tool("book", {"city": "Oslo"}, input_handlers={"elicitation/create": alice})
+        approved = await client.call_tool("approve", {"item": "po-1"}, input_handlers={"elicitation/create": alice})
+        with pytest.raises(InputUnanswered):
+            await client.call_tool("book", {"city": "Rome"})
+    assert booked.text == "booked Oslo for Alice (accept)" and approved.text == "po-1: accept"
+    assert alice.asked == ["Name?", "Sure?", "Approve po-1?"]
+    declared = [
+        e.sent_json()["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+        for e in sent(recorder, "tools/call")
+    ]
+    assert [sorted(d) for d in declared] == [["elicitation", "extensions"]] * 4 + [["extensions"]], (
+        "three rounds of book and approve's call declare the call's handler; the call without one does not"
+    )
+    (update,) = sent(recorder, "tasks/update")
+    assert "elicitation" in update.sent_json()["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]

@@ -24,7 +24,7 @@ from .errors import (
     SessionLost,
     ToolFailed,
 )
-from .handlers import InputHandler
+from .handlers import InputHandler, InputRefused
 from .oauth import Auth, AuthorizationCodeGrant, BearerToken, Challenge, LoopbackRedirect, OAuth
 from .registration import ClientRegistration
 from .session import ProgressUpdate, ServerInfo
@@ -46,6 +46,7 @@ __all__ = [
     "DeadlineExceeded",
     "HttpPool",
     "InputHandler",
+    "InputRefused",
     "InputUnanswered",
     "LoopbackRedirect",
     "McpClientError",

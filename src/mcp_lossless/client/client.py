@@ -12,7 +12,7 @@ picks this client or the 2026-07-28 one (:class:`~mcp_lossless.client.modern.Mod
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -27,7 +27,7 @@ from ..core.actions import CallSpec, RecoveryPolicy
 from ..core.protocol import RESOURCE_META_KEY
 from .catalog import CatalogReads
 from .errors import McpClientError, RequestRejected, ToolFailed
-from .handlers import InputHandler
+from .handlers import InputHandler, checked, offered
 from .oauth import Auth
 from .paging import collect_pages
 from .session import MessageCallback, ProgressCallback, ServerInfo, Session
@@ -105,7 +105,9 @@ class Client(CatalogReads):
     offer ``"2025-03-26"`` to let :meth:`call_tools` send JSON-RPC batches). ``pool`` (an
     :class:`~.transport.HttpPool`, as a gateway keeps) carries the MCP requests instead of ``http``.
     ``input_handlers`` answer the server's requests for client input on a call's stream, by method
-    (:mod:`~mcp_lossless.client.handlers`); the capabilities they declare are offered in ``initialize``.
+    (:mod:`~mcp_lossless.client.handlers`); the capabilities they declare are offered in ``initialize``, and
+    those of ``input_methods`` too: methods the calls bring their own handlers for (``call_tool(input_handlers=)``,
+    as a gateway's calls do), asked of nobody on a stream without such a call (method not found).
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class Client(CatalogReads):
         protocol_version: str = protocol.LATEST,
         pool: HttpPool | None = None,
         input_handlers: Mapping[str, InputHandler] | None = None,
+        input_methods: Collection[str] = (),
     ) -> None:
         if protocol_version not in protocol.SUPPORTED:
             raise ValueError(
@@ -138,6 +141,8 @@ class Client(CatalogReads):
         self._client_info = client_info
         self._pool = pool
         self._input_handlers = input_handlers
+        self._input_methods = tuple(input_methods)
+        offered(checked(input_handlers), self._input_methods)  # refused here, not at the first connection
         self._stack: AsyncExitStack | None = None
         self._session: Session | None = None
         self._tools: dict[str, Tool] | None = None
@@ -159,6 +164,7 @@ class Client(CatalogReads):
                 client_info=self._client_info,
                 protocol_version=self.protocol_version,
                 input_handlers=self._input_handlers,
+                input_methods=self._input_methods,
             )
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
@@ -218,6 +224,7 @@ class Client(CatalogReads):
         timeout: float | None = None,  # noqa: ASYNC109 - a per-call deadline the session enforces
         reissue: bool | None = None,
         on_message: MessageCallback | None = None,
+        input_handlers: Mapping[str, InputHandler] | None = None,
     ) -> ToolResult:
         """Call ``name`` and return its result; raise :class:`ToolFailed` if the tool reported failure.
 
@@ -226,11 +233,13 @@ class Client(CatalogReads):
         synchronously on the event loop, at most once per progress value; ``on_message`` likewise with every
         other notification on the call's stream (log messages, for a gateway to pass on). The first call lists the
         server's tools once, to learn each tool's annotations and resource indicator before sending.
+        ``input_handlers`` answer the requests the server sends on this call's stream, over the client's own by
+        method (the session knows the stream each request arrives on).
         """
         if self._tools is None:
             await self.list_tools(timeout=timeout)
         spec = self._spec(ToolCall(name, arguments or {}, on_progress, reissue))
-        answer = await self._require().request(spec, self._deadline(timeout), on_progress, on_message)
+        answer = await self._require().request(spec, self._deadline(timeout), on_progress, on_message, input_handlers)
         return _tool_result(name, answer)
 
     async def listen(self, on_message: MessageCallback, on_open: Callable[[], None] | None = None) -> None:

@@ -9,11 +9,17 @@ what nobody here can answer. A handler gets the request's ``params`` and returns
 call's stream, and answers one whose handler raises with an error (the tool waiting for it goes on). On
 2026-07-28 a handler that raises, input the client cannot give and asking past :data:`MAX_INPUT_ROUNDS` end the
 call with :class:`~mcp_lossless.client.InputUnanswered`: never a wait that cannot end, never an answer made up.
+
+Handlers are given per client and per call (``call_tool(..., input_handlers=)``): a call's handlers answer what
+that call asks, the client's the methods the call has none for (:func:`for_call`). A legacy session's request
+names its call by the stream it arrives on; one on a stream that carries no single call with handlers of its
+own is answered by the client's. A handler that raises :class:`InputRefused` has the server's request answered
+with that error's code and message (a gateway passes its own client's refusal on as it came).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from .errors import InputUnanswered, ProtocolViolation, describe
@@ -29,6 +35,21 @@ MAX_INPUT_ROUNDS = 16
 server that keeps asking past them ends the call with :class:`InputUnanswered`."""
 
 
+class InputRefused(Exception):
+    """Raised by a handler: the server's request is answered with this JSON-RPC error (legacy sessions), and on
+    2026-07-28 the call ends with :class:`InputUnanswered` as for any handler that raises."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def for_call(client: Mapping[str, InputHandler], call: Mapping[str, InputHandler] | None) -> dict[str, InputHandler]:
+    """The handlers answering one call: its own (checked), over the client's for the methods it has none for."""
+    return {**client, **checked(call)} if call else dict(client)
+
+
 def checked(handlers: Mapping[str, InputHandler] | None) -> dict[str, InputHandler]:
     """The handlers, refused at construction when one is for a method a server cannot ask."""
     found = dict(handlers or {})
@@ -36,6 +57,15 @@ def checked(handlers: Mapping[str, InputHandler] | None) -> dict[str, InputHandl
     if unknown:
         raise ValueError(f"no server asks a client for {unknown}; input handlers are for {sorted(CAPABILITIES)}")
     return found
+
+
+def offered(handlers: Mapping[str, InputHandler], methods: Collection[str]) -> dict[str, Any]:
+    """The capabilities a legacy session offers: its handlers' and those of ``methods``, which its calls bring
+    handlers for; refused at construction when a method is one a server cannot ask."""
+    unknown = sorted(set(methods) - CAPABILITIES.keys())
+    if unknown:
+        raise ValueError(f"no server asks a client for {unknown}; input methods are {sorted(CAPABILITIES)}")
+    return {**capabilities(handlers), **{CAPABILITIES[method]: {} for method in methods}}
 
 
 def capabilities(handlers: Mapping[str, InputHandler]) -> dict[str, Any]:

@@ -54,7 +54,7 @@ from .errors import (
     describe,
     unreachable,
 )
-from .handlers import MAX_INPUT_ROUNDS, InputHandler, answer_input, capabilities, checked
+from .handlers import MAX_INPUT_ROUNDS, InputHandler, answer_input, capabilities, checked, for_call
 from .oauth import Auth, parse_challenge
 from .paging import collect_pages
 from .session import NOT_SENT_ERRORS, MessageCallback, ProgressCallback, ProgressUpdate
@@ -232,8 +232,10 @@ class ModernClient(CatalogReads):
 
     # -- requests ------------------------------------------------------------------------------------
 
-    def _message(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
-        meta = request_meta(self._capabilities, self._client_info)
+    def _message(
+        self, method: str, params: Mapping[str, Any], declared: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        meta = request_meta(self._capabilities if declared is None else declared, self._client_info)
         body = {**params, "_meta": {**meta, **params.get("_meta", {})}}
         return {"jsonrpc": "2.0", "id": f"m-{next(self._ids)}", "method": method, "params": body}
 
@@ -280,19 +282,21 @@ class ModernClient(CatalogReads):
         params: Mapping[str, Any],
         resources: frozenset[str],
         on_note: NoteCallback | None = None,
+        declared: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], frozenset[str]]:
         """The result of one request, authorizing as often as the server's challenges call for.
 
         Returns the result and the resources the token that got it was asked for (a denial may widen them).
+        ``declared`` are the client capabilities it carries (default the client's: a call's own handlers differ).
         ``httpx.TransportError`` passes through: whether to send again is the caller's decision.
         """
         for _ in range(MAX_AUTHORIZATIONS + 1):
             token = await self._auth.token(resources)
-            response, answer = await self._post(self._message(method, params), token, on_note)
+            response, answer = await self._post(self._message(method, params, declared), token, on_note)
             if _version_refused(answer):
                 # a server that lists 2026-07-28 yet refused it (e.g. one replica behind a balancer still
                 # rolling out): the request did not run; sent once more under a new id, then the refusal stands
-                response, answer = await self._post(self._message(method, params), token, on_note)
+                response, answer = await self._post(self._message(method, params, declared), token, on_note)
             if response.status_code in (401, 403):
                 challenge = parse_challenge(response.headers.get("www-authenticate"))
                 if challenge is None:
@@ -423,7 +427,11 @@ class ModernClient(CatalogReads):
         return send
 
     async def _answering(
-        self, name: str, params: dict[str, Any], send: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+        self,
+        name: str,
+        params: dict[str, Any],
+        send: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
+        handlers: Mapping[str, InputHandler] | None = None,
     ) -> dict[str, Any]:
         """The result of ``params`` once every round of client input it asks for is answered (SEP-2322)."""
         result = await send(params)
@@ -432,7 +440,9 @@ class ModernClient(CatalogReads):
                 return result
             if rounds > MAX_INPUT_ROUNDS:
                 raise InputUnanswered(f"{name} asked for input more than {MAX_INPUT_ROUNDS} rounds")
-            answers = await answer_input(self._handlers, result.get("inputRequests"), name)
+            answers = await answer_input(
+                self._handlers if handlers is None else handlers, result.get("inputRequests"), name
+            )
             retry = {**params, "inputResponses": answers}
             state = result.get("requestState")
             if isinstance(state, str):
@@ -451,6 +461,7 @@ class ModernClient(CatalogReads):
         on_task_update: TaskUpdateCallback | None = None,
         on_message: MessageCallback | None = None,
         log_level: str | None = None,
+        input_handlers: Mapping[str, InputHandler] | None = None,
     ) -> ToolResult:
         """Call ``name``: its result, :class:`~mcp_lossless.client.ToolFailed`, or another typed outcome.
 
@@ -459,8 +470,8 @@ class ModernClient(CatalogReads):
         ``on_task_update`` the state of one the server runs as a task (a task has no progress notifications:
         its ``statusMessage`` describes its progress). ``on_message`` gets every other notification on the
         call's own stream: log messages, which a server sends at ``log_level`` and above only when asked.
-        Input the tool asks for comes from the client's input handlers;
-        :class:`~mcp_lossless.client.InputUnanswered` when none can give it.
+        Input the tool asks for comes from ``input_handlers`` (this call's), else the client's, by method; the call
+        declares exactly their capabilities. :class:`~mcp_lossless.client.InputUnanswered` when none can give it.
         """
         if self._tools is None:
             await self.list_tools()
@@ -479,15 +490,17 @@ class ModernClient(CatalogReads):
             params["_meta"] = meta
         on_note = _notes(on_progress, on_message) if on_progress or on_message else None
         task: list[str] = []
+        handlers = for_call(self._handlers, input_handlers)
+        declared = {**self._capabilities, **capabilities(handlers)} if input_handlers else None
 
         async def send(round_params: dict[str, Any]) -> dict[str, Any]:
             nonlocal resources  # a refusal's fresh grant widens what the later rounds and polls ask for
-            answer, resources = await self._send_call(name, round_params, resources, on_note, may_reissue)
+            answer, resources = await self._send_call(name, round_params, resources, on_note, may_reissue, declared)
             return answer
 
         try:
             with anyio.fail_after(self._deadline(timeout)):
-                result = await self._answering(name, params, send)
+                result = await self._answering(name, params, send, handlers)
                 if result.get("resultType") != "task":
                     return _tool_result(name, result)
                 task.append(str(result["taskId"]))
@@ -495,7 +508,9 @@ class ModernClient(CatalogReads):
                     self._on_task(task[0], name)
                 seen = _TaskWatch(task[0], on_task_update)
                 seen.observe(result)
-                return await self._poll(name, task[0], resources, result.get("pollIntervalMs"), seen)
+                return await self._poll(
+                    name, task[0], resources, result.get("pollIntervalMs"), seen, handlers, declared
+                )
         except TimeoutError:
             if task:
                 with anyio.move_on_after(2, shield=True):
@@ -509,11 +524,12 @@ class ModernClient(CatalogReads):
         resources: frozenset[str],
         on_note: NoteCallback | None,
         may_reissue: bool,
+        declared: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], frozenset[str]]:
         """One ``tools/call`` (one round of it), sent again while it could not have run or may run twice."""
         for attempt in range(MAX_REISSUES + 1):
             try:
-                return await self._request("tools/call", params, resources, on_note)
+                return await self._request("tools/call", params, resources, on_note, declared)
             except httpx.ConnectError as exc:
                 if attempt == MAX_REISSUES:
                     raise unreachable(self.url, exc) from None
@@ -547,7 +563,14 @@ class ModernClient(CatalogReads):
             raise DeadlineExceeded(f"task {task_id} of {name} did not finish within the deadline") from None
 
     async def _poll(
-        self, name: str, task_id: str, resources: frozenset[str], interval_ms: object, watch: _TaskWatch
+        self,
+        name: str,
+        task_id: str,
+        resources: frozenset[str],
+        interval_ms: object,
+        watch: _TaskWatch,
+        handlers: Mapping[str, InputHandler] | None = None,
+        declared: Mapping[str, Any] | None = None,
     ) -> ToolResult:
         """``tasks/get`` until terminal: at the server's interval, growing while the task is unchanged."""
         interval = interval_ms / 1000 if isinstance(interval_ms, int) and interval_ms > 0 else 0.5
@@ -558,7 +581,7 @@ class ModernClient(CatalogReads):
         while True:
             await anyio.sleep(delay)
             try:
-                task, resources = await self._request("tasks/get", {"taskId": task_id}, resources)
+                task, resources = await self._request("tasks/get", {"taskId": task_id}, resources, None, declared)
             except httpx.TransportError:
                 delay = min(POLL_CEILING_SECONDS, delay * 2)  # a pure read: polling again is always safe
                 continue
@@ -591,7 +614,9 @@ class ModernClient(CatalogReads):
             delay = min(POLL_CEILING_SECONDS, max(interval, delay * 1.5))
             if status == "input_required":
                 updates += 1
-                await self._give_input(name, task_id, resources, task.get("inputRequests"), given, updates)
+                await self._give_input(
+                    name, task_id, resources, task.get("inputRequests"), given, updates, handlers, declared
+                )
                 delay = interval  # the answer moves the task on: look again at the server's pace
 
     async def _give_input(
@@ -602,6 +627,8 @@ class ModernClient(CatalogReads):
         requests: object,
         given: dict[str, dict[str, Any]],
         updates: int,
+        handlers: Mapping[str, InputHandler] | None = None,
+        declared: Mapping[str, Any] | None = None,
     ) -> None:
         """Answer a task waiting ``input_required`` with ``tasks/update``; a task that cannot be answered is
         cancelled, so it does not wait for its TTL, and the call ends with why."""
@@ -609,15 +636,17 @@ class ModernClient(CatalogReads):
         try:
             if updates > MAX_INPUT_ROUNDS:
                 raise InputUnanswered(f"{what} asked for input more than {MAX_INPUT_ROUNDS} times")
-            answers = await answer_input(self._handlers, requests, what, given)
+            answers = await answer_input(self._handlers if handlers is None else handlers, requests, what, given)
         except BaseException:
             with anyio.move_on_after(2, shield=True):
-                await self._request("tasks/cancel", {"taskId": task_id}, resources)
+                await self._request("tasks/cancel", {"taskId": task_id}, resources, None, declared)
             raise
         given.update(answers)
         # a lost update is told by the next poll: its keys still outstanding (sent again, not asked), or the task gone
         with contextlib.suppress(httpx.TransportError, RemoteError):
-            await self._request("tasks/update", {"taskId": task_id, "inputResponses": answers}, resources)
+            await self._request(
+                "tasks/update", {"taskId": task_id, "inputResponses": answers}, resources, None, declared
+            )
 
     def _deadline(self, timeout: float | None) -> float | None:
         value = self.timeout if timeout is None else timeout

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
 from urllib.parse import urlsplit
@@ -61,7 +61,7 @@ from .errors import (
     describe,
     unreachable,
 )
-from .handlers import InputHandler, answer_input, capabilities, checked
+from .handlers import InputHandler, InputRefused, answer_input, checked, for_call, offered
 from .oauth import Auth, parse_challenge
 from .transport import Backoff, HttpTransport, Response, ResponseTooLarge, media_type
 
@@ -97,12 +97,19 @@ MessageCallback = Callable[[Mapping[str, Any]], None]
 
 
 class _Waiter:
-    __slots__ = ("done", "on_message", "on_progress", "outcome")
+    __slots__ = ("done", "handlers", "on_message", "on_progress", "outcome")
 
-    def __init__(self, on_progress: ProgressCallback | None, on_message: MessageCallback | None = None) -> None:
+    def __init__(
+        self,
+        on_progress: ProgressCallback | None,
+        on_message: MessageCallback | None = None,
+        handlers: dict[str, InputHandler] | None = None,
+    ) -> None:
         self.done = anyio.Event()
         self.on_progress = on_progress
         self.on_message = on_message
+        self.handlers = handlers
+        """The call's own input handlers (merged over the session's), or ``None``: the session's answer."""
         self.outcome: Outcome | None = None
 
 
@@ -120,6 +127,7 @@ class Session:
         rng: random.Random | None = None,
         protocol_version: str = protocol.LATEST,
         input_handlers: Mapping[str, InputHandler] | None = None,
+        input_methods: Collection[str] = (),
     ) -> None:
         if protocol_version not in HANDSHAKE_VERSIONS:
             raise ValueError(f"protocol version {protocol_version!r} is not one of {', '.join(HANDSHAKE_VERSIONS)}")
@@ -134,6 +142,8 @@ class Session:
         self.client_info = dict(client_info or {"name": "mcp-lossless", "version": __version__})
         self._handlers = checked(input_handlers)
         """Answers to the server's requests on a call's stream (elicitation, sampling, roots), by method."""
+        self._offered = offered(self._handlers, input_methods)
+        """The capabilities ``initialize`` offers: the session's handlers' and those its calls bring handlers for."""
         self.server: ServerInfo | None = None
         self._tg: TaskGroup | None = None
         self._waiters: dict[CallKey, _Waiter] = {}
@@ -176,7 +186,7 @@ class Session:
             "method": "initialize",
             "params": {
                 "protocolVersion": self.offered_version,
-                "capabilities": capabilities(self._handlers),
+                "capabilities": self._offered,
                 "clientInfo": self.client_info,
             },
         }
@@ -255,14 +265,18 @@ class Session:
         deadline: float | None,
         on_progress: ProgressCallback | None = None,
         on_message: MessageCallback | None = None,
+        input_handlers: Mapping[str, InputHandler] | None = None,
     ) -> dict[str, Any]:
-        """Send ``spec`` and wait for its one outcome: the ``result`` object, or a typed exception."""
+        """Send ``spec`` and wait for its one outcome: the ``result`` object, or a typed exception.
+
+        ``input_handlers`` answer the server's requests on this call's stream (over the session's, by method)."""
         if self._closing:
             raise ClientClosed("the client is closed")
         if self._broken is not None:
             raise SessionLost(f"no session: {self._broken.reason}")
+        handlers = for_call(self._handlers, input_handlers) if input_handlers else None
         key, actions = self.ledger.begin(spec)
-        waiter = self._waiters[key] = _Waiter(on_progress, on_message)
+        waiter = self._waiters[key] = _Waiter(on_progress, on_message, handlers)
         self._apply(actions)
         try:
             with anyio.move_on_after(deadline if deadline is not None else math.inf):
@@ -409,8 +423,9 @@ class Session:
     def _incoming(self, stream: StreamKey, message: Mapping[str, Any]) -> None:
         method = message.get("method")
         if "id" in message:
-            if isinstance(method, str) and method in self._handlers:
-                self._require_tg().start_soon(self._answer_request, message)
+            handlers = self._handlers_on(stream)
+            if isinstance(method, str) and method in handlers:
+                self._require_tg().start_soon(self._answer_request, message, handlers)
                 return
             reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
             if method == "ping":
@@ -433,17 +448,32 @@ class Session:
             level = logging.WARNING if severe else logging.INFO
             log.log(level, "server log [%s]: %s", params.get("logger", "-"), _snippet(orjson.dumps(params.get("data"))))
 
-    async def _answer_request(self, message: Mapping[str, Any]) -> None:
+    def _handlers_on(self, stream: StreamKey) -> Mapping[str, InputHandler]:
+        """Who answers a server's request on ``stream``: the call riding on it, when it is the one call there and
+        brought handlers of its own; else the session's (a batch's stream carries several calls)."""
+        calls = self.ledger.calls_on(stream)
+        if len(calls) == 1:
+            waiter = self._waiters.get(next(iter(calls)))
+            if waiter is not None and waiter.handlers is not None:
+                return waiter.handlers
+        return self._handlers
+
+    async def _answer_request(self, message: Mapping[str, Any], handlers: Mapping[str, InputHandler]) -> None:
         """A server's request for client input, answered from its handler (as a 2026-07-28 server's rounds are);
-        a handler that fails is answered with an error, so the tool waiting for it goes on."""
+        a handler that fails is answered with an error, so the tool waiting for it goes on (one that raises
+        :class:`~.handlers.InputRefused`: with its code and message)."""
         reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
         method, params = message["method"], message.get("params")
         try:
             asked = {"request": {"method": method, "params": params if isinstance(params, dict) else {}}}
-            reply["result"] = (await answer_input(self._handlers, asked, f"the server's {method}"))["request"]
+            reply["result"] = (await answer_input(handlers, asked, f"the server's {method}"))["request"]
         except McpClientError as exc:  # the handler failed, or answered something that is not a result
             log.warning("answering the server's %s with an error: %s", method, exc.reason)
-            reply["error"] = {"code": codes.INTERNAL_ERROR, "message": exc.reason}
+            refused = exc.__cause__
+            if isinstance(refused, InputRefused):
+                reply["error"] = {"code": refused.code, "message": refused.message}
+            else:
+                reply["error"] = {"code": codes.INTERNAL_ERROR, "message": exc.reason}
         self._notify_quietly(reply)
 
     # ---- connections --------------------------------------------------------------------------------
