@@ -6,12 +6,15 @@ The upstreams are the official SDK server (``mcp`` 2.3) over stdio, twice: negot
 request on the pipe mid-call). Their ``confirm`` (not idempotent) and ``spell`` (idempotent) elicit a yes or
 no. The clients are ours: the legacy session client (the gateway's request arrives on the call's SSE stream,
 the answer is POSTed back) and the 2026-07-28 client (a task waiting ``input_required`` answered with
-``tasks/update``, or rounds of the request itself).
+``tasks/update``, or rounds of the request itself). The same SDK server over Streamable HTTP, legacy leg
+(``web``: its request on the gateway's call's own SSE stream, which names the call, answered by that call's
+handlers in our session client).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -26,15 +29,20 @@ from mcp_lossless.client import BearerToken, Client, RemoteError, ToolFailed
 from mcp_lossless.client.modern import ModernClient
 from mcp_lossless.core.errors import MISSING_REQUIRED_CLIENT_CAPABILITY
 from mcp_lossless.core.tasks import EXTENSION
-from mcp_lossless.gateway import Gateway, UpstreamConfig, create_gateway
+from mcp_lossless.gateway import BearerFromEnv, Gateway, UpstreamConfig, create_gateway
 from mcp_lossless.server.config import ServerConfig
 from tests.support.mcp_http import dev_token
+from tests.support.processes import free_port
+from tests.support.upstreams import SdkHttpUpstream
 from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio
 
 SDK_STDIO = (sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio")
 ASKING = frozenset({"confirm", "spell", "work"})
+UPSTREAM_TOKEN = "gateway-input-upstream-credential"
+TOKEN_ENV = "MCP_LOSSLESS_TEST_INPUT_UPSTREAM_TOKEN"
+UPSTREAMS = ["py", "pyold", "web"]
 
 
 @dataclass
@@ -48,10 +56,16 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment() -> Iterator[Deployment]:
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    sdk = SdkHttpUpstream(free_port(), tmp_path_factory.mktemp("sdk") / "headers.jsonl", UPSTREAM_TOKEN)
+    sdk.start()
+    os.environ[TOKEN_ENV] = UPSTREAM_TOKEN
+    auth = BearerFromEnv(TOKEN_ENV)
     upstreams = [
         UpstreamConfig(name="py", command=SDK_STDIO, allow=ASKING, timeout=30),
         UpstreamConfig(name="pyold", command=SDK_STDIO, allow=ASKING, timeout=30, era="legacy"),
+        # one session: concurrent calls' requests arrive on it, each on its own call's stream
+        UpstreamConfig(name="web", url=sdk.url, auth=auth, allow=ASKING, timeout=30, era="legacy", sessions=1),
     ]
     holder: list[Gateway] = []
 
@@ -60,9 +74,13 @@ def deployment() -> Iterator[Deployment]:
         holder.append(create_gateway(config, upstreams))
         return holder[0]
 
-    with lossless_server(make, 120) as url:
-        assert holder[0].upstreams["py"].era == "modern" and holder[0].upstreams["pyold"].era == "legacy"
-        yield Deployment(url, holder[0])
+    try:
+        with lossless_server(make, 120) as url:
+            assert holder[0].upstreams["py"].era == "modern" and holder[0].upstreams["pyold"].era == "legacy"
+            yield Deployment(url, holder[0])
+    finally:
+        sdk.stop()
+        os.environ.pop(TOKEN_ENV, None)
 
 
 @pytest.fixture
@@ -83,7 +101,7 @@ class Confirming:
         return {"action": "accept", "content": {"ok": self.ok}}
 
 
-@pytest.mark.parametrize("upstream", ["py", "pyold"])
+@pytest.mark.parametrize("upstream", UPSTREAMS)
 async def test_a_legacy_client_answers_on_its_session_and_the_answer_reaches_the_upstream(
     deployment: Deployment, http: httpx.AsyncClient, upstream: str
 ) -> None:
@@ -100,7 +118,7 @@ async def test_a_legacy_client_answers_on_its_session_and_the_answer_reaches_the
         assert refused.text == "again: no", "the answer that reached the upstream is the client's"
 
 
-@pytest.mark.parametrize("upstream", ["py", "pyold"])
+@pytest.mark.parametrize("upstream", UPSTREAMS)
 async def test_a_modern_client_answers_a_task_and_rounds_of_its_request(
     deployment: Deployment, http: httpx.AsyncClient, upstream: str
 ) -> None:
@@ -123,7 +141,7 @@ async def test_a_modern_client_answers_a_task_and_rounds_of_its_request(
         assert confirming.asked == ["confirm: deploy", "confirm: spell"], "each question asked of the client once"
 
 
-@pytest.mark.parametrize("upstream", ["py", "pyold"])
+@pytest.mark.parametrize("upstream", UPSTREAMS)
 async def test_a_client_that_cannot_answer_ends_the_call_with_an_explicit_error(
     deployment: Deployment, http: httpx.AsyncClient, upstream: str
 ) -> None:
@@ -136,7 +154,7 @@ async def test_a_client_that_cannot_answer_ends_the_call_with_an_explicit_error(
         assert worked.text == "work after done", "the upstream goes on"
 
 
-@pytest.mark.parametrize("upstream", ["py", "pyold"])
+@pytest.mark.parametrize("upstream", UPSTREAMS)
 async def test_a_modern_client_without_tasks_is_told_a_tool_that_may_not_run_twice_needs_them(
     deployment: Deployment, http: httpx.AsyncClient, upstream: str
 ) -> None:
@@ -215,3 +233,24 @@ async def test_a_legacy_childs_request_is_passed_on_only_while_one_call_runs_on_
     ) as client:
         alone = await client.call_tool("pyold_confirm", {"question": "alone"})
     assert alone.text == "alone: yes" and confirming.asked == ["confirm: alone"], "one call running: it is asked"
+
+
+async def test_an_http_upstreams_requests_during_concurrent_calls_each_reach_their_own_caller(
+    deployment: Deployment, http: httpx.AsyncClient
+) -> None:
+    """Unlike a pipe, a legacy HTTP session names the call a request belongs to (the call's stream): two callers'
+    calls at once on the upstream's one session are each asked their own question, and get their own answer."""
+    token = await dev_token(http, deployment.url, deployment.mcp)
+    yes, no = Confirming(ok=True), Confirming(ok=False)
+    results: dict[str, str] = {}
+
+    async def call(question: str, confirming: Confirming) -> None:
+        handlers = {"elicitation/create": confirming}
+        async with Client(deployment.mcp, auth=BearerToken(token), http=http, input_handlers=handlers) as client:
+            results[question] = (await client.call_tool("web_confirm", {"question": question})).text
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, "first", yes)
+        tg.start_soon(call, "second", no)
+    assert results == {"first": "first: yes", "second": "second: no"}
+    assert yes.asked == ["confirm: first"] and no.asked == ["confirm: second"], "nobody saw the other's question"

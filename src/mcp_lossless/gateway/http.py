@@ -7,6 +7,15 @@ is re-established; the deadline ends the call and cancels it upstream. This modu
 :class:`~.upstream.UpstreamFailure` and forwards progress to the gateway's client.
 
 The upstream gets the gateway's own credentials for it (``auth`` in the config), never the client's token.
+
+An upstream's requests for input (elicitation, sampling, roots) are asked of the calling client in its era,
+through the call's :class:`~.upstream.Reporter`, as a stdio child's are (docs/decisions/0019): the call brings
+input handlers of its own (``call_tool(input_handlers=)``), which hand each request to the call's task, and that
+task asks the reporter and hands the answer back. A legacy upstream's request names its call by the stream it
+arrives on (the session knows it); a 2026-07-28 upstream's ``input_required`` rounds and tasks waiting for input
+are answered by the modern client from the same handlers. The capabilities are declared to the upstream: a
+legacy session offers elicitation and sampling (not the roots: a session's roots are asked at any time, and
+one session serves many clients), a modern call all three.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 import httpx
@@ -35,12 +44,17 @@ from ..client import (
     RemoteError,
     RequestRejected,
     ToolFailed,
+    ToolResult,
 )
-from ..client.errors import describe
+from ..client.errors import InputUnanswered, describe
+from ..client.handlers import InputHandler, InputRefused
 from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
+from ..core import errors
+from ..server.tools import MethodError
 from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
 from .pool import UpstreamPool
+from .stdio_era import INPUT_METHODS, LEGACY_INPUT_METHODS
 from .upstream import (
     CLIENT_INFO,
     CatalogKind,
@@ -59,6 +73,8 @@ BACKOFF = Backoff(initial=0.2, maximum=2.0)
 """Reconnects and re-issues to an upstream that is coming back: prompt, since each call has a deadline."""
 WATCH_MAX_SECONDS = 30.0
 """Longest pause before the list-change stream is opened again."""
+MODERN_INPUT_METHODS = INPUT_METHODS
+"""What a 2026-07-28 upstream may ask in a call's rounds or task: the three, each asked of the call's client."""
 UPSTREAM_LOG_LEVEL = "debug"
 """What a 2026-07-28 upstream is asked to log on a call's stream: every level (as a legacy upstream sends them);
 the gateway's server passes them on to its own clients as it does its own tools' logs."""
@@ -98,6 +114,72 @@ def _failure(exc: McpClientError) -> UpstreamFailure:
     else:  # ProtocolViolation and anything the client may add: the call may well have run
         reason, ran = "protocol", True
     return UpstreamFailure(reason, exc.reason, may_have_run=ran)
+
+
+Ask = tuple[str, dict[str, Any], "asyncio.Future[dict[str, Any]]"]
+"""One request for input an upstream made during a call: its method, params, and where its answer goes."""
+
+
+def _handlers(methods: frozenset[str], asks: asyncio.Queue[Ask]) -> dict[str, InputHandler]:
+    """A call's input handlers: each request is queued for the call's own task, which asks the call's client
+    (the session's tasks, where the client runs a handler, must not end the gateway's call themselves)."""
+
+    def handler_of(method: str) -> InputHandler:
+        async def handler(params: dict[str, Any]) -> dict[str, Any]:
+            answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            asks.put_nowait((method, params, answer))
+            return await answer
+
+        return handler
+
+    return {method: handler_of(method) for method in sorted(methods)}
+
+
+async def _forward(reporter: Reporter, ask: Ask) -> None:
+    """One request for input, asked of the call's client in its era; its answer (or refusal) goes back. What ends
+    the gateway's call instead (a round for a 2026-07-28 client, a cancel) is raised here, after the upstream's
+    request is refused, so nothing waits for it."""
+    method, params, answer = ask
+    try:
+        result = await reporter.request(method, params)
+    except MethodError as exc:  # the client refused, or cannot answer it (its capabilities): the tool is told
+        answer.set_exception(InputRefused(exc.code, exc.message))
+    except TimeoutError:
+        answer.set_exception(InputRefused(errors.INTERNAL_ERROR, "the gateway's client did not answer in time"))
+    except BaseException:
+        if not answer.done():
+            answer.set_exception(InputRefused(errors.INTERNAL_ERROR, "the gateway's call ended before its answer"))
+        raise
+    else:
+        if not answer.done():
+            answer.set_result(result)
+
+
+async def _asking(call: Awaitable[ToolResult], asks: asyncio.Queue[Ask], reporter: Reporter) -> ToolResult:
+    """``call``'s result, serving the requests for input it makes meanwhile from this (the gateway call's) task;
+    when this task ends first, the upstream call is cancelled (the client tells the upstream)."""
+    running = asyncio.ensure_future(call)
+    try:
+        while True:
+            asked = asyncio.ensure_future(asks.get())
+            try:
+                await asyncio.wait((running, asked), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not asked.done():
+                    asked.cancel()
+            if running.done():
+                if asked.done() and not asked.cancelled():
+                    asks.put_nowait(asked.result())  # failed below with the rest: the call it was for is over
+                return running.result()
+            await _forward(reporter, asked.result())
+    finally:
+        if not running.done():
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        while not asks.empty():
+            _, _, answer = asks.get_nowait()
+            if not answer.done():
+                answer.set_exception(InputRefused(errors.INTERNAL_ERROR, "the gateway's call ended before its answer"))
 
 
 def _announces_list_changes(discovered: Mapping[str, Any]) -> bool:
@@ -222,6 +304,7 @@ class HttpUpstream:
                 http=http,
                 client_info=CLIENT_INFO,
                 pool=pool,
+                input_methods=LEGACY_INPUT_METHODS,  # each call brings its handlers: they ask its client
             )
             clients.append(await stack.enter_async_context(client))
         self.era = "legacy"
@@ -319,6 +402,7 @@ class HttpUpstream:
 
         on_progress = progress if reporter.wants_progress else None
         on_task_update = task_progress if reporter.wants_progress else None
+        asks: asyncio.Queue[Ask] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeout
         for attempt in itertools.count():
@@ -326,7 +410,7 @@ class HttpUpstream:
                 async with relay:
                     timeout = max(0.0, deadline - loop.time())
                     if isinstance(client, ModernClient):
-                        result = await client.call_tool(
+                        call = client.call_tool(
                             tool,
                             arguments,
                             on_progress=on_progress,
@@ -337,14 +421,16 @@ class HttpUpstream:
                             log_level=UPSTREAM_LOG_LEVEL,
                         )
                     else:
-                        result = await client.call_tool(
+                        call = client.call_tool(
                             tool,
                             arguments,
                             on_progress=on_progress,
                             on_message=message,
                             timeout=timeout,
                             reissue=idempotent or None,
+                            input_handlers=_handlers(LEGACY_INPUT_METHODS, asks),
                         )
+                    result = await _asking(call, asks, reporter)
             except ToolFailed as exc:
                 return dict(exc.result.raw)
             except RemoteError as exc:
@@ -359,6 +445,11 @@ class HttpUpstream:
                 await asyncio.sleep(pause)
                 relay = Relay()
                 continue
+            except InputUnanswered as exc:
+                refused = exc.__cause__
+                if isinstance(refused, InputRefused):  # a 2026-07-28 upstream's round the client refused: its error
+                    raise UpstreamRpcError(refused.code, refused.message) from None
+                raise _failure(exc) from None
             except McpClientError as exc:
                 raise _failure(exc) from None
             except httpx.TransportError as exc:  # the modern client passes on what it cannot classify
