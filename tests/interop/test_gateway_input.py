@@ -8,7 +8,8 @@ no. The clients are ours: the legacy session client (the gateway's request arriv
 the answer is POSTed back) and the 2026-07-28 client (a task waiting ``input_required`` answered with
 ``tasks/update``, or rounds of the request itself). The same SDK server over Streamable HTTP, legacy leg
 (``web``: its request on the gateway's call's own SSE stream, which names the call, answered by that call's
-handlers in our session client).
+handlers in our session client), and negotiated (``webnew``: 2026-07-28, its ``input_required`` rounds answered
+by our modern client from the gateway call's handlers, ADR 0015).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ SDK_STDIO = (sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "
 ASKING = frozenset({"confirm", "spell", "work"})
 UPSTREAM_TOKEN = "gateway-input-upstream-credential"
 TOKEN_ENV = "MCP_LOSSLESS_TEST_INPUT_UPSTREAM_TOKEN"
-UPSTREAMS = ["py", "pyold", "web"]
+UPSTREAMS = ["py", "pyold", "web", "webnew"]
 
 
 @dataclass
@@ -66,6 +67,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         UpstreamConfig(name="pyold", command=SDK_STDIO, allow=ASKING, timeout=30, era="legacy"),
         # one session: concurrent calls' requests arrive on it, each on its own call's stream
         UpstreamConfig(name="web", url=sdk.url, auth=auth, allow=ASKING, timeout=30, era="legacy", sessions=1),
+        UpstreamConfig(name="webnew", url=sdk.url, auth=auth, allow=ASKING, timeout=30),
     ]
     holder: list[Gateway] = []
 
@@ -76,7 +78,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
     try:
         with lossless_server(make, 120) as url:
-            assert holder[0].upstreams["py"].era == "modern" and holder[0].upstreams["pyold"].era == "legacy"
+            eras = {name: upstream.era for name, upstream in holder[0].upstreams.items()}
+            assert eras == {"py": "modern", "pyold": "legacy", "web": "legacy", "webnew": "modern"}
             yield Deployment(url, holder[0])
     finally:
         sdk.stop()

@@ -419,6 +419,7 @@ class HttpUpstream:
                             on_task_update=on_task_update,
                             on_message=message,
                             log_level=UPSTREAM_LOG_LEVEL,
+                            input_handlers=_handlers(MODERN_INPUT_METHODS, asks),
                         )
                     else:
                         call = client.call_tool(
