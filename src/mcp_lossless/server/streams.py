@@ -37,7 +37,8 @@ async def _append_with_retry(
     write of the stream's record, still pending when ``event`` was handed over; if it failed, so does this (the
     store would refuse the event as one of an unknown stream)."""
     if opening is not None:
-        await asyncio.wait((opening,))
+        if not opening.done():
+            await _done(opening)
         if opening.cancelled() or opening.exception() is not None:
             raise StoreUnavailable(f"the record of stream {event.stream} could not be stored")
     delay = 0.05
@@ -72,6 +73,15 @@ async def _store_durably(
         if opening is None:
             raise
         await _append_with_retry(store, event, completes, opening)
+
+
+def _done(write: asyncio.Future[None]) -> asyncio.Future[None]:
+    """A future that resolves once ``write`` is done, and whose cancel leaves ``write`` alone: what
+    ``asyncio.wait((write,))`` gives, without its set, its waiter and its callbacks' removal (a call's record and
+    its answer are each waited for so)."""
+    settled = write.get_loop().create_future()
+    write.add_done_callback(partial(_wake, settled))
+    return settled
 
 
 def _wake(settled: asyncio.Future[None], _write: asyncio.Future[None]) -> None:
@@ -237,7 +247,8 @@ class LiveStream:
         failed: none of its events can be stored, and a writer ends it with an explicit error, no id)."""
         opening = self.recording
         if opening is not None:
-            await asyncio.wait((opening,))  # not ``await opening``: a cancel here must not cancel the write
+            if not opening.done():
+                await _done(opening)  # not ``await opening``: a cancel here must not cancel the write
             self._opened(opening)
         return self.recording is None
 
@@ -329,7 +340,7 @@ class LiveStream:
         drained = self._drained
         if drained is None or drained.done():
             drained = self._drained = asyncio.get_running_loop().create_future()
-        await asyncio.wait((drained,))  # not ``await drained``: one tool's cancel must not cancel it for another
+        await _done(drained)  # not ``await drained``: one tool's cancel must not cancel it for another
 
     def notify(self) -> None:
         waiters = self._waiters
@@ -477,10 +488,8 @@ class LiveStream:
                         # Woken by the store's outcome through a future of its own, not by awaiting ``write``
                         # (a cancel of this task would cancel that) nor by a task shielded around it (a second
                         # task and the shield's future per answer): nearly every write succeeds the first time.
-                        settled = write.get_loop().create_future()
-                        write.add_done_callback(partial(_wake, settled))
                         try:
-                            await settled
+                            await _done(write)
                         except asyncio.CancelledError:
                             retry = asyncio.ensure_future(
                                 _store_durably(store, event, completes, write, self.recording)
@@ -521,7 +530,7 @@ class LiveStream:
         store would refuse as a rewrite)."""
         while not durable.done():
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait((durable,))
+                await _done(durable)
         if not durable.cancelled() and durable.exception() is None:
             self._answer_stored(event, answers, completes)
             self.notify()
@@ -575,7 +584,7 @@ class LiveStream:
         while queued is not None and len(queued) > keep:
             event, committed = queued[0]
             if not committed.done():
-                await asyncio.wait((committed,))  # not ``await committed``: a cancel here must not cancel the write
+                await _done(committed)  # not ``await committed``: a cancel here must not cancel the write
                 continue  # ``_committed`` ran first and published it, or left it for below
             if committed.cancelled() or committed.exception() is not None:
                 try:  # an identical append of a stored position succeeds, so this is safe whatever happened
