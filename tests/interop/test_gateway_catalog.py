@@ -26,6 +26,7 @@ from mcp_lossless.gateway import BearerFromEnv, Gateway, UpstreamConfig, create_
 from mcp_lossless.gateway.config import CatalogRule
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
+from mcp_lossless.server.conformance import conformance_app
 from tests.support.mcp_http import Peer, StreamRead
 from tests.support.modern_http import ModernPeer
 from tests.support.modern_http import answer as modern_answer
@@ -39,6 +40,7 @@ UPSTREAM_TOKEN = "gateway-own-upstream-credential"
 TOKEN_ENV = "MCP_LOSSLESS_TEST_CATALOG_UPSTREAM_TOKEN"
 SDK_STDIO = (sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio")
 RESOURCE_NOT_FOUND = -32002
+CONF_TEMPLATE = "test://template/{id}/data"
 
 
 @dataclass
@@ -64,7 +66,10 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     def plain(port: int) -> Any:
         return create_app(ServerConfig(port=port, store="memory", issuer=None))
 
-    def make(port: int, plain_url: str) -> Gateway:
+    def conformance(port: int) -> Any:
+        return conformance_app(ServerConfig(port=port, store="memory", issuer=None))
+
+    def make(port: int, plain_url: str, conf_url: str) -> Gateway:
         upstreams = [
             # The SDK's legacy leg; its private notes and internal prompt are not exposed.
             UpstreamConfig(
@@ -73,7 +78,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 auth=auth,
                 era="legacy",
                 sessions=1,
-                resources=CatalogRule(deny=frozenset({"notes://private"})),
+                resources=CatalogRule(deny=frozenset({"notes://private", "notes://topics/secret"})),
                 prompts=CatalogRule(deny=frozenset({"internal"})),
             ),
             # The same server in 2026-07-28: its readme's URI is the sdk upstream's (skipped, logged); its
@@ -86,13 +91,24 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             UpstreamConfig(name="pyold", command=SDK_STDIO, era="legacy", resources=CatalogRule(exposed=False)),
             # Our demo server: tools only, -32601 for the rest.
             UpstreamConfig(name="plain", url=plain_url),
+            # Our conformance server: its resource template only (guarded), overlapping one of the SDK's.
+            UpstreamConfig(
+                name="conf",
+                url=conf_url,
+                prompts=CatalogRule(exposed=False),
+                resources=CatalogRule(allow=frozenset({CONF_TEMPLATE}), scopes=("notes:read",)),
+            ),
         ]
         config = ServerConfig(port=port, store="memory", dev_clients={"dev-client": "dev-secret"}, retry_ms=200)
         holder.append(create_gateway(config, upstreams))
         return holder[0]
 
     try:
-        with lossless_server(plain) as plain_base, lossless_server(lambda p: make(p, f"{plain_base}/mcp"), 120) as url:
+        with (
+            lossless_server(plain) as plain_base,
+            lossless_server(conformance) as conf_base,
+            lossless_server(lambda p: make(p, f"{plain_base}/mcp", f"{conf_base}/mcp"), 120) as url,
+        ):
             yield Deployment(url, holder[0], sdk)
     finally:
         sdk.stop()
@@ -262,3 +278,69 @@ async def test_an_upstream_without_prompts_or_resources_is_skipped_cleanly(
     assert not [r for r in caplog.records if "plain" in r.getMessage()], "its -32601 is no failure"
     unknown = answer(await peer.post(request(4, "prompts/get", name="plain_echo")), 4)["error"]
     assert unknown["code"] == INVALID_PARAMS
+
+
+async def test_templates_are_listed_and_route_reads_of_unlisted_uris(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = Peer(http, d.url, await token(http, d, "notes:read"))
+    await peer.initialize()
+    listed = answer(await peer.post(request(1, "resources/templates/list")), 1)["result"]
+    assert "nextCursor" not in listed
+    assert [(t["uriTemplate"], t["name"]) for t in listed["resourceTemplates"]] == [
+        ("notes://topics/{topic}", "topic"),  # sdk's; modern's copies are skipped
+        ("test://template/shared{n}/data", "shared"),
+        (CONF_TEMPLATE, "template-data"),  # conf's: the rest of its resources are not allowed
+    ]
+
+    before = len(d.sdk.messages())
+    topic = answer(await peer.post(request(2, "resources/read", uri="notes://topics/gateway")), 2)["result"]
+    assert topic["contents"][0]["text"] == "notes on gateway"
+    reads = [m for m in d.sdk.messages()[before:] if m["method"] == "resources/read"]
+    assert [m["params"]["uri"] for m in reads] == ["notes://topics/gateway"], "read once, from sdk alone"
+    conf = answer(await peer.post(request(3, "resources/read", uri="test://template/7/data")), 3)["result"]
+    assert conf["contents"][0]["text"] == '{"id":"7","templateTest":true,"data":"Data for ID: 7"}'
+
+    ambiguous = answer(await peer.post(request(4, "resources/read", uri="test://template/shared1/data")), 4)["error"]
+    assert ambiguous["code"] == INVALID_PARAMS and "ambiguous" in ambiguous["message"], ambiguous
+    assert ambiguous["data"] == {
+        "uri": "test://template/shared1/data",
+        "templates": [
+            {"upstream": "sdk", "uriTemplate": "test://template/shared{n}/data"},
+            {"upstream": "conf", "uriTemplate": CONF_TEMPLATE},
+        ],
+    }
+    # A URI the upstream's rule denies is not read through its template; nor one that matches no template.
+    for rid, uri in [(5, "notes://topics/secret"), (6, "notes://topics/a/b"), (7, "test://template//data")]:
+        unknown = answer(await peer.post(request(rid, "resources/read", uri=uri)), rid)["error"]
+        assert unknown["code"] == RESOURCE_NOT_FOUND and unknown["data"] == {"uri": uri}, unknown
+    long = "notes://topics/" + "a" * 3000
+    refused = answer(await peer.post(request(8, "resources/read", uri=long)), 8)["error"]
+    assert refused["code"] == INVALID_PARAMS and refused["data"] == {"maxLength": 2048}, refused
+    assert not any(m["params"].get("uri") in ("notes://topics/secret", long) for m in d.sdk.messages()[before:])
+
+
+async def test_a_templated_read_needs_its_upstreams_scopes(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = Peer(http, d.url, await token(http, d))  # the whole gateway, no scope
+    await peer.initialize()
+    await peer.post(request(1, "resources/templates/list"))
+    # sdk needs no scope: its templated URI is read; conf's needs notes:read.
+    open_read = answer(await peer.post(request(2, "resources/read", uri="notes://topics/open")), 2)["result"]
+    assert open_read["contents"][0]["text"] == "notes on open"
+    refused = await peer.post(request(3, "resources/read", uri="test://template/9/data"))
+    assert refused.status == 403, refused
+    assert refused.json()["error"]["data"] == {"requiredResources": [], "requiredScopes": ["notes:read"]}
+    assert 'error="insufficient_scope"' in refused.headers["www-authenticate"]
+    narrow = await token(http, d, "notes:read", resource=f"{d.mcp}/tools/sdk_lookup")
+    refused = await peer.post(request(4, "resources/read", uri="test://template/9/data"), token=narrow)
+    assert refused.status == 403 and refused.json()["error"]["data"]["requiredResources"] == [d.mcp]
+
+    reader = await token(http, d, "notes:read")
+    async with ModernClient(d.mcp, auth=BearerToken(reader)) as client:
+        templates = [t.uri_template for t in await client.list_resource_templates()]
+        assert templates == ["notes://topics/{topic}", "test://template/shared{n}/data", CONF_TEMPLATE]
+        contents = await client.read_resource("test://template/9/data")
+        assert '"Data for ID: 9"' in contents[0]["text"]
+        with pytest.raises(RemoteError) as ambiguous:
+            await client.read_resource("test://template/shared2/data")
+        assert ambiguous.value.code == INVALID_PARAMS

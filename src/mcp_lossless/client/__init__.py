@@ -8,7 +8,7 @@ offers the same for scripts.
 """
 
 from ..core.actions import RecoveryPolicy
-from .catalog import Prompt, PromptResult, Resource
+from .catalog import Prompt, PromptResult, Resource, ResourceTemplate
 from .client import Client, Tool, ToolCall, ToolResult
 from .errors import (
     AuthorizationFailed,
@@ -59,6 +59,7 @@ __all__ = [
     "RemoteError",
     "RequestRejected",
     "Resource",
+    "ResourceTemplate",
     "Response",
     "ResponseTooLarge",
     "ServerInfo",

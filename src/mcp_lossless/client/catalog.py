@@ -49,6 +49,27 @@ class Resource:
 
 
 @dataclass(frozen=True, slots=True)
+class ResourceTemplate:
+    """One entry of ``resources/templates/list`` (an RFC 6570 ``uriTemplate``); ``raw`` keeps what the server sent."""
+
+    uri_template: str
+    name: str
+    description: str | None
+    mime_type: str | None
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Any]) -> ResourceTemplate:
+        return cls(
+            uri_template=str(raw["uriTemplate"]),
+            name=_text(raw, "name") or str(raw["uriTemplate"]),
+            description=_text(raw, "description"),
+            mime_type=_text(raw, "mimeType"),
+            raw=raw,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Prompt:
     """One entry of ``prompts/list``: its ``arguments`` as the server declared them (name, required, …); ``raw``
     keeps what the server sent (title, icons, ``_meta``)."""
@@ -90,8 +111,9 @@ class CatalogReads(ABC):
     """The reads besides tools, one way for both client eras; each era says how it sends a read."""
 
     @abstractmethod
-    async def _listing(self, kind: str, timeout: float | None) -> list[dict[str, Any]]:  # noqa: ASYNC109
-        """The entries of every page of ``<kind>/list``, within the deadline (the client's timeout unless given)."""
+    async def _listing(self, kind: str, timeout: float | None, method: str | None = None) -> list[dict[str, Any]]:  # noqa: ASYNC109
+        """The entries under ``kind`` of every page of ``<kind>/list`` (or ``method``), within the deadline (the
+        client's timeout unless given)."""
 
     @abstractmethod
     async def _read(self, method: str, name: str, params: dict[str, Any], timeout: float | None) -> dict[str, Any]:  # noqa: ASYNC109
@@ -105,6 +127,11 @@ class CatalogReads(ABC):
     async def read_resource(self, uri: str, *, timeout: float | None = None) -> list[Mapping[str, Any]]:  # noqa: ASYNC109
         """The contents of ``uri``; a server error (an unknown resource, say) is :class:`~.errors.RemoteError`."""
         return resource_contents(uri, await self._read("resources/read", uri, {"uri": uri}, timeout))
+
+    async def list_resource_templates(self, *, timeout: float | None = None) -> list[ResourceTemplate]:  # noqa: ASYNC109
+        """Every resource template the server lists (``resources/templates/list``, all pages)."""
+        entries = await self._listing("resourceTemplates", timeout, "resources/templates/list")
+        return [ResourceTemplate.from_wire(t) for t in entries if isinstance(t.get("uriTemplate"), str)]
 
     async def list_prompts(self, *, timeout: float | None = None) -> list[Prompt]:  # noqa: ASYNC109
         """Every prompt the server offers (all pages)."""

@@ -203,11 +203,12 @@ class Client(CatalogReads):
         self._tools = {t.name: t for t in tools}
         return tools
 
-    async def _listing(self, kind: str, timeout: float | None) -> list[dict[str, Any]]:  # noqa: ASYNC109
-        """Every page of ``<kind>/list``, under one deadline per page."""
+    async def _listing(self, kind: str, timeout: float | None, method: str | None = None) -> list[dict[str, Any]]:  # noqa: ASYNC109
+        """Every page of ``<kind>/list`` (or ``method``), under one deadline per page."""
+        listed = method or f"{kind}/list"
 
         async def page(params: dict[str, Any]) -> dict[str, Any]:
-            return await self._read(f"{kind}/list", kind, params, timeout)
+            return await self._read(listed, kind, params, timeout)
 
         return await collect_pages(page, kind)
 

@@ -391,10 +391,11 @@ class ModernClient(CatalogReads):
         self._tools = {t.name: t for t in kept}
         return kept
 
-    async def _listing(self, kind: str, timeout: float | None) -> list[dict[str, Any]]:  # noqa: ASYNC109
+    async def _listing(self, kind: str, timeout: float | None, method: str | None = None) -> list[dict[str, Any]]:  # noqa: ASYNC109
         """One deadline over all the pages."""
-        with self._read_deadline(f"{kind}/list", timeout):
-            return await collect_pages(self._reader(f"{kind}/list"), kind)
+        listed = method or f"{kind}/list"
+        with self._read_deadline(listed, timeout):
+            return await collect_pages(self._reader(listed), kind)
 
     async def _read(self, method: str, name: str, params: dict[str, Any], timeout: float | None) -> dict[str, Any]:  # noqa: ASYNC109
         """One deadline over the read and the rounds of input it asks for."""

@@ -3,7 +3,9 @@
 Lists are asked of every upstream when a client lists (they are never stale, and an upstream's
 ``list_changed`` needs no watching), merged into one page, and remembered as the routes of the reads
 that follow: ``prompts/get`` by exposed name, ``resources/read`` by URI. A read of a name or URI the last
-listing did not have lists again first; still absent, it is unknown (-32602 / -32002), as a tool is.
+listing did not have lists again first; a URI no resource listing names goes to the one upstream whose
+resource template (level 1, :mod:`.uri_template`) matches it (two: refused as ambiguous); still absent, it is
+unknown (-32602 / -32002), as a tool is.
 
 Authorization is the server's (:data:`~..server.tools.MethodTags`): a get or read needs the gateway's
 canonical resource and the upstream's prompt or resource scopes, checked before it runs and carried by its
@@ -23,8 +25,9 @@ from ..core import errors
 from ..core.resources import AudiencePolicy, describe, requirement, resources_in, scopes_in
 from ..server.tools import MethodError, MethodHandler, MethodTags, ToolContext
 from .config import CatalogRule, UpstreamConfig
-from .table import Listed, expose_prompts, expose_resources
-from .upstream import CatalogKind, CatalogRead, Upstream, UpstreamFailure, UpstreamRpcError
+from .table import Listed, ListedTemplate, expose_prompts, expose_resources, expose_templates
+from .upstream import LIST_METHODS, CatalogKind, CatalogRead, ListKind, Upstream, UpstreamFailure, UpstreamRpcError
+from .uri_template import MAX_URI
 
 log = logging.getLogger("mcp_lossless.gateway")
 RESOURCE_NOT_FOUND = -32002
@@ -53,6 +56,7 @@ class Catalog:
             for kind in kinds
         }
         self._routes: dict[CatalogKind, dict[str, Listed]] = {"prompts": {}, "resources": {}}
+        self._templates: list[ListedTemplate] = []
         self._policy = AudiencePolicy(canonical)
 
     def offers(self, kind: CatalogKind) -> bool:
@@ -63,7 +67,11 @@ class Catalog:
         if self.offers("prompts"):
             methods |= {"prompts/list": self._list_prompts, "prompts/get": self._get_prompt}
         if self.offers("resources"):
-            methods |= {"resources/list": self._list_resources, "resources/read": self._read_resource}
+            methods |= {
+                "resources/list": self._list_resources,
+                "resources/templates/list": self._list_templates,
+                "resources/read": self._read_resource,
+            }
         return methods
 
     def scopes(self) -> frozenset[str]:
@@ -92,9 +100,10 @@ class Catalog:
         if not isinstance(uri, str):
             return frozenset()
         routed = self._routes["resources"].get(uri)
-        holders = (
-            [routed.upstream] if routed is not None else [n for n, c in self.configs.items() if c.resources.exposed]
-        )
+        if routed is not None:
+            holders = [routed.upstream]
+        else:  # the templates the last listing had that match it, else every upstream that might hold it
+            holders = self._template_holders(uri) or [n for n, c in self.configs.items() if c.resources.exposed]
         return frozenset().union(*(self._tags[upstream, "resources"] for upstream in holders))
 
     # ---- the methods -------------------------------------------------------------------------------
@@ -104,6 +113,9 @@ class Catalog:
 
     async def _list_resources(self, ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
         return {"resources": [listed.entry for listed in (await self._list("resources")).values()]}
+
+    async def _list_templates(self, ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
+        return {"resourceTemplates": [listed.entry for listed in await self._list_template_routes()]}
 
     async def _get_prompt(self, ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
         name = params.get("name")
@@ -122,8 +134,58 @@ class Catalog:
             raise MethodError(errors.INVALID_PARAMS, "resources/read needs params.uri, a string")
         listed = await self._route("resources", uri)
         if listed is None:
-            raise MethodError(RESOURCE_NOT_FOUND, f"unknown resource {uri!r}", {"uri": uri})
+            upstream = await self._template_route(uri)
+            if upstream is None:
+                raise MethodError(RESOURCE_NOT_FOUND, f"unknown resource {uri!r}", {"uri": uri})
+            listed = Listed(uri, upstream, uri, {})
         return await self._read(ctx, listed, "resources/read", {"uri": uri})
+
+    # ---- resource templates ------------------------------------------------------------------------
+
+    def _template_holders(self, uri: str) -> list[str]:
+        """The upstreams whose templates of the last listing route ``uri``, in configuration order."""
+        if len(uri) > MAX_URI:
+            return []
+        found = {t.upstream for t in self._templates if t.routes(self.configs[t.upstream], uri)}
+        return [name for name in self.configs if name in found]
+
+    async def _template_route(self, uri: str) -> str | None:
+        """The one upstream whose template routes ``uri`` (a URI no listing names), asking the lists again when the
+        last one routed it to none or to more than one; ``None``: no template matches. Two upstreams: refused."""
+        if len(uri) > MAX_URI:
+            raise MethodError(
+                errors.INVALID_PARAMS,
+                f"resource URI of {len(uri)} characters is not listed, and longer than the {MAX_URI} matched "
+                "against resource templates",
+                {"maxLength": MAX_URI},
+            )
+        holders = self._template_holders(uri)
+        if len(holders) != 1:
+            await self._list_template_routes()
+            holders = self._template_holders(uri)
+        if len(holders) > 1:
+            matching = [
+                {"upstream": t.upstream, "uriTemplate": t.template}
+                for t in self._templates
+                if t.upstream in holders and t.routes(self.configs[t.upstream], uri)
+            ]
+            raise MethodError(
+                errors.INVALID_PARAMS,
+                f"resource {uri!r} matches resource templates of {len(holders)} upstreams "
+                f"({', '.join(holders)}); which one holds it is ambiguous",
+                {"uri": uri, "templates": matching},
+            )
+        return holders[0] if holders else None
+
+    async def _list_template_routes(self) -> list[ListedTemplate]:
+        """Every upstream's exposed resource templates, in configuration order; the new template routes."""
+        names = [name for name, config in self.configs.items() if config.resources.exposed]
+        listings = await asyncio.gather(*(self._listing(name, "templates") for name in names))
+        routes: list[ListedTemplate] = []
+        for name, entries in zip(names, listings, strict=True):
+            routes += expose_templates(self.configs[name], entries, (t.template for t in routes))
+        self._templates = routes
+        return routes
 
     # ---- upstream ----------------------------------------------------------------------------------
 
@@ -145,16 +207,16 @@ class Catalog:
         self._routes[kind] = routes
         return routes
 
-    async def _listing(self, name: str, kind: CatalogKind) -> list[dict[str, Any]]:
+    async def _listing(self, name: str, kind: ListKind) -> list[dict[str, Any]]:
         """One upstream's list; one that has none (-32601: no such capability) or cannot answer now adds nothing
         (as its tools are absent while it is down), the latter logged."""
         try:
             return await self.upstreams[name].listing(kind)
         except UpstreamRpcError as exc:
             if exc.code != errors.METHOD_NOT_FOUND:
-                log.warning("upstream %s: %s/list refused: %s %s", name, kind, exc.code, exc.message)
+                log.warning("upstream %s: %s refused: %s %s", name, LIST_METHODS[kind][0], exc.code, exc.message)
         except UpstreamFailure as exc:
-            log.warning("upstream %s: %s/list failed (%s: %s)", name, kind, exc.reason, exc.detail)
+            log.warning("upstream %s: %s failed (%s: %s)", name, LIST_METHODS[kind][0], exc.reason, exc.detail)
         return []
 
     async def _read(

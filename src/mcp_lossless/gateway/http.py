@@ -57,9 +57,9 @@ from .pool import UpstreamPool
 from .stdio_era import INPUT_METHODS, LEGACY_INPUT_METHODS
 from .upstream import (
     CLIENT_INFO,
-    CatalogKind,
     CatalogRead,
     FailureReason,
+    ListKind,
     Relay,
     Reporter,
     UpstreamFailure,
@@ -458,11 +458,13 @@ class HttpUpstream:
             return dict(result.raw)
         raise AssertionError("unreachable")
 
-    async def listing(self, kind: CatalogKind) -> list[dict[str, Any]]:
+    async def listing(self, kind: ListKind) -> list[dict[str, Any]]:
         client = self._client()
         try:
             if kind == "prompts":
                 return [dict(p.raw) for p in await client.list_prompts()]
+            if kind == "templates":
+                return [dict(t.raw) for t in await client.list_resource_templates()]
             return [dict(r.raw) for r in await client.list_resources()]
         except RemoteError as exc:
             raise UpstreamRpcError(exc.code, exc.message, exc.data) from None

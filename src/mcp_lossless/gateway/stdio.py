@@ -45,8 +45,9 @@ from ..server.tools import MethodError
 from .config import UpstreamConfig
 from .stdio_era import LEGACY_INPUT_METHODS, SpokenEra, complete, enveloped, input_requests, negotiate
 from .upstream import (
-    CatalogKind,
+    LIST_METHODS,
     CatalogRead,
+    ListKind,
     Relay,
     Reporter,
     UpstreamFailure,
@@ -491,12 +492,14 @@ class StdioUpstream:
             result = await self._exchange(call, retry)
         raise AssertionError("unreachable: the loop returns or raises")
 
-    async def listing(self, kind: CatalogKind) -> list[dict[str, Any]]:
+    async def listing(self, kind: ListKind) -> list[dict[str, Any]]:
+        method, key = LIST_METHODS[kind]
+
         async def page(params: dict[str, Any]) -> dict[str, Any]:
-            return await self._ask_now(f"{kind}/list", params)
+            return await self._ask_now(method, params)
 
         try:
-            return await collect_pages(page, kind)
+            return await collect_pages(page, key)
         except ProtocolViolation as exc:
             raise UpstreamFailure("protocol", str(exc), may_have_run=False) from exc
 

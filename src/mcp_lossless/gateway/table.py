@@ -4,7 +4,7 @@ An upstream tool ``t`` of upstream ``u`` is exposed as ``<prefix><t>`` (prefix `
 filtered by the upstream's allow and deny lists. Each exposed tool is then an ordinary tool of the
 gateway's server, with its own resource indicator ``<canonical>/tools/<exposed name>`` and the scopes the
 config requires for it: authorization of calls, replays and live events is the server's, unchanged.
-Prompts are named as tools are; resources keep their URIs (docs/decisions/0021).
+Prompts are named as tools are; resources and resource templates keep their URIs (docs/decisions/0021).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from .config import UpstreamConfig
 from .upstream import UpstreamTool
+from .uri_template import Compiled, compile_template, matches
 
 log = logging.getLogger("mcp_lossless.gateway")
 
@@ -97,4 +98,43 @@ def expose_resources(
             continue
         used.add(uri)
         out.append(Listed(uri, config.name, uri, dict(entry)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ListedTemplate:
+    """One resource template of an upstream as the gateway lists it (under its own ``uriTemplate``), and the URIs it
+    routes: ``compiled`` is ``None`` for a template that names none here (not level 1, or too long)."""
+
+    template: str
+    upstream: str
+    compiled: Compiled | None
+    entry: dict[str, Any]
+
+    def routes(self, config: UpstreamConfig, uri: str) -> bool:
+        """Whether a read of ``uri`` may go to this template's upstream: it matches, and is not a denied URI."""
+        return self.compiled is not None and uri not in config.resources.deny and matches(self.compiled, uri)
+
+
+def expose_templates(
+    config: UpstreamConfig, entries: Iterable[Mapping[str, Any]], taken: Iterable[str]
+) -> list[ListedTemplate]:
+    """An upstream's exposed resource templates (the ``resources`` rule's allow/deny lists name them by
+    ``uriTemplate``); a template another upstream already lists is skipped, logged, as a URI is."""
+    used = set(taken)
+    out: list[ListedTemplate] = []
+    for entry in entries:
+        template = entry.get("uriTemplate")
+        if not isinstance(template, str) or not template or not config.resources.exposes(template):
+            continue
+        if template in used:
+            log.error(
+                "upstream %s: resource template %s is listed by another upstream too; skipped", config.name, template
+            )
+            continue
+        used.add(template)
+        compiled = compile_template(template)
+        if compiled is None:
+            log.info("upstream %s: resource template %s is not level 1; listed, routes no read", config.name, template)
+        out.append(ListedTemplate(template, config.name, compiled, dict(entry)))
     return out

@@ -27,6 +27,14 @@ def counted(n: int, noun: str) -> str:
 """How the gateway names itself to every upstream, in both transports."""
 
 CatalogKind = Literal["prompts", "resources"]
+ListKind = Literal["prompts", "resources", "templates"]
+"""What an upstream lists besides tools: its prompts, resources and resource templates."""
+LIST_METHODS: dict[ListKind, tuple[str, str]] = {
+    "prompts": ("prompts/list", "prompts"),
+    "resources": ("resources/list", "resources"),
+    "templates": ("resources/templates/list", "resourceTemplates"),
+}
+"""Each list's method and the key of its entries in a page."""
 CatalogRead = Literal["prompts/get", "resources/read"]
 FailureReason = Literal["execution_lost", "deadline", "unreachable", "rejected", "unauthorized", "protocol", "closed"]
 
@@ -116,8 +124,8 @@ class Upstream(Protocol):
         self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool
     ) -> dict[str, Any]: ...
 
-    async def listing(self, kind: CatalogKind) -> list[dict[str, Any]]:
-        """Every entry of the upstream's ``<kind>/list`` (all its pages), as it sent them, asked now."""
+    async def listing(self, kind: ListKind) -> list[dict[str, Any]]:
+        """Every entry of the upstream's list of ``kind`` (all its pages), as it sent them, asked now."""
         ...
 
     async def read(self, method: CatalogRead, params: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,9 @@ read-only and idempotent), ``polled`` (closes its own stream mid-call: SEP-1699 
 answers), ``grow`` (adds a tool and announces ``list_changed``), ``confirm`` (asks the client to confirm its
 question by elicitation: a request on the call's stream at 2025-11-25, an ``input_required`` round at
 2026-07-28; not idempotent) and ``spell`` (the same, read-only and idempotent). Resources ``notes://readme`` and ``notes://private``
-(text); prompts ``review`` (argument ``topic``) and ``internal``.
+(text), resource templates ``notes://topics/{topic}`` and ``test://template/shared{n}/data`` (the latter
+overlapping the conformance server's ``test://template/{id}/data``); prompts ``review`` (argument ``topic``) and
+``internal``.
 """
 
 from __future__ import annotations
@@ -114,6 +116,16 @@ def build_server() -> MCPServer:
     def private() -> str:
         """Notes not every client may read."""
         return "private notes"
+
+    @server.resource("notes://topics/{topic}", name="topic", mime_type="text/plain")
+    def topic(topic: str) -> str:
+        """The notes on one topic (a resource template)."""
+        return f"notes on {topic}"
+
+    @server.resource("test://template/shared{n}/data", name="shared", mime_type="text/plain")
+    def shared(n: str) -> str:
+        """A template whose URIs the conformance server's ``test://template/{id}/data`` names too."""
+        return f"shared {n}"
 
     @server.prompt()
     def review(topic: str) -> str:
