@@ -344,3 +344,63 @@ async def test_a_templated_read_needs_its_upstreams_scopes(deployment: Deploymen
         with pytest.raises(RemoteError) as ambiguous:
             await client.read_resource("test://template/shared2/data")
         assert ambiguous.value.code == INVALID_PARAMS
+
+
+def completion(request_id: int, ref: dict[str, str], value: str, name: str = "topic") -> dict[str, Any]:
+    return request(request_id, "completion/complete", ref=ref, argument={"name": name, "value": value})
+
+
+async def test_completions_route_by_prompt_name_and_template(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = Peer(http, d.url, await token(http, d, "notes:read"))
+    assert (await peer.initialize())["capabilities"]["completions"] == {}
+
+    before = len(d.sdk.messages())
+    sdk = answer(await peer.post(completion(1, {"type": "ref/prompt", "name": "sdk_review"}, "ga")), 1)["result"]
+    assert sdk["completion"]["values"] == ["gateway", "gardening"], sdk
+    asked = [m["params"] for m in d.sdk.messages()[before:] if m["method"] == "completion/complete"]
+    assert [p["ref"]["name"] for p in asked] == ["review"], "the upstream gets its own prompt name"
+    stdio = answer(await peer.post(completion(2, {"type": "ref/prompt", "name": "pyold_review"}, "t")), 2)["result"]
+    assert stdio["completion"]["values"] == ["tools"]
+
+    await peer.post(request(3, "resources/templates/list"))
+    topics = answer(await peer.post(completion(4, {"type": "ref/resource", "uri": "notes://topics/{topic}"}, "al")), 4)
+    assert topics["result"]["completion"]["values"] == ["alpha", "almanac"], topics
+    conf = answer(await peer.post(completion(5, {"type": "ref/resource", "uri": CONF_TEMPLATE}, "12", "id")), 5)
+    assert conf["result"]["completion"]["values"] == ["12", "123"], conf
+
+    for rid, ref in [
+        (6, {"type": "ref/prompt", "name": "sdk_internal"}),  # denied
+        (7, {"type": "ref/resource", "uri": "notes://nowhere/{x}"}),
+        (8, {"type": "ref/tool", "name": "sdk_lookup"}),
+    ]:
+        error = answer(await peer.post(completion(rid, ref, "")), rid)["error"]
+        assert error["code"] == INVALID_PARAMS, error
+
+    async with ModernClient(d.mcp, auth=BearerToken(await token(http, d, "notes:read"))) as client:
+        got = await client.complete({"type": "ref/prompt", "name": "m_review"}, {"name": "topic", "value": "g"})
+        assert got["values"] == ["gateway", "gardening"]
+        got = await client.complete({"type": "ref/resource", "uri": CONF_TEMPLATE}, {"name": "id", "value": "1"})
+        assert got["values"] == ["1", "12", "123"]
+
+
+async def test_a_completion_needs_what_its_prompt_or_template_needs(deployment: Deployment, http) -> None:
+    d = deployment
+    peer = Peer(http, d.url, await token(http, d))  # the whole gateway, no scope
+    await peer.initialize()
+    await peer.post(request(1, "resources/templates/list"))
+    open_one = answer(await peer.post(completion(2, {"type": "ref/prompt", "name": "sdk_review"}, "to")), 2)
+    assert open_one["result"]["completion"]["values"] == ["tools"], "sdk's prompts need no scope"
+    before = len(d.sdk.messages())
+    for rid, ref, value in [
+        (3, {"type": "ref/prompt", "name": "m_review"}, "g"),  # modern's prompts need notes:read
+        (4, {"type": "ref/resource", "uri": CONF_TEMPLATE}, "1"),  # conf's resources too
+    ]:
+        refused = await peer.post(completion(rid, ref, value, "id" if rid == 4 else "topic"))
+        assert refused.status == 403, refused
+        assert refused.json()["error"]["data"] == {"requiredResources": [], "requiredScopes": ["notes:read"]}
+        assert 'error="insufficient_scope"' in refused.headers["www-authenticate"]
+    assert not any(m["method"] == "completion/complete" for m in d.sdk.messages()[before:])
+    narrow = await token(http, d, "notes:read", resource=f"{d.mcp}/tools/sdk_lookup")
+    refused = await peer.post(completion(5, {"type": "ref/prompt", "name": "sdk_review"}, "g"), token=narrow)
+    assert refused.status == 403 and refused.json()["error"]["data"]["requiredResources"] == [d.mcp]

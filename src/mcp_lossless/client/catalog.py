@@ -133,6 +133,26 @@ class CatalogReads(ABC):
         entries = await self._listing("resourceTemplates", timeout, "resources/templates/list")
         return [ResourceTemplate.from_wire(t) for t in entries if isinstance(t.get("uriTemplate"), str)]
 
+    async def complete(
+        self,
+        ref: Mapping[str, Any],
+        argument: Mapping[str, str],
+        context: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Mapping[str, Any]:
+        """``completion/complete``: suggestions for ``argument`` (``{"name", "value"}``) of the prompt or resource
+        template ``ref`` names (``{"type": "ref/prompt", "name"}`` or ``{"type": "ref/resource", "uri"}``); the
+        ``completion`` object (``values``, ``total``, ``hasMore``) as the server sent it."""
+        params: dict[str, Any] = {"ref": dict(ref), "argument": dict(argument)}
+        if context is not None:
+            params["context"] = dict(context)
+        what = str(ref.get("name") or ref.get("uri"))
+        completion = (await self._read("completion/complete", what, params, timeout)).get("completion")
+        if not isinstance(completion, dict) or not isinstance(completion.get("values"), list):
+            raise ProtocolViolation(f"completion/complete {what} answered without completion.values")
+        return completion
+
     async def list_prompts(self, *, timeout: float | None = None) -> list[Prompt]:  # noqa: ASYNC109
         """Every prompt the server offers (all pages)."""
         return [Prompt.from_wire(p) for p in await self._listing("prompts", timeout) if "name" in p]

@@ -72,6 +72,8 @@ class Catalog:
                 "resources/templates/list": self._list_templates,
                 "resources/read": self._read_resource,
             }
+        if methods:
+            methods["completion/complete"] = self._complete
         return methods
 
     def scopes(self) -> frozenset[str]:
@@ -80,7 +82,11 @@ class Catalog:
         return frozenset(scopes_in(frozenset().union(*exposed)))
 
     def tags(self) -> dict[str, MethodTags]:
-        return {"prompts/get": self._prompt_tags, "resources/read": self._resource_tags}
+        return {
+            "prompts/get": self._prompt_tags,
+            "resources/read": self._resource_tags,
+            "completion/complete": self._complete_tags,
+        }
 
     # ---- what a token needs ------------------------------------------------------------------------
 
@@ -106,6 +112,20 @@ class Catalog:
             holders = self._template_holders(uri) or [n for n, c in self.configs.items() if c.resources.exposed]
         return frozenset().union(*(self._tags[upstream, "resources"] for upstream in holders))
 
+    def _complete_tags(self, params: dict[str, Any]) -> frozenset[str]:
+        """A completion needs what a get of its prompt, or a read through its template, needs."""
+        ref = params.get("ref")
+        if not isinstance(ref, dict):
+            return frozenset()
+        if ref.get("type") == "ref/prompt":
+            return self._prompt_tags(ref)
+        uri = ref.get("uri")
+        if ref.get("type") != "ref/resource" or not isinstance(uri, str):
+            return frozenset()
+        routed = next((t.upstream for t in self._templates if t.template == uri), None)
+        holders = [routed] if routed is not None else [n for n, c in self.configs.items() if c.resources.exposed]
+        return frozenset().union(*(self._tags[upstream, "resources"] for upstream in holders))
+
     # ---- the methods -------------------------------------------------------------------------------
 
     async def _list_prompts(self, ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +146,32 @@ class Catalog:
             raise MethodError(errors.INVALID_PARAMS, f"unknown prompt {name!r}")
         arguments = params.get("arguments")
         forwarded = {"name": listed.name, "arguments": arguments if isinstance(arguments, dict) else {}}
-        return await self._read(ctx, listed, "prompts/get", forwarded)
+        return await self._read(ctx, listed, "prompts/get", forwarded, "prompts")
+
+    async def _complete(self, ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
+        """``completion/complete`` of a prompt (by its exposed name: the upstream gets its own) or of a resource
+        template (by its ``uriTemplate``), at the upstream that exposes it."""
+        ref, argument = params.get("ref"), params.get("argument")
+        if not isinstance(ref, dict) or not isinstance(argument, dict):
+            raise MethodError(errors.INVALID_PARAMS, "completion/complete needs params.ref and params.argument")
+        forwarded = {key: value for key, value in params.items() if key in ("ref", "argument", "context")}
+        if ref.get("type") == "ref/prompt" and isinstance(name := ref.get("name"), str):
+            listed = await self._route("prompts", name)
+            if listed is None:
+                raise MethodError(errors.INVALID_PARAMS, f"unknown prompt {name!r}")
+            forwarded["ref"] = {**ref, "name": listed.name}
+            return await self._read(ctx, listed, "completion/complete", forwarded, "prompts")
+        if ref.get("type") == "ref/resource" and isinstance(uri := ref.get("uri"), str):
+            template = next((t for t in self._templates if t.template == uri), None)
+            if template is None:
+                template = next((t for t in await self._list_template_routes() if t.template == uri), None)
+            if template is None:
+                raise MethodError(errors.INVALID_PARAMS, f"unknown resource template {uri!r}", {"uri": uri})
+            listed = Listed(uri, template.upstream, uri, {})
+            return await self._read(ctx, listed, "completion/complete", forwarded, "resources")
+        raise MethodError(
+            errors.INVALID_PARAMS, "completion/complete: ref is a ref/prompt with a name or a ref/resource with a uri"
+        )
 
     async def _read_resource(self, ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
         uri = params.get("uri")
@@ -138,7 +183,7 @@ class Catalog:
             if upstream is None:
                 raise MethodError(RESOURCE_NOT_FOUND, f"unknown resource {uri!r}", {"uri": uri})
             listed = Listed(uri, upstream, uri, {})
-        return await self._read(ctx, listed, "resources/read", {"uri": uri})
+        return await self._read(ctx, listed, "resources/read", {"uri": uri}, "resources")
 
     # ---- resource templates ------------------------------------------------------------------------
 
@@ -220,9 +265,8 @@ class Catalog:
         return []
 
     async def _read(
-        self, ctx: ToolContext, listed: Listed, method: CatalogRead, params: dict[str, Any]
+        self, ctx: ToolContext, listed: Listed, method: CatalogRead, params: dict[str, Any], kind: CatalogKind
     ) -> dict[str, Any]:
-        kind: CatalogKind = "prompts" if method == "prompts/get" else "resources"
         # The server checked the tags of the route known when the request came; a listing since may have moved it.
         missing = self._policy.missing(ctx.grant.audience, self._tags[listed.upstream, kind], ctx.grant.scopes)
         if missing:

@@ -113,6 +113,8 @@ class Gateway:
         # and resources are listed anew on every list: there is no change to announce.
         capabilities: dict[str, Any] = {"tools": {"listChanged": True}}
         capabilities |= {kind: {"listChanged": False} for kind in ("prompts", "resources") if self.catalog.offers(kind)}
+        if self.catalog.offers("prompts") or self.catalog.offers("resources"):
+            capabilities["completions"] = {}
         self.app = create_app(
             server,
             self.registry,

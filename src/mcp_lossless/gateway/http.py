@@ -478,6 +478,12 @@ class HttpUpstream:
         try:
             if method == "resources/read":
                 return {"contents": [dict(c) for c in await client.read_resource(str(params.get("uri")))]}
+            if method == "completion/complete":
+                context = params.get("context")
+                completion = await client.complete(
+                    params["ref"], params["argument"], context if isinstance(context, dict) else None
+                )
+                return {"completion": dict(completion)}
             arguments = params.get("arguments")
             prompt = await client.get_prompt(str(params.get("name")), arguments if isinstance(arguments, dict) else {})
         except RemoteError as exc:

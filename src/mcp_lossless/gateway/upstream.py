@@ -35,7 +35,7 @@ LIST_METHODS: dict[ListKind, tuple[str, str]] = {
     "templates": ("resources/templates/list", "resourceTemplates"),
 }
 """Each list's method and the key of its entries in a page."""
-CatalogRead = Literal["prompts/get", "resources/read"]
+CatalogRead = Literal["prompts/get", "resources/read", "completion/complete"]
 FailureReason = Literal["execution_lost", "deadline", "unreachable", "rejected", "unauthorized", "protocol", "closed"]
 
 
@@ -129,7 +129,8 @@ class Upstream(Protocol):
         ...
 
     async def read(self, method: CatalogRead, params: dict[str, Any]) -> dict[str, Any]:
-        """The upstream's result of ``resources/read`` or ``prompts/get`` (safe to send again: it changes nothing)."""
+        """The upstream's result of ``resources/read``, ``prompts/get`` or ``completion/complete`` (safe to send
+        again: it changes nothing)."""
         ...
 
     async def close(self) -> None: ...

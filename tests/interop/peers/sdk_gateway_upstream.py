@@ -16,7 +16,7 @@ question by elicitation: a request on the call's stream at 2025-11-25, an ``inpu
 2026-07-28; not idempotent) and ``spell`` (the same, read-only and idempotent). Resources ``notes://readme`` and ``notes://private``
 (text), resource templates ``notes://topics/{topic}`` and ``test://template/shared{n}/data`` (the latter
 overlapping the conformance server's ``test://template/{id}/data``); prompts ``review`` (argument ``topic``) and
-``internal``.
+``internal``; completions of ``review``'s and ``notes://topics/{topic}``'s ``topic``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Annotated, Any
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.resolve import Elicit, Resolve
-from mcp_types import ToolAnnotations
+from mcp_types import Completion, PromptReference, ResourceTemplateReference, ToolAnnotations
 from pydantic import BaseModel
 
 from tests.interop.peers.sdk_resumable_server import ExampleShapedEventStore
@@ -131,6 +131,18 @@ def build_server() -> MCPServer:
     def review(topic: str) -> str:
         """Ask for a review of `topic`."""
         return f"Please review {topic}."
+
+    @server.completion()
+    async def complete(ref: Any, argument: Any, context: Any) -> Completion | None:
+        """``review``'s topic and ``notes://topics/{topic}``'s topic: the candidates starting with the value."""
+        if isinstance(ref, PromptReference) and ref.name == "review":
+            candidates = ["gateway", "gardening", "tools"]
+        elif isinstance(ref, ResourceTemplateReference) and ref.uri == "notes://topics/{topic}":
+            candidates = ["alpha", "almanac", "beta"]
+        else:
+            return None
+        values = [c for c in candidates if argument.name == "topic" and c.startswith(argument.value)]
+        return Completion(values=values, total=len(values), has_more=False)
 
     @server.prompt()
     def internal() -> str:
