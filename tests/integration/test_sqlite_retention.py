@@ -422,18 +422,29 @@ async def test_a_version_3_or_4_file_is_carried_forward(tmp_path: Path, version:
         assert reopened.execute("SELECT count(*) FROM session_streams").fetchone()[0] == 0
 
 
-async def test_a_stream_opened_after_the_newest_was_deleted_gets_a_new_id(tmp_path: Path) -> None:
-    """The store carries the next stream id from one transaction to the next (the largest id is read once): a
-    stream opened after the newest one's session was deleted gets an id never given before, at the end of the
-    tables as every new stream's (the id was read per transaction before, and a deleted largest id given again)."""
-    path = tmp_path / "ids.db"
+async def _kept_and_newest(path: Path, newest: str) -> SqliteStore:
+    """An open store at ``path`` with a finished call "kept" in session s1 and then one named ``newest`` in s2, so
+    s2 holds the largest stream id: the start of both tests of ids after that session's deletion."""
     store = SqliteStore(str(path))
     await store.open()
     try:
         await store.put_session(session("s1", ALICE))
         await store.put_session(session("s2", ALICE))
         await finished_call(store, "kept", "s1")
-        await finished_call(store, "newest", "s2")
+        await finished_call(store, newest, "s2")
+    except BaseException:
+        await store.close()
+        raise
+    return store
+
+
+async def test_a_stream_opened_after_the_newest_was_deleted_gets_a_new_id(tmp_path: Path) -> None:
+    """The store carries the next stream id from one transaction to the next (the largest id is read once): a
+    stream opened after the newest one's session was deleted gets an id never given before, at the end of the
+    tables as every new stream's (the id was read per transaction before, and a deleted largest id given again)."""
+    path = tmp_path / "ids.db"
+    store = await _kept_and_newest(path, "newest")
+    try:
         await store.delete_session("s2")
         await finished_call(store, "after", "s1")
     finally:
@@ -492,13 +503,8 @@ async def test_stream_ids_do_not_go_back_across_a_restart_so_every_stream_is_fou
     """After the streams with the largest ids went (their session deleted), a restarted store gives ids above every
     id it indexed, so a later stream is neither skipped by the indexing nor by a deletion's range."""
     path = tmp_path / "restart.db"
-    store = SqliteStore(str(path))
-    await store.open()
+    store = await _kept_and_newest(path, "gone")
     try:
-        await store.put_session(session("s1", ALICE))
-        await store.put_session(session("s2", ALICE))
-        await finished_call(store, "kept", "s1")
-        await finished_call(store, "gone", "s2")
         await store.sweep()
         await store.delete_session("s2")
     finally:

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Literal
 
 import httpx
@@ -180,6 +180,20 @@ async def _asking(call: Awaitable[ToolResult], asks: asyncio.Queue[Ask], reporte
             _, _, answer = asks.get_nowait()
             if not answer.done():
                 answer.set_exception(InputRefused(errors.INTERNAL_ERROR, "the gateway's call ended before its answer"))
+
+
+@contextlib.contextmanager
+def _catalog_errors() -> Iterator[None]:
+    """The one mapping of a catalog request's errors (listing, read), shared so both report them alike: nothing
+    was run, so a transport error the client did not classify is not may-have-run, unlike a tool call's."""
+    try:
+        yield
+    except RemoteError as exc:
+        raise UpstreamRpcError(exc.code, exc.message, exc.data) from None
+    except McpClientError as exc:
+        raise _failure(exc) from None
+    except httpx.TransportError as exc:
+        raise UpstreamFailure("protocol", describe(exc), may_have_run=False) from None
 
 
 def _announces_list_changes(discovered: Mapping[str, Any]) -> bool:
@@ -460,22 +474,16 @@ class HttpUpstream:
 
     async def listing(self, kind: ListKind) -> list[dict[str, Any]]:
         client = self._client()
-        try:
+        with _catalog_errors():
             if kind == "prompts":
                 return [dict(p.raw) for p in await client.list_prompts()]
             if kind == "templates":
                 return [dict(t.raw) for t in await client.list_resource_templates()]
             return [dict(r.raw) for r in await client.list_resources()]
-        except RemoteError as exc:
-            raise UpstreamRpcError(exc.code, exc.message, exc.data) from None
-        except McpClientError as exc:
-            raise _failure(exc) from None
-        except httpx.TransportError as exc:
-            raise UpstreamFailure("protocol", describe(exc), may_have_run=False) from None
 
     async def read(self, method: CatalogRead, params: dict[str, Any]) -> dict[str, Any]:
         client = self._client()
-        try:
+        with _catalog_errors():
             if method == "resources/read":
                 return {"contents": [dict(c) for c in await client.read_resource(str(params.get("uri")))]}
             if method == "completion/complete":
@@ -486,12 +494,6 @@ class HttpUpstream:
                 return {"completion": dict(completion)}
             arguments = params.get("arguments")
             prompt = await client.get_prompt(str(params.get("name")), arguments if isinstance(arguments, dict) else {})
-        except RemoteError as exc:
-            raise UpstreamRpcError(exc.code, exc.message, exc.data) from None
-        except McpClientError as exc:
-            raise _failure(exc) from None
-        except httpx.TransportError as exc:
-            raise UpstreamFailure("protocol", describe(exc), may_have_run=False) from None
         result: dict[str, Any] = {"messages": [dict(m) for m in prompt.messages]}
         if prompt.description is not None:
             result["description"] = prompt.description
