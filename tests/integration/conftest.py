@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from mcp_lossless.server.app import create_app
@@ -22,12 +21,6 @@ def server_url() -> Iterator[str]:
 
     with lossless_server(make) as url:
         yield url
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=10) as client:
-        yield client
 
 
 @pytest.fixture(scope="session")

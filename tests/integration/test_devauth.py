@@ -59,12 +59,6 @@ def make_devauth() -> Iterator[Callable[..., DevAuthServer]]:
         yield lambda **options: stack.enter_context(running_devauth(**options))
 
 
-@pytest.fixture
-async def http() -> Any:
-    async with httpx.AsyncClient(timeout=10) as client:
-        yield client
-
-
 # -- helpers: the OAuth client side, written out with plain httpx -----------------------------------
 
 

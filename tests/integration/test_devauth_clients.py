@@ -41,12 +41,6 @@ __all__ = ["make_devauth"]  # the fixture, shared with test_devauth
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-async def http() -> Any:
-    async with httpx.AsyncClient(timeout=10) as client:
-        yield client
-
-
 async def register(http: httpx.AsyncClient, server: DevAuthServer, **metadata: Any) -> httpx.Response:
     return await http.post(server.metadata["registration_endpoint"], json={"redirect_uris": [REDIRECT], **metadata})
 

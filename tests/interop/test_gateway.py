@@ -13,8 +13,7 @@ import itertools
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -27,14 +26,12 @@ from mcp_lossless.client import BearerToken
 from mcp_lossless.client.modern import ModernClient
 from mcp_lossless.core.errors import DELIVERY_REFUSED, EXECUTION_LOST, REQUEST_CANCELLED, UPSTREAM_FAILED
 from mcp_lossless.core.protocol import RESOURCE_META_KEY, SCOPES_META_KEY
-from mcp_lossless.gateway import BearerFromEnv, Gateway, UpstreamConfig, create_gateway
-from mcp_lossless.server.config import ServerConfig
+from mcp_lossless.gateway import UpstreamConfig
 from tests.interop.peers.fastmcp_upstream import build_fastmcp_app
+from tests.support.gateway_deployment import Deployment, sdk_upstream, serve_gateway
 from tests.support.mcp_http import Peer, StreamRead, call, dev_token, parse_sse
 from tests.support.node import everything_server, node_binary
-from tests.support.processes import free_port
-from tests.support.upstreams import SdkHttpUpstream
-from tests.support.uvicorn_server import base_url, loopback_socket, lossless_server, serve_app
+from tests.support.uvicorn_server import base_url, loopback_socket, serve_app
 
 pytestmark = pytest.mark.anyio
 
@@ -44,74 +41,44 @@ MODERN_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 SDK_STDIO = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio"]
 
 
-@dataclass
-class Deployment:
-    url: str
-    gateway: Gateway
-    sdk: SdkHttpUpstream
-
-    @property
-    def mcp(self) -> str:
-        return f"{self.url}/mcp"
-
-    def resource(self, exposed: str) -> str:
-        return f"{self.mcp}/tools/{exposed}"
-
-
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    sdk = SdkHttpUpstream(free_port(), tmp_path_factory.mktemp("sdk") / "headers.jsonl", UPSTREAM_TOKEN)
-    sdk.start()
-    os.environ[TOKEN_ENV] = UPSTREAM_TOKEN
     fast_sock = loopback_socket()
     fast_url = f"{base_url(fast_sock)}/mcp"
-    auth = BearerFromEnv(TOKEN_ENV)
-    upstreams = [
-        # The SDK's legacy leg (its event store, resumable streams, notifications/cancelled), by configuration.
-        UpstreamConfig(name="sdk", url=sdk.url, auth=auth, deny=frozenset({"hang"}), timeout=60, era="legacy"),
-        # The same server negotiated (modern first): its 2026-07-28 leg.
-        UpstreamConfig(name="modern", url=sdk.url, auth=auth, deny=frozenset({"hang"}), timeout=30, sessions=1),
-        # A server that predates 2026-07-28 (the SDK's legacy leg alone): the negotiation falls back.
-        UpstreamConfig(name="old", url=sdk.legacy_url, auth=auth, allow=frozenset({"work"}), timeout=30, sessions=1),
-        UpstreamConfig(
-            name="guarded",
-            url=sdk.url,
-            auth=auth,
-            allow=frozenset({"work", "lookup"}),
-            scopes={"*": ("docs:read",), "work": ("docs:write",)},
-            sessions=1,
-        ),
-        UpstreamConfig(name="stuck", url=sdk.url, auth=auth, allow=frozenset({"hang"}), timeout=1.5, era="legacy"),
-        UpstreamConfig(name="pysdk", command=(*SDK_STDIO,), deny=frozenset({"hang"}), timeout=30),
-        UpstreamConfig(name="fast", url=fast_url, timeout=8),
-        UpstreamConfig(
-            name="everything",
-            command=(str(node_binary()), str(everything_server()), "stdio"),
-            prefix="ev_",
-            allow=frozenset({"echo", "trigger-long-running-operation"}),
-            timeout=30,
-        ),
-    ]
-    holder: list[Gateway] = []
-
-    def make(port: int) -> Gateway:
-        config = ServerConfig(port=port, store="memory", dev_clients={"dev-client": "dev-secret"}, retry_ms=200)
-        holder.append(create_gateway(config, upstreams))
-        return holder[0]
-
-    try:
-        # The gateway's startup spawns and handshakes its stdio children: on a loaded box that takes a while.
-        with serve_app(build_fastmcp_app(), sock=fast_sock, lifespan="on"), lossless_server(make, 120) as url:
-            yield Deployment(url, holder[0], sdk)
-    finally:
-        sdk.stop()
-        os.environ.pop(TOKEN_ENV, None)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=20) as client:
-        yield client
+    with sdk_upstream(tmp_path_factory.mktemp("sdk"), UPSTREAM_TOKEN, TOKEN_ENV) as (sdk, auth):
+        upstreams = [
+            # The SDK's legacy leg (its event store, resumable streams, notifications/cancelled), by configuration.
+            UpstreamConfig(name="sdk", url=sdk.url, auth=auth, deny=frozenset({"hang"}), timeout=60, era="legacy"),
+            # The same server negotiated (modern first): its 2026-07-28 leg.
+            UpstreamConfig(name="modern", url=sdk.url, auth=auth, deny=frozenset({"hang"}), timeout=30, sessions=1),
+            # A server that predates 2026-07-28 (the SDK's legacy leg alone): the negotiation falls back.
+            UpstreamConfig(
+                name="old", url=sdk.legacy_url, auth=auth, allow=frozenset({"work"}), timeout=30, sessions=1
+            ),
+            UpstreamConfig(
+                name="guarded",
+                url=sdk.url,
+                auth=auth,
+                allow=frozenset({"work", "lookup"}),
+                scopes={"*": ("docs:read",), "work": ("docs:write",)},
+                sessions=1,
+            ),
+            UpstreamConfig(name="stuck", url=sdk.url, auth=auth, allow=frozenset({"hang"}), timeout=1.5, era="legacy"),
+            UpstreamConfig(name="pysdk", command=(*SDK_STDIO,), deny=frozenset({"hang"}), timeout=30),
+            UpstreamConfig(name="fast", url=fast_url, timeout=8),
+            UpstreamConfig(
+                name="everything",
+                command=(str(node_binary()), str(everything_server()), "stdio"),
+                prefix="ev_",
+                allow=frozenset({"echo", "trigger-long-running-operation"}),
+                timeout=30,
+            ),
+        ]
+        with (
+            serve_app(build_fastmcp_app(), sock=fast_sock, lifespan="on"),
+            serve_gateway(upstreams, sdk, retry_ms=200) as d,
+        ):
+            yield d
 
 
 async def session(http: httpx.AsyncClient, d: Deployment, *exposed: str) -> Peer:

@@ -9,12 +9,9 @@ of the gateway's dev AS, and our own client.
 from __future__ import annotations
 
 import logging
-import os
 import sys
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -22,16 +19,15 @@ import pytest
 from mcp_lossless.client import BearerToken, Client, RemoteError
 from mcp_lossless.client.modern import ModernClient
 from mcp_lossless.core.errors import FORBIDDEN, INVALID_PARAMS, TOOL_FORBIDDEN
-from mcp_lossless.gateway import BearerFromEnv, Gateway, UpstreamConfig, create_gateway
+from mcp_lossless.gateway import UpstreamConfig
 from mcp_lossless.gateway.config import CatalogRule
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
 from mcp_lossless.server.conformance import conformance_app
-from tests.support.mcp_http import Peer, StreamRead
+from tests.support.gateway_deployment import Deployment, sdk_upstream, serve_gateway
+from tests.support.mcp_http import Peer, StreamRead, dev_token
 from tests.support.modern_http import ModernPeer
 from tests.support.modern_http import answer as modern_answer
-from tests.support.processes import free_port
-from tests.support.upstreams import SdkHttpUpstream
 from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio
@@ -43,25 +39,9 @@ RESOURCE_NOT_FOUND = -32002
 CONF_TEMPLATE = "test://template/{id}/data"
 
 
-@dataclass
-class Deployment:
-    url: str
-    gateway: Gateway
-    sdk: SdkHttpUpstream
-
-    @property
-    def mcp(self) -> str:
-        return f"{self.url}/mcp"
-
-
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    sdk = SdkHttpUpstream(free_port(), tmp_path_factory.mktemp("sdk") / "headers.jsonl", UPSTREAM_TOKEN)
-    sdk.start()
-    os.environ[TOKEN_ENV] = UPSTREAM_TOKEN
-    auth = BearerFromEnv(TOKEN_ENV)
     guarded = CatalogRule(scopes=("notes:read",))
-    holder: list[Gateway] = []
 
     def plain(port: int) -> Any:
         return create_app(ServerConfig(port=port, store="memory", issuer=None))
@@ -69,7 +49,12 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     def conformance(port: int) -> Any:
         return conformance_app(ServerConfig(port=port, store="memory", issuer=None))
 
-    def make(port: int, plain_url: str, conf_url: str) -> Gateway:
+    with (
+        sdk_upstream(tmp_path_factory.mktemp("sdk"), UPSTREAM_TOKEN, TOKEN_ENV) as (sdk, auth),
+        lossless_server(plain) as plain_base,
+        lossless_server(conformance) as conf_base,
+    ):
+        plain_url, conf_url = f"{plain_base}/mcp", f"{conf_base}/mcp"
         upstreams = [
             # The SDK's legacy leg; its private notes and internal prompt are not exposed.
             UpstreamConfig(
@@ -99,41 +84,13 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 resources=CatalogRule(allow=frozenset({CONF_TEMPLATE}), scopes=("notes:read",)),
             ),
         ]
-        config = ServerConfig(port=port, store="memory", dev_clients={"dev-client": "dev-secret"}, retry_ms=200)
-        holder.append(create_gateway(config, upstreams))
-        return holder[0]
-
-    try:
-        with (
-            lossless_server(plain) as plain_base,
-            lossless_server(conformance) as conf_base,
-            lossless_server(lambda p: make(p, f"{plain_base}/mcp", f"{conf_base}/mcp"), 120) as url,
-        ):
-            yield Deployment(url, holder[0], sdk)
-    finally:
-        sdk.stop()
-        os.environ.pop(TOKEN_ENV, None)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30) as client:
-        yield client
+        with serve_gateway(upstreams, sdk, retry_ms=200) as d:
+            yield d
 
 
 async def token(http: httpx.AsyncClient, d: Deployment, scope: str = "", resource: str | None = None) -> str:
     """A real signed JWT of the gateway's dev AS for ``resource`` (the whole gateway unless given)."""
-    form = [("grant_type", "client_credentials"), ("resource", resource or d.mcp)]
-    form += [("scope", scope)] if scope else []
-    response = await http.post(
-        f"{d.url}/dev-as/token",
-        content=urlencode(form),
-        headers={"content-type": "application/x-www-form-urlencoded"},
-        auth=("dev-client", "dev-secret"),
-    )
-    assert response.status_code == 200, response.text
-    value: str = response.json()["access_token"]
-    return value
+    return await dev_token(http, d.url, resource or d.mcp, scope=scope)
 
 
 def answer(read: StreamRead, request_id: int) -> dict[str, Any]:

@@ -15,10 +15,8 @@ by our modern client from the gateway call's handlers, ADR 0015).
 from __future__ import annotations
 
 import itertools
-import os
 import sys
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -30,12 +28,9 @@ from mcp_lossless.client import BearerToken, Client, RemoteError, ToolFailed
 from mcp_lossless.client.modern import ModernClient
 from mcp_lossless.core.errors import MISSING_REQUIRED_CLIENT_CAPABILITY
 from mcp_lossless.core.tasks import EXTENSION
-from mcp_lossless.gateway import BearerFromEnv, Gateway, UpstreamConfig, create_gateway
-from mcp_lossless.server.config import ServerConfig
+from mcp_lossless.gateway import UpstreamConfig
+from tests.support.gateway_deployment import Deployment, sdk_upstream, serve_gateway
 from tests.support.mcp_http import dev_token
-from tests.support.processes import free_port
-from tests.support.upstreams import SdkHttpUpstream
-from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio
 
@@ -46,50 +41,20 @@ TOKEN_ENV = "MCP_LOSSLESS_TEST_INPUT_UPSTREAM_TOKEN"
 UPSTREAMS = ["py", "pyold", "web", "webnew"]
 
 
-@dataclass
-class Deployment:
-    url: str
-    gateway: Gateway
-
-    @property
-    def mcp(self) -> str:
-        return f"{self.url}/mcp"
-
-
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    sdk = SdkHttpUpstream(free_port(), tmp_path_factory.mktemp("sdk") / "headers.jsonl", UPSTREAM_TOKEN)
-    sdk.start()
-    os.environ[TOKEN_ENV] = UPSTREAM_TOKEN
-    auth = BearerFromEnv(TOKEN_ENV)
-    upstreams = [
-        UpstreamConfig(name="py", command=SDK_STDIO, allow=ASKING, timeout=30),
-        UpstreamConfig(name="pyold", command=SDK_STDIO, allow=ASKING, timeout=30, era="legacy"),
-        # one session: concurrent calls' requests arrive on it, each on its own call's stream
-        UpstreamConfig(name="web", url=sdk.url, auth=auth, allow=ASKING, timeout=30, era="legacy", sessions=1),
-        UpstreamConfig(name="webnew", url=sdk.url, auth=auth, allow=ASKING, timeout=30),
-    ]
-    holder: list[Gateway] = []
-
-    def make(port: int) -> Gateway:
-        config = ServerConfig(port=port, store="memory", dev_clients={"dev-client": "dev-secret"})
-        holder.append(create_gateway(config, upstreams))
-        return holder[0]
-
-    try:
-        with lossless_server(make, 120) as url:
-            eras = {name: upstream.era for name, upstream in holder[0].upstreams.items()}
+    with sdk_upstream(tmp_path_factory.mktemp("sdk"), UPSTREAM_TOKEN, TOKEN_ENV) as (sdk, auth):
+        upstreams = [
+            UpstreamConfig(name="py", command=SDK_STDIO, allow=ASKING, timeout=30),
+            UpstreamConfig(name="pyold", command=SDK_STDIO, allow=ASKING, timeout=30, era="legacy"),
+            # one session: concurrent calls' requests arrive on it, each on its own call's stream
+            UpstreamConfig(name="web", url=sdk.url, auth=auth, allow=ASKING, timeout=30, era="legacy", sessions=1),
+            UpstreamConfig(name="webnew", url=sdk.url, auth=auth, allow=ASKING, timeout=30),
+        ]
+        with serve_gateway(upstreams, sdk) as d:
+            eras = {name: upstream.era for name, upstream in d.gateway.upstreams.items()}
             assert eras == {"py": "modern", "pyold": "legacy", "web": "legacy", "webnew": "modern"}
-            yield Deployment(url, holder[0])
-    finally:
-        sdk.stop()
-        os.environ.pop(TOKEN_ENV, None)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30) as client:
-        yield client
+            yield d
 
 
 class Confirming:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,12 +125,6 @@ def open_server() -> Iterator[Served]:
 def served() -> Iterator[Served]:
     """Our server with its embedded dev AS: real signed JWTs."""
     yield from serve("dev")
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=10) as client:
-        yield client
 
 
 class Bearer(httpx2.Auth):

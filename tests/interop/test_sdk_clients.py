@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Generator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,12 +40,6 @@ PY_ERROR_BOUND = 5.0
 TS_CALL_TIMEOUT_MS = 4000
 """The TS SDK keeps a request pending until its timeout when resumes are refused (it never rejects it
 on giving up), so the driver sets one; in-band refusals end the call long before it."""
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=10) as client:
-        yield client
 
 
 class SwappableBearer(httpx2.Auth):

@@ -133,10 +133,16 @@ class Peer:
 
 
 async def dev_token(
-    http: httpx.AsyncClient, base: str, *resources: str, client: tuple[str, str] = ("dev-client", "dev-secret")
+    http: httpx.AsyncClient,
+    base: str,
+    *resources: str,
+    client: tuple[str, str] = ("dev-client", "dev-secret"),
+    scope: str = "",
 ) -> str:
+    """A real signed JWT of the dev AS at ``base`` (client credentials) for ``resources``, with ``scope`` if given."""
     form = [("grant_type", "client_credentials"), ("client_id", client[0]), ("client_secret", client[1])]
     form += [("resource", r) for r in resources]
+    form += [("scope", scope)] if scope else []
     response = await http.post(
         f"{base}/dev-as/token", content=urlencode(form), headers={"content-type": "application/x-www-form-urlencoded"}
     )
