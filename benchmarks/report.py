@@ -247,6 +247,14 @@ def _targets(summary: dict[str, Any]) -> list[str]:
     def echo_ratio(top: dict[str, Any], bottom: dict[str, Any], concurrency: str, key: str) -> float | None:
         return ratio(_get(top, "echo", concurrency, key), _get(bottom, "echo", concurrency, key))
 
+    def throughputs(top: dict[str, Any], bottom: dict[str, Any]) -> dict[str, float | None]:
+        """``top`` ÷ ``bottom`` on the three workloads issue 11 judges the durable default by."""
+        return {
+            "tools/call c=16": echo_ratio(top, bottom, "16", "rps"),
+            "stream": ratio(_get(top, "stream", "events_per_s"), _get(bottom, "stream", "events_per_s")),
+            "replay": ratio(_get(top, "replay", "replay_events_per_s"), _get(bottom, "replay", "replay_events_per_s")),
+        }
+
     def per_concurrency(values: dict[str, float | None]) -> str:
         return " / ".join(f"c={c} {v:.1f}x" for c, v in values.items() if v is not None)
 
@@ -294,6 +302,29 @@ def _targets(summary: dict[str, Any]) -> list[str]:
     row("replay ≥ 10x SDK", "replayed events/s", events, f"{events or 0:.1f}x", (events or 0) >= goal)
     per_event = ratio(_get(base, "replay", "server_cpu_us_per_event"), _get(ours, "replay", "server_cpu_us_per_event"))
     row("", "server CPU per replayed event, SDK ÷ ours", per_event, f"{per_event or 0:.1f}x", (per_event or 0) >= goal)
+    durable = summary.get("ours-sqlite", {})
+    if durable:
+        goal = TARGETS["echo_ratio"]
+        measures = throughputs(durable, base)
+        worst = _worst(list(measures.values()))
+        row(
+            "durable default (`serve`, SQLite) ≥ 10x SDK (issue 11)",
+            "requests/s at c=16, progress events/s, replayed events/s (worst decides)",
+            worst,
+            " / ".join(f"{name} {value:.1f}x" for name, value in measures.items() if value is not None),
+            (worst or 0) >= goal,
+        )
+        cpu = echo_ratio(base, durable, "16", "server_cpu_us_per_request")
+        row("", "server CPU per call at c=16, SDK ÷ SQLite", cpu, f"{cpu or 0:.1f}x", (cpu or 0) >= goal)
+        slower = throughputs(ours, durable)
+        most = max((v for v in slower.values() if v is not None), default=None)
+        row(
+            "SQLite within 2x of memory (issue 11)",
+            "memory ÷ SQLite: requests/s at c=16, events/s, replayed events/s (worst decides)",
+            most,
+            " / ".join(f"{name} {value:.2f}" for name, value in slower.items() if value is not None),
+            most is not None and most <= 2,
+        )
     kb = _get(ours, "sessions", "kb_per_session")
     row(
         "≤ 4 KB per idle session",
