@@ -156,6 +156,13 @@ def build_app(cancelled: CancelLog, release: threading.Event) -> Any:
         return "woke up"
 
     @server.tool()
+    async def pings(ctx: Context) -> str:
+        """Pings the client on its session's standalone GET stream (a request of no call's), within 10 s."""
+        with anyio.fail_after(10):
+            await ctx.session.send_ping()
+        return "answered"
+
+    @server.tool()
     async def broken() -> str:
         raise ServerToolError("the tool failed on purpose")
 
@@ -192,6 +199,23 @@ async def test_initialize_negotiates_latest_and_carries_headers(sdk_server: SdkS
     assert "application/json" in listing.headers["accept"] and "text/event-stream" in listing.headers["accept"]
     deletes = [s for s in sdk_server.recorder.requests("DELETE") if s.headers.get("mcp-session-id") == session_id]
     assert len(deletes) == 1
+
+
+@pytest.mark.anyio
+async def test_a_request_on_the_standalone_stream_is_answered(sdk_server: SdkServer) -> None:
+    """The SDK's ``send_ping()`` names no request, so it goes out on the GET stream: ``listen`` answers it (the
+    tool fails with a timeout if nothing does), and hands ``on_message`` only notifications."""
+    seen: list[Any] = []
+    async with fast_client(sdk_server.url) as client:
+        opened = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.listen, seen.append, opened.set)
+            with anyio.fail_after(10):
+                await opened.wait()
+            result = await client.call_tool("pings")
+            tg.cancel_scope.cancel()
+    assert result.text == "answered"
+    assert all("id" not in message for message in seen)
 
 
 @pytest.mark.anyio

@@ -246,6 +246,8 @@ class Client(CatalogReads):
     async def listen(self, on_message: MessageCallback, on_open: Callable[[], None] | None = None) -> None:
         """Read the session's standalone GET stream, calling ``on_message`` with each server notification on it
         (``notifications/tools/list_changed``…), ``on_open`` once it is open; returns when the server ends it.
+        A server's request on it (a ``ping``, a question of no call's) is answered as the session answers one on a
+        call's stream that brought no handlers: from the client's ``input_handlers``, else method-not-found.
 
         A refusal (the server offers no such stream, or no longer knows the session) raises
         :class:`RequestRejected`; a broken connection, ``httpx.TransportError``. Either way notifications sent
@@ -265,7 +267,11 @@ class Client(CatalogReads):
                         message = orjson.loads(event.data) if event.data else None
                     except orjson.JSONDecodeError:
                         continue  # not JSON-RPC: nothing a notification callback could take
-                    if isinstance(message, dict) and isinstance(message.get("method"), str) and "id" not in message:
+                    if not isinstance(message, dict) or not isinstance(message.get("method"), str):
+                        continue  # a response, or not JSON-RPC: nothing asked of this client
+                    if "id" in message:
+                        session.answer_standalone(message)
+                    else:
                         on_message(message)
 
     async def call_tools(

@@ -423,16 +423,7 @@ class Session:
     def _incoming(self, stream: StreamKey, message: Mapping[str, Any]) -> None:
         method = message.get("method")
         if "id" in message:
-            handlers = self._handlers_on(stream)
-            if isinstance(method, str) and method in handlers:
-                self._require_tg().start_soon(self._answer_request, message, handlers)
-                return
-            reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
-            if method == "ping":
-                reply["result"] = {}
-            else:
-                reply["error"] = {"code": codes.METHOD_NOT_FOUND, "message": f"client does not support {method}"}
-            self._notify_quietly(reply)
+            self._answer(message, self._handlers_on(stream))
             return
         for key in self.ledger.calls_on(stream):
             waiter = self._waiters.get(key)
@@ -447,6 +438,24 @@ class Session:
             severe = params.get("level") in ("error", "critical", "alert", "emergency")
             level = logging.WARNING if severe else logging.INFO
             log.log(level, "server log [%s]: %s", params.get("logger", "-"), _snippet(orjson.dumps(params.get("data"))))
+
+    def answer_standalone(self, message: Mapping[str, Any]) -> None:
+        """A server's request on the session's standalone GET stream, which carries no call: answered from the
+        session's own handlers, as one on a call's stream without handlers of its own is, never left waiting."""
+        self._answer(message, self._handlers)
+
+    def _answer(self, message: Mapping[str, Any], handlers: Mapping[str, InputHandler]) -> None:
+        """Answer a server's request: from its handler, ``ping`` at once, anything else method-not-found."""
+        method = message.get("method")
+        if isinstance(method, str) and method in handlers:
+            self._require_tg().start_soon(self._answer_request, message, handlers)
+            return
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+        if method == "ping":
+            reply["result"] = {}
+        else:
+            reply["error"] = {"code": codes.METHOD_NOT_FOUND, "message": f"client does not support {method}"}
+        self._notify_quietly(reply)
 
     def _handlers_on(self, stream: StreamKey) -> Mapping[str, InputHandler]:
         """Who answers a server's request on ``stream``: the call riding on it, when it is the one call there and
