@@ -94,3 +94,7 @@ def test_the_blocking_client_reads_the_same(url: str) -> None:
         assert "test_simple_prompt" in {p.name for p in client.list_prompts()}
         (message,) = client.get_prompt("test_simple_prompt").messages
         assert message["content"]["text"] == "This is a simple prompt for testing."
+        template = "test://template/{id}/data"
+        assert template in {t.uri_template for t in client.list_resource_templates()}
+        completion = client.complete({"type": "ref/resource", "uri": template}, {"name": "id", "value": "12"})
+        assert completion["values"] == ["12", "123"]

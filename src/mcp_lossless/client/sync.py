@@ -16,7 +16,7 @@ from typing import Any
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from .catalog import Prompt, PromptResult, Resource
+from .catalog import Prompt, PromptResult, Resource, ResourceTemplate
 from .client import Client, Tool, ToolResult
 from .session import ProgressCallback, ServerInfo
 
@@ -54,6 +54,19 @@ class SyncClient:
 
     def read_resource(self, uri: str, *, timeout: float | None = None) -> list[Mapping[str, Any]]:
         return self._require().call(partial(self._client.read_resource, uri, timeout=timeout))
+
+    def list_resource_templates(self, *, timeout: float | None = None) -> list[ResourceTemplate]:
+        return self._require().call(partial(self._client.list_resource_templates, timeout=timeout))
+
+    def complete(
+        self,
+        ref: Mapping[str, Any],
+        argument: Mapping[str, str],
+        context: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Mapping[str, Any]:
+        return self._require().call(partial(self._client.complete, ref, argument, context, timeout=timeout))
 
     def list_prompts(self, *, timeout: float | None = None) -> list[Prompt]:
         return self._require().call(partial(self._client.list_prompts, timeout=timeout))
