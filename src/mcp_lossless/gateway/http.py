@@ -51,7 +51,6 @@ from ..client.handlers import InputHandler, InputRefused
 from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
 from ..core import errors
-from ..server.tools import MethodError
 from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
 from .pool import UpstreamPool
 from .stdio_era import INPUT_METHODS, LEGACY_INPUT_METHODS
@@ -65,6 +64,7 @@ from .upstream import (
     UpstreamFailure,
     UpstreamRpcError,
     UpstreamTool,
+    ask_client,
     counted,
 )
 
@@ -141,11 +141,9 @@ async def _forward(reporter: Reporter, ask: Ask) -> None:
     request is refused, so nothing waits for it."""
     method, params, answer = ask
     try:
-        result = await reporter.request(method, params)
-    except MethodError as exc:  # the client refused, or cannot answer it (its capabilities): the tool is told
-        answer.set_exception(InputRefused(exc.code, exc.message))
-    except TimeoutError:
-        answer.set_exception(InputRefused(errors.INTERNAL_ERROR, "the gateway's client did not answer in time"))
+        result = await ask_client(reporter, method, params)
+    except InputRefused as refused:
+        answer.set_exception(refused)
     except BaseException:
         if not answer.done():
             answer.set_exception(InputRefused(errors.INTERNAL_ERROR, "the gateway's call ended before its answer"))

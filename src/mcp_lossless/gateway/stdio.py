@@ -38,10 +38,9 @@ from typing import Any
 import orjson
 
 from ..client.errors import ProtocolViolation, describe
-from ..client.handlers import MAX_INPUT_ROUNDS
+from ..client.handlers import MAX_INPUT_ROUNDS, InputRefused
 from ..client.paging import collect_pages
 from ..core import errors
-from ..server.tools import MethodError
 from .config import UpstreamConfig
 from .stdio_era import LEGACY_INPUT_METHODS, SpokenEra, complete, enveloped, input_requests, negotiate
 from .upstream import (
@@ -53,6 +52,7 @@ from .upstream import (
     UpstreamFailure,
     UpstreamRpcError,
     UpstreamTool,
+    ask_client,
     counted,
 )
 
@@ -465,13 +465,10 @@ class StdioUpstream:
     async def _forward(self, reporter: Reporter, message: dict[str, Any]) -> None:
         """A legacy child's request for input, asked of the call's client in its era; its answer goes back."""
         reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
-        params = message.get("params")
         try:
-            reply["result"] = await reporter.request(message["method"], params if isinstance(params, dict) else {})
-        except MethodError as exc:  # the client refused, or cannot answer it (its capabilities): the tool is told
-            reply["error"] = {"code": exc.code, "message": exc.message}
-        except TimeoutError:
-            reply["error"] = {"code": errors.INTERNAL_ERROR, "message": "the gateway's client did not answer in time"}
+            reply["result"] = await ask_client(reporter, message["method"], message.get("params"))
+        except InputRefused as refused:
+            reply["error"] = {"code": refused.code, "message": refused.message}
         await self._write_quietly(reply)
 
     async def _rounds(self, tool: str, call: _Call, params: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from .. import __version__
+from ..client.handlers import InputRefused
+from ..core import errors
+from ..server.tools import MethodError
 
 CLIENT_INFO = {"name": "mcp-lossless-gateway", "version": __version__}
 
@@ -107,6 +110,18 @@ class Reporter(Protocol):
     async def ask(self, requests: Mapping[str, tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
         """Several requests for input at once, answered by key."""
         ...
+
+
+async def ask_client(reporter: Reporter, method: str, params: object) -> dict[str, Any]:
+    """An upstream's request for input, asked of the call's client in its era: its answer, or
+    :class:`~..client.handlers.InputRefused` when the client refused, cannot answer it (its capabilities) or did
+    not in time, so the upstream tool is told. One mapping for HTTP and stdio upstreams."""
+    try:
+        return await reporter.request(method, params if isinstance(params, dict) else {})
+    except MethodError as exc:
+        raise InputRefused(exc.code, exc.message) from None
+    except TimeoutError:
+        raise InputRefused(errors.INTERNAL_ERROR, "the gateway's client did not answer in time") from None
 
 
 class Upstream(Protocol):
