@@ -7,7 +7,8 @@ An *OS* crash or power loss may roll back the last transactions, because WAL fra
 checkpoints; that is the price of appends that never wait for the disk (docs/stores.md).
 
 Threading and group commit: one thread owns the connection and does every read and write, so nothing
-blocks the event loop. Work is queued in order; the thread takes everything queued while it was busy and
+blocks the event loop. Work is queued in order and handed to the thread once a turn of the loop queued no
+more (:meth:`SqliteStore._gather`); the thread takes everything handed to it while it was busy and
 runs the writes of that batch -- appends of every stream, sessions, stream records -- as **one**
 transaction, then the reads, then hands every outcome back to the loop in one call. Many appends thus
 share one commit (one WAL write) and one thread hop. :meth:`SqliteStore.enqueue` returns as soon as the
@@ -159,6 +160,9 @@ _CHECKPOINT_EVERY = 100
 _BATCH_LIMIT = 4096
 """Queued operations after which a transaction takes no more loop turns' work: bounds the latency one batch adds
 to the next."""
+_HAND_OVER_AT = 64
+"""Queued operations handed to the thread at once, whether or not more keep coming: a tool reporting progress in a
+tight loop queues 16 a turn, and its events are committed while it goes on, not all once it must wait for them."""
 _BUSY_TIMEOUT_MS = 2000
 """How long a write waits for another process's lock on the file before the store reports itself unavailable."""
 
@@ -470,8 +474,10 @@ class SqliteStore:
         putting wakes a waiting thread for a fraction of what a ``threading.Event`` costs (~13 us CPU per round trip,
         loop to thread and back, measured, against ~25)."""
         self._pending: list[_Op] = []
-        """Work queued during this turn of the loop, handed to the thread as one item at the turn's end: a tool
-        reporting progress in a loop, or many calls answered in one turn, wake the thread once, not once each."""
+        """Work queued since the last hand-over, given to the thread as one item (:meth:`_gather`): a tool reporting
+        progress in a loop, or many calls answered over a few turns, wake the thread once, not once each."""
+        self._gathered = 0
+        """How many of ``_pending`` the last look of :meth:`_gather` found."""
         self._thread: threading.Thread | None = None
         self._next_sweep = 0.0
         """When the writer thread sweeps next (``time.monotonic``); a deleted session's pages bring it forward."""
@@ -778,7 +784,20 @@ class SqliteStore:
         pending.append(op)
         if len(pending) == 1:
             assert self._loop is not None
-            self._loop.call_soon(self._hand_over)
+            self._gathered = 1
+            self._loop.call_soon(self._gather)
+
+    def _gather(self) -> None:
+        """Hand the queued work to the thread once a turn of the loop added none to it, or :data:`_HAND_OVER_AT`
+        operations are queued: calls from many clients, which arrive a few per turn, then share one transaction
+        instead of each waking the thread for a commit of its own (ADR 0023). Work queued alone waits one turn."""
+        count = len(self._pending)
+        if self._gathered < count < _HAND_OVER_AT:
+            self._gathered = count
+            assert self._loop is not None
+            self._loop.call_soon(self._gather)
+            return
+        self._hand_over()
 
     def _hand_over(self) -> None:
         pending = self._pending

@@ -1,0 +1,106 @@
+"""When the SQLite store hands queued work to its thread: once a turn of the loop queued no more, or a full hand-over
+is queued. Calls answered a few per turn from many clients then share one transaction (ADR 0023), work queued alone
+waits one turn, and a tool reporting progress in a tight loop has its events committed while it goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_lossless.core.events import PendingRequest, StoredEvent, StreamRecord
+from mcp_lossless.stores.sqlite import _HAND_OVER_AT, SqliteStore
+from tests.integration.test_store_contract import event, stream
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    opened = SqliteStore(str(tmp_path / "hand-over.db"))
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+def count_batches(store: SqliteStore) -> list[int]:
+    """The sizes of the batches the writer thread serves from now on (its ``_serve``, wrapped)."""
+    sizes: list[int] = []
+    serve: Callable[..., bool] = store._serve
+
+    def counted(db: sqlite3.Connection, batch: list[Any], loop: asyncio.AbstractEventLoop) -> bool:
+        sizes.append(len(batch))
+        return serve(db, batch, loop)
+
+    store._serve = counted  # type: ignore[method-assign]
+    return sizes
+
+
+CALL = PendingRequest(1, "tools/call", "a", frozenset({"https://mcp.example/tools/a"}))
+
+
+def call(key: str) -> StreamRecord:
+    """A POST's stream as the server opens it: one request, its priming event at position 0."""
+    return replace(stream(key, requests=(CALL,)), last_seq=0)
+
+
+def answer(key: str) -> StoredEvent:
+    return event(key, 1, request_id=1, terminal=True)
+
+
+async def test_calls_answered_turn_after_turn_share_one_transaction(store: SqliteStore) -> None:
+    """A call answered at once queues its stream's record and its answer; calls from many clients arrive a few per
+    turn: all of them go in one transaction, handed over by the first turn that queues nothing."""
+    keys = [f"call-{n}" for n in range(8)]
+    batches = count_batches(store)
+    written = []
+    for turn, key in enumerate(keys, start=1):
+        written += [store.enqueue_open(call(key)), store.enqueue(answer(key), True)]
+        await asyncio.sleep(0)
+        assert len(store._pending) == 2 * turn, "handed over while each turn still queued more"
+    await asyncio.gather(*written)
+    assert batches == [2 * len(keys)]
+    for key in keys:
+        assert await store.read_after(key, 0) == [answer(key)]
+        record = await store.get_stream(key)
+        assert record is not None and record.completed
+
+
+async def test_work_queued_alone_waits_one_turn(store: SqliteStore) -> None:
+    await store.open_stream(call("alone"))
+    batches = count_batches(store)
+    written = store.enqueue(answer("alone"), True)
+    await asyncio.sleep(0)
+    assert store._pending == [], "a lone write was held past the turn that queued nothing more"
+    await written
+    assert batches == [1]
+
+
+async def test_a_tight_progress_loop_is_handed_over_while_it_goes_on(store: SqliteStore) -> None:
+    """16 events a turn (a tool's progress loop yields every 16): handed over each time a full hand-over is queued,
+    not held until the tool stops or waits for them."""
+    await store.open_stream(call("loop"))
+    written = []
+    queued = []
+    seq = 0
+    for _turn in range(3 * _HAND_OVER_AT // 16):
+        for _ in range(16):
+            seq += 1
+            written.append(store.enqueue(event("loop", seq)))
+        await asyncio.sleep(0)
+        queued.append(len(store._pending))
+    assert max(queued) <= _HAND_OVER_AT
+    assert sum(1 for before, after in itertools.pairwise(queued) if after < before) >= 2, "held while the loop went on"
+    await asyncio.gather(*written)
+    assert [e.seq for e in await store.read_after("loop", 0)] == list(range(1, seq + 1))
