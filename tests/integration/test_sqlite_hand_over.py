@@ -1,6 +1,7 @@
 """When the SQLite store hands queued work to its thread: once a turn of the loop queued no more, or a full hand-over
 is queued. Calls answered a few per turn from many clients then share one transaction (ADR 0023), work queued alone
-waits one turn, and a tool reporting progress in a tight loop has its events committed while it goes on."""
+waits one turn, and a tool reporting progress in a tight loop has its events committed while it goes on; its events
+queued together share one future."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from mcp_lossless.core.events import PendingRequest, StoredEvent, StreamRecord
-from mcp_lossless.stores.sqlite import _HAND_OVER_AT, SqliteStore
+from mcp_lossless.stores.sqlite import _HAND_OVER_AT, SqliteStore, _failures_first, _settle
 from tests.integration.test_store_contract import event, stream
 
 pytestmark = pytest.mark.anyio
@@ -104,3 +105,43 @@ async def test_a_tight_progress_loop_is_handed_over_while_it_goes_on(store: Sqli
     assert sum(1 for before, after in itertools.pairwise(queued) if after < before) >= 2, "held while the loop went on"
     await asyncio.gather(*written)
     assert [e.seq for e in await store.read_after("loop", 0)] == list(range(1, seq + 1))
+
+
+async def test_progress_events_of_a_stream_queued_together_share_one_future(store: SqliteStore) -> None:
+    await store.open_stream(call("a"))
+    await store.open_stream(call("b"))
+    first = store.enqueue(event("a", 1))
+    second = store.enqueue(event("a", 2))
+    other = store.enqueue(event("b", 1))  # another stream's between: a's next one has a future of its own
+    third = store.enqueue(event("a", 3))
+    last = store.enqueue(event("a", 4, request_id=1, terminal=True), True)
+    assert second is first
+    assert len({id(first), id(other), id(third), id(last)}) == 4
+    await asyncio.gather(first, other, third, last)
+    assert [e.seq for e in await store.read_after("a", 0)] == [1, 2, 3, 4]
+    record = await store.get_stream("a")
+    assert record is not None and record.completed
+
+
+async def test_a_shared_future_fails_if_any_of_its_events_is_refused(store: SqliteStore) -> None:
+    await store.open_stream(call("gap"))
+    shared = store.enqueue(event("gap", 1))
+    assert store.enqueue(event("gap", 3)) is shared  # position 2 is missing: this one is refused
+    with pytest.raises(ValueError, match="position 3"):
+        await shared
+    assert [e.seq for e in await store.read_after("gap", 0)] == [1]
+    await store.append(event("gap", 1))  # storing what shared the failed future again is safe
+    await store.append(event("gap", 2))
+    assert [e.seq for e in await store.read_after("gap", 0)] == [1, 2]
+
+
+async def test_a_batch_stored_one_write_at_a_time_fails_a_shared_future_if_any_write_failed() -> None:
+    """The fallback after a failed transaction stores each write alone: a future two of them shared resolves with
+    the failure, whichever came first (``_settle`` takes the first outcome of a future it meets)."""
+    loop = asyncio.get_running_loop()
+    shared, alone = loop.create_future(), loop.create_future()
+    refused = ValueError("refused")
+    outcomes = [(shared, None, None), (alone, None, None), (shared, None, refused)]
+    _settle(_failures_first(outcomes))
+    assert shared.exception() is refused
+    assert alone.result() is None

@@ -468,8 +468,9 @@ class LiveStream:
                     self._backlog_bytes += len(data)
                     if queued is None:
                         queued = self._queued = deque()
+                    if not queued or queued[-1][1] is not committed:  # a future the store shares calls back once
+                        committed.add_done_callback(self._committed)
                     queued.append((event, committed))
-                    committed.add_done_callback(self._committed)
                     published = False
             else:
                 waiting = self._waiting

@@ -101,7 +101,8 @@ class EventStore(Protocol):
         meanwhile into one transaction or round trip), while nothing is sent before it is stored: an event
         may be published only after its future resolved. Futures of one stream resolve in position order, and a
         store never holds a position of a stream without every position before it: after an append that
-        failed, the next one of its stream is refused as a gap until the failed one is stored again.
+        failed, the next one of its stream is refused as a gap until the failed one is stored again. Progress
+        events of one stream queued together may share one future, which then fails if any of them failed.
 
         ``completes``: the event answers the stream's last request, and the stream is marked complete in the
         same write, so no crash can leave a stream answered but still open.

@@ -667,6 +667,7 @@ class SqliteStore:
                             committed = True
                         except Exception as alone:
                             outcomes.append((_future_of(op), None, self._failure(alone)))
+                    outcomes = _failures_first(outcomes)
         for op in batch:
             if isinstance(op, _Call) and not op.write:
                 try:
@@ -686,7 +687,12 @@ class SqliteStore:
             for op in writes:
                 if isinstance(op, tuple):
                     event, completes, future = op
-                    outcome((future, None, add(event, completes)))
+                    error = add(event, completes)
+                    if outcomes and outcomes[-1][0] is future:  # shared with the event before (enqueue)
+                        if error is not None:
+                            outcomes[-1] = (future, None, error)
+                        continue
+                    outcome((future, None, error))
                 elif isinstance(op, _Open):
                     batch.open(op)
                     outcome((op.future, None, None))
@@ -917,7 +923,18 @@ class SqliteStore:
         )
 
     def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
-        """Queue ``event`` for the next transaction; the future resolves once that transaction committed."""
+        """Queue ``event`` for the next transaction; the future resolves once that transaction committed.
+
+        Progress events of one stream queued one after another share the first one's future (a tool reporting in a
+        loop: one future, one outcome and one wake-up of the stream per hand-over, not per event). It fails if any
+        of them could not be stored; storing them again is safe, as an identical append of a stored position
+        succeeds."""
+        pending = self._pending
+        if pending and not completes and not event.terminal:
+            last = pending[-1]
+            if type(last) is tuple and not last[1] and not last[0].terminal and last[0].stream == event.stream:
+                pending.append((event, False, last[2]))
+                return last[2]
         future = self._future()
         self._submit((event, completes, future))
         return future
@@ -1026,6 +1043,13 @@ def _truncate_wal(db: sqlite3.Connection) -> None:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     finally:
         db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+
+
+def _failures_first(outcomes: list[_Outcome]) -> list[_Outcome]:
+    """Each future's outcome once, a failure if any of its writes failed (events sharing a future, stored one by
+    one): :func:`_settle` resolves a future with the first outcome it meets."""
+    failed = {id(outcome[0]): outcome for outcome in outcomes if outcome[2] is not None}
+    return [failed.get(id(outcome[0]), outcome) for outcome in outcomes]
 
 
 def _settle(outcomes: list[_Outcome]) -> None:
