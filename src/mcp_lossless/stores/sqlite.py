@@ -297,7 +297,8 @@ class _StreamState:
 
 
 class _Batch:
-    """The appends of one transaction, gathered per stream, then written with one ``executemany`` per statement."""
+    """The appends of one transaction, gathered per stream, then written with a few statements (one per kind of
+    write, the events in rows of :data:`_ROWS_PER_INSERT`)."""
 
     def __init__(
         self,
@@ -418,7 +419,7 @@ class _Batch:
                 )
                 db.executemany(_INSERT_STREAM.format(conflict="OR REPLACE"), opened)
         if self.rows:
-            db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self.rows)
+            _insert_rows(db, "INSERT INTO events VALUES ", 8, self.rows)
             self.rows = []
         if trimmed:
             db.executemany("DELETE FROM events WHERE stream_id = ? AND seq < ?", trimmed)
@@ -537,7 +538,9 @@ class SqliteStore:
         """The writer thread: open the file, then serve batches until asked to finish."""
         loop = opened.get_loop()
         try:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+            db = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=True, cached_statements=_CACHED_STATEMENTS
+            )
             try:
                 secret = self._initialize(db)
             except BaseException:
@@ -1043,6 +1046,28 @@ def _truncate_wal(db: sqlite3.Connection) -> None:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     finally:
         db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+
+
+_ROWS_PER_INSERT = 64
+"""Rows one ``INSERT`` statement writes at most: a statement per count up to it, each prepared once (the connection
+caches :data:`_CACHED_STATEMENTS`)."""
+_CACHED_STATEMENTS = 256
+_VALUES: dict[tuple[int, int], str] = {}
+"""The ``VALUES`` lists by (columns, rows)."""
+
+
+def _insert_rows(db: sqlite3.Connection, head: str, width: int, rows: list[tuple[Any, ...]]) -> None:
+    """Insert ``rows`` with one statement per :data:`_ROWS_PER_INSERT`, not one step each (``executemany``): a step
+    binds its row's parameters, resets the statement and hands the GIL back and forth once more (stream workload:
+    58.7k -> 55.7k instructions per event)."""
+    for start in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[start : start + _ROWS_PER_INSERT]
+        key = (width, len(chunk))
+        values = _VALUES.get(key)
+        if values is None:
+            row = "(" + ", ".join("?" * width) + ")"
+            values = _VALUES[key] = ", ".join([row] * len(chunk))
+        db.execute(head + values, [value for row in chunk for value in row])
 
 
 def _failures_first(outcomes: list[_Outcome]) -> list[_Outcome]:
