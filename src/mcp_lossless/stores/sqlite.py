@@ -29,13 +29,13 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl
 
 import orjson
 
-from ..core.events import RequestId, StoredEvent, StreamKind, StreamRecord
+from ..core.events import EventRows, RequestId, StoredEvent, StreamKind, StreamRecord
 from ..core.principal import Principal
 from ._codec import CACHE_LIMIT, Interner, decode_requests, encode_requests, encode_tags
 from .base import EventsEvicted, SessionRecord, StoreUnavailable
@@ -953,11 +953,12 @@ class SqliteStore:
             )
         )
 
-    async def read_after(self, stream: str, seq: int) -> list[StoredEvent]:
+    async def read_after(self, stream: str, seq: int) -> Sequence[StoredEvent]:
         return await self._read(lambda db: self._read_after(db, stream, seq))
 
-    def _read_after(self, db: sqlite3.Connection, stream: str, seq: int) -> list[StoredEvent]:
-        """The events after ``seq``, reading per row only what differs from the first event's request.
+    def _read_after(self, db: sqlite3.Connection, stream: str, seq: int) -> Sequence[StoredEvent]:
+        """The events after ``seq`` as rows (:class:`EventRows`: a replay frames and checks them with no event built
+        per row, ADR 0020), reading per row only what differs from the first event's request.
 
         What a row costs is mostly its columns: ``sqlite3`` releases and takes back the GIL around each column
         it fetches, then builds an object for it (some 1,100 instructions per column and row, measured). So
@@ -994,17 +995,17 @@ class SqliteStore:
             )
         value, tags = self._interner.value, self._interner.tags
         rid: RequestId | None = None if raw_rid is None else value(raw_rid)
-        tag_set = tags(raw_tags)
-        make = tuple.__new__
-        events: list[Any] = []
-        """The events in order; another request's, or an answer, first as its payload, replaced below."""
-        append = events.append
+        table: list[frozenset[str]] = [tags(raw_tags)]
+        """The tag sets the rows name by index: the first event's request's first."""
+        out: list[Any] = []
+        """The rows in order; another request's event, or an answer, first as its payload, replaced below."""
+        append = out.append
         others: list[int] = []
         position = start - 1
         for event_id, data in rows:
             position += 1
             if event_id is not None:
-                append(make(StoredEvent, (session_id, stream, position, event_id, data, rid, tool, tag_set, False)))
+                append((event_id, data, rid, tool, 0, False))
             else:
                 others.append(position)
                 append(data)
@@ -1012,12 +1013,15 @@ class SqliteStore:
             found = db.execute(_READ_AT, (stream_id, orjson.dumps(others).decode())).fetchall()
             if len(found) != len(others):  # the rows read a moment ago: gone only if the file changed under it
                 raise StoreUnavailable(f"sqlite store {self.path!r}: events of stream {stream} changed while read")
+            indices = {raw_tags: 0}
             for position, event_id, raw, other_tool, other_tags, terminal in found:
-                index = position - start
+                index = indices.get(other_tags)
+                if index is None:
+                    index = indices[other_tags] = len(table)
+                    table.append(tags(other_tags))
                 request_id = None if raw is None else value(raw)
-                fields = (session_id, stream, position, event_id, events[index], request_id, other_tool)
-                events[index] = make(StoredEvent, (*fields, tags(other_tags), terminal == 1))
-        return events
+                out[position - start] = (event_id, out[position - start], request_id, other_tool, index, terminal == 1)
+        return EventRows(session_id, stream, start, out, table)
 
     async def owner_alive(self, owner: str) -> bool:
         """Always ``False``: one process owns the file, so any other owner ended with its process."""
@@ -1035,7 +1039,7 @@ class SqliteStore:
 
         return await self._write(claim)
 
-    async def wait_events(self, stream: str, seq: int, block_seconds: float) -> list[StoredEvent]:
+    async def wait_events(self, stream: str, seq: int, block_seconds: float) -> Sequence[StoredEvent]:
         return await self.read_after(stream, seq)
 
 
