@@ -419,7 +419,7 @@ class _Batch:
                 )
                 db.executemany(_INSERT_STREAM.format(conflict="OR REPLACE"), opened)
         if self.rows:
-            _insert_rows(db, "INSERT INTO events VALUES ", 8, self.rows)
+            _insert_events(db, self.rows)
             self.rows = []
         if trimmed:
             db.executemany("DELETE FROM events WHERE stream_id = ? AND seq < ?", trimmed)
@@ -1053,25 +1053,24 @@ def _truncate_wal(db: sqlite3.Connection) -> None:
 
 
 _ROWS_PER_INSERT = 64
-"""Rows one ``INSERT`` statement writes at most: a statement per count up to it, each prepared once (the connection
-caches :data:`_CACHED_STATEMENTS`)."""
+"""Events one ``INSERT`` statement writes at most: one statement per count up to it, each prepared once (the
+connection caches :data:`_CACHED_STATEMENTS`)."""
 _CACHED_STATEMENTS = 256
-_VALUES: dict[tuple[int, int], str] = {}
-"""The ``VALUES`` lists by (columns, rows)."""
+_EVENT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?)"
+_INSERT_EVENTS: dict[int, str] = {}
+"""The ``INSERT`` of so many events, by count."""
 
 
-def _insert_rows(db: sqlite3.Connection, head: str, width: int, rows: list[tuple[Any, ...]]) -> None:
-    """Insert ``rows`` with one statement per :data:`_ROWS_PER_INSERT`, not one step each (``executemany``): a step
-    binds its row's parameters, resets the statement and hands the GIL back and forth once more (stream workload:
-    58.7k -> 55.7k instructions per event)."""
+def _insert_events(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Insert the events' ``rows`` with one statement per :data:`_ROWS_PER_INSERT`, not one step each
+    (``executemany``): a step binds its row's parameters, resets the statement and hands the GIL back and forth
+    once more (stream workload: 58.7k -> 55.7k instructions per event)."""
     for start in range(0, len(rows), _ROWS_PER_INSERT):
         chunk = rows[start : start + _ROWS_PER_INSERT]
-        key = (width, len(chunk))
-        values = _VALUES.get(key)
-        if values is None:
-            row = "(" + ", ".join("?" * width) + ")"
-            values = _VALUES[key] = ", ".join([row] * len(chunk))
-        db.execute(head + values, [value for row in chunk for value in row])
+        sql = _INSERT_EVENTS.get(len(chunk))
+        if sql is None:
+            sql = _INSERT_EVENTS[len(chunk)] = "INSERT INTO events VALUES " + ", ".join([_EVENT_ROW] * len(chunk))
+        db.execute(sql, [value for event in chunk for value in event])
 
 
 def _failures_first(outcomes: list[_Outcome]) -> list[_Outcome]:
