@@ -17,7 +17,7 @@ import pytest
 
 from mcp_lossless.core.events import PendingRequest, StoredEvent, StreamRecord
 from mcp_lossless.stores.sqlite import _HAND_OVER_AT, SqliteStore, _failures_first, _settle
-from tests.integration.test_store_contract import event, stream
+from tests.integration.test_store_contract import TOOL_A, event, stream
 
 pytestmark = pytest.mark.anyio
 
@@ -48,7 +48,7 @@ def count_batches(store: SqliteStore) -> list[int]:
     return sizes
 
 
-CALL = PendingRequest(1, "tools/call", "a", frozenset({"https://mcp.example/tools/a"}))
+CALL = PendingRequest(1, "tools/call", "a", TOOL_A)
 
 
 def call(key: str) -> StreamRecord:
