@@ -3,7 +3,7 @@ loopback, bounded in time; writes ``benchmarks/RESULTS-abuse.md``.
 
     .venv/bin/python benchmarks/abuse.py                       # this checkout, every row
     .venv/bin/python benchmarks/abuse.py --repo /tmp/before    # another checkout's server (its own .venv)
-    .venv/bin/python benchmarks/abuse.py --rows H3,M5 --label after --out results/x.json
+    .venv/bin/python benchmarks/abuse.py --rows H3,M5 --out results/x.json
 
 Each row starts a fresh ``mcp-lossless serve`` from ``--repo`` (memory store unless the row is about SQLite)
 with three dev clients, ``a``, ``b`` and ``c`` (three principals), attacks it, measures, and stops it by its
@@ -145,7 +145,8 @@ class Prober:
     """Another principal's ping, one after another, while an attack runs: the latencies it saw.
 
     The pings run in a process of their own, so that what the attacking client costs this process (reading a
-    flood of events) is not counted as the server's latency.
+    flood of events) is not counted as the server's latency. Entering waits for the first answer, so that an
+    attack over in milliseconds (a refused batch) still has pings running beside it.
     """
 
     def __init__(self, p: Peer) -> None:
@@ -154,6 +155,7 @@ class Prober:
         self.failures: list[str] = []
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._first = asyncio.Event()
 
     async def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -162,20 +164,27 @@ class Prober:
             self.latencies.append(float(latency) / 1000)
             if status != "200":
                 self.failures.append(status)
+            self._first.set()
+        self._first.set()  # the prober ended without a ping: summary() says so
 
     async def __aenter__(self) -> Prober:
         p = self.peer
         assert p.token is not None and p.session_id is not None
-        args = ["--probe", p.base, p.token, p.session_id, p.version]
+        # one JSON argument: a session id may begin with "-", which argparse would take for an option
+        args = ["--probe", orjson.dumps([p.base, p.token, p.session_id, p.version]).decode()]
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, __file__, *args, stdout=asyncio.subprocess.PIPE
         )
         self._reader = asyncio.get_running_loop().create_task(self._read())
+        await asyncio.wait_for(self._first.wait(), 30)
+        if not self.latencies:
+            raise RuntimeError(f"the prober exited before its first ping (status {await self._proc.wait()})")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._proc is not None and self._reader is not None
-        self._proc.terminate()
+        with contextlib.suppress(ProcessLookupError):  # it has exited already
+            self._proc.terminate()
         await self._proc.wait()
         await self._reader
 
@@ -649,11 +658,11 @@ def main() -> None:
     parser.add_argument(
         "--merge", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="write the report from two runs"
     )
-    parser.add_argument("--probe", nargs=4, metavar=("BASE", "TOKEN", "SESSION", "VERSION"), help=argparse.SUPPRESS)
+    parser.add_argument("--probe", metavar="[BASE, TOKEN, SESSION, VERSION]", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(probe_pings(*args.probe))
+            asyncio.run(probe_pings(*orjson.loads(args.probe)))
         return
     if args.merge:
         write_report(*(orjson.loads(p.read_bytes()) for p in args.merge))

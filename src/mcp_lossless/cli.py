@@ -305,7 +305,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         tools = None if args.target is None else load_registry(args.target)
     except TargetError as exc:
-        raise UsageError(f"TARGET {exc}") from None
+        raise UsageError(f"TARGET: {exc}") from None
     try:
         app = conformance_app(config) if args.conformance else create_app(config, tools)
     except ValueError as exc:  # a setting only the app can judge (the store's spec): a bad flag like the others

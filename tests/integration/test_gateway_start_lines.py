@@ -153,3 +153,20 @@ async def test_a_modern_upstream_whose_listing_stream_ends_early_is_described_in
         f"tools/list to http://127.0.0.1:{port}/mcp failed: "
         "the server broke off the HTTP exchange: the response stream ended before its answer"
     )
+
+
+async def test_an_upstream_asking_for_a_token_names_the_missing_auth_setting() -> None:
+    """An upstream that requires authorization (ours with its dev authorization server), configured without
+    ``auth``: the failure names the upstream and the setting, not only "the client has no credentials"."""
+    app = lambda port: create_app(ServerConfig(port=port, store="memory"), one_tool())  # noqa: E731
+    with lossless_server(app) as url:
+        upstream = HttpUpstream(UpstreamConfig(name="guarded", url=f"{url}/mcp"))
+        try:
+            async with asyncio.timeout(WAIT):
+                with pytest.raises(UpstreamFailure) as failed:
+                    await upstream.start(lambda: None)
+        finally:
+            await upstream.close()
+    assert failed.value.reason == "unauthorized"
+    assert "upstream 'guarded' requires authorization" in failed.value.detail, failed.value.detail
+    assert "auth = { bearer_env" in failed.value.detail, failed.value.detail

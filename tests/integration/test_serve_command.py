@@ -108,7 +108,7 @@ def test_a_bad_target_exits_2_with_one_line(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 2
-    assert "TARGET no file 'nowhere.py'" in done.stderr
+    assert "TARGET: no file 'nowhere.py'" in done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -208,8 +208,22 @@ def test_an_unknown_store_is_a_usage_error_of_serve_exit_2() -> None:
     assert done.returncode == 2
     assert done.stderr == (
         "mcp-lossless serve: unknown store 'postgres://db': use memory, sqlite:PATH[?S=V], "
-        "redis://HOST:PORT[/DB][?prefix=P]\n"
+        "redis://HOST:PORT[/DB][?S=V]\n"
     )
+
+
+def test_a_redis_setting_neither_the_store_nor_redis_py_knows_exits_2_before_connecting() -> None:
+    # it was passed on to redis-py, which refused it only at the first connection: a traceback and exit 3
+    done = subprocess.run(
+        [*CLI, "serve", "--store", "redis://127.0.0.1:1/0?prefix=x&bogus=1", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("mcp-lossless serve: redis store: unknown setting 'bogus' (the store's: prefix,")
+    assert "Traceback" not in done.stderr
 
 
 def test_a_bad_config_value_exits_2_before_anything_starts(tmp_path: Path) -> None:

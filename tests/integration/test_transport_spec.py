@@ -71,9 +71,15 @@ async def test_malformed_bodies_are_400_with_a_json_rpc_error(peer: Peer, body: 
     assert response.json()["error"]["code"] == code
 
 
-async def test_oversize_body_is_413(peer: Peer) -> None:
+async def test_oversize_body_is_413_naming_the_limit_and_counted(peer: Peer, server_url: str) -> None:
+    # it was -32600 with no data, unlike every other limit refusal (docs/limits.md), and not counted
     big = orjson.dumps(call(1, "search", query="x" * (2 * 1024 * 1024)))
-    assert (await raw(peer, body=big)).status_code == 413
+    refused = await raw(peer, body=big)
+    assert refused.status_code == 413
+    error = refused.json()["error"]
+    assert error["code"] == -32044 and error["data"] == {"limit": "max_body_bytes", "maximum": 1024 * 1024}
+    text = (await peer.http.get(f"{server_url}/metrics")).text
+    assert re.search(r'mcp_lossless_limit_refusals_total\{limit="max_body_bytes"\} [1-9]', text)
 
 
 async def test_wrong_argument_types_are_a_json_rpc_error_not_a_500(peer: Peer) -> None:
@@ -88,7 +94,8 @@ async def test_wrong_argument_types_are_a_json_rpc_error_not_a_500(peer: Peer) -
 
 
 async def test_session_header_rules(peer: Peer) -> None:
-    assert (await raw(peer, body=PING, mcp_session_id="")).status_code == 400
+    headless = await raw(peer, body=PING, mcp_session_id="")
+    assert headless.status_code == 400 and "Mcp-Session-Id" in headless.json()["error"]["message"], "names the header"
     assert (await raw(peer, body=PING, mcp_session_id="no-such-session")).status_code == 404
     deleted = await raw(peer, "DELETE")
     assert deleted.status_code == 204

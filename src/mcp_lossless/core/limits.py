@@ -111,6 +111,20 @@ def connection_cap(limits: Limits, fd_limit: int) -> int:
     return max(1, min(limits.max_connections, fd_limit - reserve))
 
 
+def body_too_large(maximum: int) -> LimitExceeded:
+    """A request body past ``max_body_bytes`` (a server setting beside :class:`Limits`)."""
+    return LimitExceeded("max_body_bytes", maximum, 413, f"request body exceeds {maximum} bytes")
+
+
+def batch(maximum: int, length: int) -> LimitExceeded | None:
+    """A JSON-RPC batch of ``length`` messages against ``max_batch`` (a server setting beside :class:`Limits`)."""
+    if length <= maximum:
+        return None
+    return LimitExceeded(
+        "max_batch", maximum, 400, f"a batch holds at most {maximum} messages (max_batch); this one has {length}"
+    )
+
+
 def connections_full(limits: Limits, cap: int) -> LimitExceeded:
     return LimitExceeded(
         "max_connections", cap, 503, f"server holds its maximum of {cap} connections, all busy", retry_after=1

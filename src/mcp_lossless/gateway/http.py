@@ -87,6 +87,19 @@ async def _listed(client: Client | ModernClient) -> list[UpstreamTool]:
     ]
 
 
+class _NoUpstreamAuth(Auth):
+    """An upstream configured without ``auth``: a challenge from it names the setting that is missing."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def reauthorize(self, resources: frozenset[str], scopes: frozenset[str] = frozenset()) -> None:
+        raise AuthorizationFailed(
+            f"upstream {self.name!r} requires authorization and its [[upstream]] entry has no "
+            "auth = { bearer_env = ... } or { client_id = ..., secret_env = ... }"
+        )
+
+
 def client_auth(config: UpstreamConfig) -> Auth:
     """The gateway's own credentials for this upstream (read from the environment at start)."""
     auth = config.auth
@@ -94,7 +107,7 @@ def client_auth(config: UpstreamConfig) -> Auth:
         return BearerToken(auth.token())
     if isinstance(auth, ClientCredentialsFromEnv):
         return OAuth(auth.client_id, auth.secret(), scope=auth.scope)
-    return Auth()
+    return _NoUpstreamAuth(config.name)
 
 
 def _failure(exc: McpClientError) -> UpstreamFailure:

@@ -21,8 +21,8 @@ def is_request_id(value: object) -> bool:
     return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
-def _invalid(message: str, status: int = 400, data: Any = None) -> Refused:
-    return Refused.rpc(status, errors.INVALID_REQUEST, message, data=data)
+def _invalid(message: str, status: int = 400) -> Refused:
+    return Refused.rpc(status, errors.INVALID_REQUEST, message)
 
 
 def _accept(index: dict[bytes, bytes]) -> str:
@@ -46,20 +46,19 @@ def require_post_media(scope: Scope) -> None:
         raise _invalid("Content-Type must be application/json", 415)
 
 
-def parse_messages(body: bytes, max_batch: int) -> tuple[list[dict[str, Any]], bool]:
-    """The body's JSON-RPC messages, and whether they came as a batch; a batch above ``max_batch`` is refused
-    before any of its messages is looked at."""
+def parse_body(body: bytes) -> tuple[list[Any], bool]:
+    """The body's JSON values, not yet looked at, and whether they came as a batch (whose length the caller
+    checks against ``max_batch`` before :func:`check_messages` walks it)."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise Refused.rpc(400, errors.PARSE_ERROR, f"body is not JSON: {exc.msg}") from None
     batch = isinstance(payload, list)
-    messages = payload if batch else [payload]
-    if len(messages) > max_batch:
-        limit = {"limit": "max_batch", "maximum": max_batch, "received": len(messages)}
-        raise _invalid(
-            f"a batch holds at most {max_batch} messages (max_batch); this one has {len(messages)}", data=limit
-        )
+    return (payload if batch else [payload]), batch
+
+
+def check_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """``messages`` as JSON-RPC messages, each checked: a request, a notification or a response."""
     if not messages:
         raise _invalid("empty batch")
     for message in messages:  # each message: a request, a notification or a response
@@ -76,7 +75,7 @@ def parse_messages(body: bytes, max_batch: int) -> tuple[list[dict[str, Any]], b
             raise _invalid("message is neither a request, a notification nor a response")
         elif message["id"] is not None and not is_request_id(message["id"]):
             raise _invalid("response id must be a string, an integer or null")
-    return messages, batch
+    return messages
 
 
 def require_alone(messages: list[dict[str, Any]]) -> None:

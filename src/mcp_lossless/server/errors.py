@@ -14,6 +14,7 @@ from typing import Any
 from ..asgi import Send, respond_json
 from ..core import frames
 from ..core.events import RequestId
+from ..core.limits import LimitExceeded
 
 
 class ServerError(Exception):
@@ -47,6 +48,11 @@ class Refused(ServerError):
     ) -> Refused:
         """A refusal whose body is a JSON-RPC error (what an MCP client reads)."""
         return cls(status, rpc_error(code, message, request_id, data), headers)
+
+    @classmethod
+    def over(cls, exceeded: LimitExceeded) -> Refused:
+        """A refusal past a limit (:mod:`mcp_lossless.core.limits`): its status, body and ``Retry-After``."""
+        return cls(exceeded.status, exceeded.body(), exceeded.headers())
 
     async def render(self, send: Send) -> None:
         await respond_json(send, self.status, self.body, self.headers)

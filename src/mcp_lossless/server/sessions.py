@@ -202,7 +202,7 @@ class SessionRegistry:
     def _check(self, exceeded: LimitExceeded | None) -> None:
         if exceeded is not None:
             self._on_refusal(exceeded.limit)
-            raise Refused(exceeded.status, exceeded.body(), exceeded.headers())
+            raise Refused.over(exceeded)
 
     def _add(self, session: ServerSession) -> None:
         self._sessions[session.id] = session

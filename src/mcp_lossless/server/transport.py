@@ -17,7 +17,9 @@ from typing import Any
 from .. import __version__
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
 from ..core import errors, frames, protocol
+from ..core import limits as verdicts
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
+from ..core.limits import LimitExceeded
 from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal
 from ..core.resources import describe, resources_in, scopes_in
@@ -143,8 +145,12 @@ class Transport:
         try:
             body = await read_body(receive, config.max_body_bytes)
         except BodyTooLarge:
-            raise Refused.rpc(413, errors.INVALID_REQUEST, f"body exceeds {config.max_body_bytes} bytes") from None
-        messages, batch = checks.parse_messages(body, config.max_batch)
+            raise self._over(verdicts.body_too_large(config.max_body_bytes)) from None
+        values, batch = checks.parse_body(body)
+        too_long = verdicts.batch(config.max_batch, len(values))
+        if too_long is not None:  # before any of its messages is looked at
+            raise self._over(too_long)
+        messages = checks.check_messages(values)
         if self.modern is not None and not batch:
             index = headers(scope)
             if is_modern(messages[0], index):
@@ -516,11 +522,16 @@ class Transport:
             return None
         return self.state.sessions.recent(session_id.decode("latin-1"), grant.principal, now())
 
+    def _over(self, exceeded: LimitExceeded) -> Refused:
+        """A request past a server setting's limit, counted in ``/metrics`` as every limit refusal is."""
+        self.state.metrics.limit_refusals.labels(exceeded.limit).inc()
+        return Refused.over(exceeded)
+
     async def _session(self, scope: Scope, grant: Grant) -> ServerSession:
         """The request's session: 400 without the header, 404 when unknown or another principal's (one answer)."""
         session_id = header(scope, b"mcp-session-id")
         if session_id is None:
-            raise Refused.rpc(400, errors.INVALID_REQUEST, "Mcp-ServerSession-Id header required")
+            raise Refused.rpc(400, errors.INVALID_REQUEST, "Mcp-Session-Id header required")
         sessions = self.state.sessions
         session = await sessions.find(session_id, grant.principal)
         if session is None:

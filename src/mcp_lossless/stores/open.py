@@ -22,4 +22,4 @@ def open_store(spec: str) -> EventStore:
         from .redis import RedisStore
 
         return RedisStore.from_spec(spec)
-    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?prefix=P]")
+    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?S=V]")

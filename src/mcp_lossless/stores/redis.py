@@ -46,7 +46,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 from redis import exceptions as rx
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
@@ -255,6 +255,13 @@ class RedisStore:
             except ValueError:
                 raise ValueError(f"redis store: {name}={value!r} is not a valid {kind.__name__}") from None
         url = urlunsplit(parts._replace(query=urlencode(passed)))
+        try:  # redis-py takes the rest, but would refuse an unknown one only when it first connects: check it now
+            pool = ConnectionPool.from_url(url)
+            pool.connection_class(**pool.connection_kwargs)
+        except TypeError as exc:
+            name = str(exc).rpartition("argument ")[2]
+            known = ", ".join(cls.PARAMETERS)
+            raise ValueError(f"redis store: unknown setting {name} (the store's: {known}; or redis-py's)") from None
         return cls(url, **settings)
 
     # -- plumbing ------------------------------------------------------------------------------------
