@@ -99,19 +99,26 @@ async def test_a_stdio_upstreams_start_line(caplog: pytest.LogCaptureFixture) ->
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-async def start_failure(handler: Handler, era: str) -> tuple[UpstreamFailure, int]:
-    """How an HTTP upstream served by ``handler`` (a raw socket peer) fails to start, and the peer's port."""
-    listener = await asyncio.start_server(handler, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    upstream = HttpUpstream(UpstreamConfig(name="peer", url=f"http://127.0.0.1:{port}/mcp", era=era))  # type: ignore[arg-type]
+async def failure_to_start(config: UpstreamConfig) -> UpstreamFailure:
+    upstream = HttpUpstream(config)
     try:
         async with asyncio.timeout(WAIT):
             with pytest.raises(UpstreamFailure) as failed:
                 await upstream.start(lambda: None)
     finally:
         await upstream.close()
+    return failed.value
+
+
+async def start_failure(handler: Handler, era: str) -> tuple[UpstreamFailure, int]:
+    """How an HTTP upstream served by ``handler`` (a raw socket peer) fails to start, and the peer's port."""
+    listener = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        config = UpstreamConfig(name="peer", url=f"http://127.0.0.1:{port}/mcp", era=era)  # type: ignore[arg-type]
+        return await failure_to_start(config), port
+    finally:
         listener.close()
-    return failed.value, port
 
 
 @pytest.mark.parametrize("era", ["auto", "legacy", "modern"])
@@ -160,13 +167,7 @@ async def test_an_upstream_asking_for_a_token_names_the_missing_auth_setting() -
     ``auth``: the failure names the upstream and the setting, not only "the client has no credentials"."""
     app = lambda port: create_app(ServerConfig(port=port, store="memory"), one_tool())  # noqa: E731
     with lossless_server(app) as url:
-        upstream = HttpUpstream(UpstreamConfig(name="guarded", url=f"{url}/mcp"))
-        try:
-            async with asyncio.timeout(WAIT):
-                with pytest.raises(UpstreamFailure) as failed:
-                    await upstream.start(lambda: None)
-        finally:
-            await upstream.close()
-    assert failed.value.reason == "unauthorized"
-    assert "upstream 'guarded' requires authorization" in failed.value.detail, failed.value.detail
-    assert "auth = { bearer_env" in failed.value.detail, failed.value.detail
+        failure = await failure_to_start(UpstreamConfig(name="guarded", url=f"{url}/mcp"))
+    assert failure.reason == "unauthorized"
+    assert "upstream 'guarded' requires authorization" in failure.detail, failure.detail
+    assert "auth = { bearer_env" in failure.detail, failure.detail
