@@ -175,10 +175,12 @@ async def test_killed_replica_its_call_ends_with_execution_lost_and_a_reissue_su
     assert final["id"] == 5
     assert final["error"]["code"] == EXECUTION_LOST
     assert final["error"]["data"] == {"reason": "execution_lost", "requestId": 5, "resumable": False}
-    assert replay.events[-1].id is not None, "the loss is a stored event: every replica replays it"
+    # ADR 0025: the loss is on the stream's record, at no position the dead replica may have given
+    assert replay.events[-1].id is None, "the loss names no position"
 
     again = await on(b, peer).resume(started.ids[1])
     assert again.ids == replay.ids, "recorded once, whichever replica is asked"
+    assert again.messages[-1] == final, "every replica reads the same outcome off the record"
 
     reissued = await on(b, peer).post(call(6, "fetch", url="https://example.com/big", steps=2, delay_ms=5))
     assert reissued.messages[-1]["result"]["content"][0]["text"] == "contents of https://example.com/big: 23 bytes"

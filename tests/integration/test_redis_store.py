@@ -20,8 +20,8 @@ import anyio
 import pytest
 from redis.asyncio import Redis
 
-from mcp_lossless.core.events import PendingRequest, StoredEvent
-from mcp_lossless.stores import EventsEvicted, StoreUnavailable, open_store
+from mcp_lossless.core.events import Loss, PendingRequest, StoredEvent
+from mcp_lossless.stores import EventsEvicted, EventsLost, StoreUnavailable, open_store
 from mcp_lossless.stores.redis import _PIPELINE_LIMIT, RedisStore, StreamTakenOver
 from tests.integration.test_store_contract import ALICE, TOOL_A, TOOL_BC, event, fill, session, stream
 from tests.support.redis_server import RedisServer, redis_server_binary
@@ -169,17 +169,37 @@ async def test_concurrent_sweeps_report_each_session_once(replica: OpenReplica) 
     assert not set(first) & set(second)
 
 
-async def test_claim_has_exactly_one_winner_among_replicas(replica: OpenReplica) -> None:
+async def test_replicas_ending_a_stream_as_lost_at_once_agree_and_its_owner_appends_no_more(
+    replica: OpenReplica,
+) -> None:
     stores = [await replica() for _ in range(4)]
-    await stores[0].open_stream(stream("k1"))
+    await stores[0].open_stream(stream("k1", requests=(PendingRequest(1, "tools/call", "a", TOOL_A),)))
+    await fill(stores[0], "k1", 2)
 
-    won = await asyncio.gather(*(s.claim_stream("k1", "instance-1", f"claimer-{n}") for n, s in enumerate(stores)))
+    ended = await asyncio.gather(*(s.mark_lost("k1", "instance-1", Loss.OWNER) for s in stores))
 
-    assert sorted(won) == [False, False, False, True]
-    record = await stores[0].get_stream("k1")
-    assert record is not None
-    assert record.owner == f"claimer-{won.index(True)}"
-    assert await stores[1].claim_stream("k1", "instance-1", record.owner) is True, "a retried winning claim holds"
+    assert all(record == ended[0] for record in ended)
+    assert ended[0] is not None and (ended[0].lost, ended[0].completed, ended[0].last_seq) == (Loss.OWNER, True, 1)
+    with pytest.raises(StreamTakenOver):  # the owner was thought dead: its late event is refused, never stored
+        await stores[0].append(event("k1", 2, request_id=1, terminal=True))
+    assert len(await stores[1].read_after("k1", -1)) == 2
+
+
+async def test_an_append_past_what_the_store_holds_is_events_lost_naming_what_it_holds(
+    replica: OpenReplica, raw: Redis
+) -> None:
+    store = await replica()
+    await store.open_stream(stream("k1"))
+    await fill(store, "k1", 5)
+    await raw.hset(f"{store.prefix}:{{s1}}:s:k1", "last", 3)  # what a failover to a lagging replica leaves
+
+    with pytest.raises(EventsLost) as lost:
+        await store.append(event("k1", 5))
+    assert lost.value.held == 3
+    await raw.delete(f"{store.prefix}:{{s1}}:s:k1")
+    with pytest.raises(EventsLost) as gone:
+        await store.append(event("k1", 7))
+    assert gone.value.held is None
 
 
 async def test_append_is_idempotent_and_never_overwrites_another_instance(replica: OpenReplica) -> None:
@@ -192,7 +212,7 @@ async def test_append_is_idempotent_and_never_overwrites_another_instance(replic
     await b.append(lost)  # a retry after a lost reply: already stored, fine
     with pytest.raises(StreamTakenOver):
         await a.append(lost._replace(data=b'{"result":"late"}'))
-    with pytest.raises(ValueError, match="gap"):
+    with pytest.raises(EventsLost, match="it lost events"):
         await a.append(event("k1", 9))
 
     assert (await b.read_after("k1", 1)) == [lost]
@@ -358,7 +378,7 @@ async def test_outage_raises_store_unavailable_then_recovers_by_itself(tmp_path:
             lambda: store.read_after("k1", -1),
             lambda: store.wait_events("k1", 2, 1.0),
             lambda: store.owner_alive("me"),
-            lambda: store.claim_stream("k1", "instance-1", "me"),
+            lambda: store.mark_lost("k1", "instance-1", Loss.OWNER),
             lambda: store.register_instance("me"),
             lambda: first_secret(server.url),
         ]

@@ -47,7 +47,11 @@ async def test_killed_server_restarts_with_every_event_resumable_then_execution_
             final = replay.messages[-1]
             assert final["id"] == 5 and final["error"]["code"] == EXECUTION_LOST
             assert final["error"]["data"] == {"reason": "execution_lost", "requestId": 5, "resumable": False}
-            assert replay.events[-1].id is not None, "the lost-execution error is a stored event: resumable too"
+            # ADR 0025: the outcome is the stream record's, at no position the dead process may have given
+            assert replay.events[-1].id is None, "the lost-execution error names no position"
 
             again = await peer.resume(cursor)
             assert again.ids == replay.ids, "a second resume sees the same log: EXECUTION_LOST is recorded once"
+            assert again.messages[-1] == final
+            at_end = await peer.resume(replay.ids[-1])  # from the last stored event: only the outcome, again
+            assert at_end.status == 200 and at_end.ids == [] and at_end.messages == [final]

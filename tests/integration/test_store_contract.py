@@ -15,9 +15,16 @@ from pathlib import Path
 import anyio
 import pytest
 
-from mcp_lossless.core.events import PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
+from mcp_lossless.core.events import Loss, PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
 from mcp_lossless.core.principal import Principal
-from mcp_lossless.stores.base import EventsEvicted, EventStore, SessionRecord, StoreUnavailable
+from mcp_lossless.stores.base import (
+    EventsEvicted,
+    EventsLost,
+    EventStore,
+    SessionRecord,
+    StoreUnavailable,
+    StreamTakenOver,
+)
 from mcp_lossless.stores.memory import MemoryStore
 from mcp_lossless.stores.redis import RedisStore
 from mcp_lossless.stores.sqlite import SqliteStore
@@ -338,15 +345,26 @@ async def test_terminal_events_mark_only_their_request_answered(store: EventStor
 
 
 async def test_append_to_unknown_stream_is_refused(store: EventStore) -> None:
-    with pytest.raises(KeyError):
-        await store.append(event("never-opened", 0))
+    """A shared store can lose a stream its producer opened (a failover): it says so; a single-process one cannot."""
+    if store.shared:
+        with pytest.raises(EventsLost) as lost:
+            await store.append(event("never-opened", 0))
+        assert lost.value.held is None
+    else:
+        with pytest.raises(KeyError):
+            await store.append(event("never-opened", 0))
 
 
 async def test_append_that_would_leave_a_gap_is_refused(store: EventStore) -> None:
     await store.open_stream(stream("k1"))
     events = await fill(store, "k1", 2)
-    with pytest.raises(ValueError, match="position 3"):
-        await store.append(event("k1", 3))
+    if store.shared:  # the stream's producer is ahead of the store: it lost events (a failover)
+        with pytest.raises(EventsLost, match="up to 1, not 2") as lost:
+            await store.append(event("k1", 3))
+        assert lost.value.held == 1
+    else:
+        with pytest.raises(ValueError, match="position 3"):
+            await store.append(event("k1", 3))
     assert await store.read_after("k1", -1) == events
     record = await store.get_stream("k1")
     assert record is not None
@@ -366,7 +384,8 @@ async def test_queued_appends_of_many_streams_are_stored_in_order_and_a_refused_
     refused = store.enqueue(event("many-0", 200))
     after = store.enqueue(event("many-1", 150))
     await asyncio.gather(*queued, after)
-    with pytest.raises(ValueError, match="position 200"):
+    refusal = (EventsLost, "149, not 199") if store.shared else (ValueError, "position 200")
+    with pytest.raises(refusal[0], match=refusal[1]):
         await refused
     for key in keys:
         assert await store.read_after(key, -1) == written[key] + ([event(key, 150)] if key == "many-1" else [])
@@ -416,16 +435,25 @@ async def test_owner_alive_is_false_for_single_process_stores(store: EventStore)
     assert await store.owner_alive("instance-1") is False
 
 
-async def test_claim_stream_is_a_compare_and_set_of_the_owner(store: EventStore) -> None:
-    await store.open_stream(stream("k1"))
+async def test_mark_lost_ends_an_open_stream_of_its_owner_once_writing_no_event(store: EventStore) -> None:
+    requests = (PendingRequest(1, "tools/call", "a", TOOL_A), PendingRequest(2, "tools/call", "a", TOOL_A))
+    await store.open_stream(stream("k1", requests=requests))
+    answer = event("k1", 2, request_id=1, terminal=True)
+    events = [*await fill(store, "k1", 2), answer]
+    await store.append(answer)
 
-    assert await store.claim_stream("k1", "someone-else", "instance-2") is False
-    assert await store.claim_stream("k1", "instance-1", "instance-2") is True
-    assert await store.claim_stream("k1", "instance-1", "instance-3") is False
-    assert await store.claim_stream("never-opened", "instance-1", "instance-2") is False
-    got = await store.get_stream("k1")
+    with pytest.raises(StreamTakenOver):
+        await store.mark_lost("k1", "someone-else", Loss.OWNER)
+    got = await store.mark_lost("k1", "instance-1", Loss.OWNER)
     assert got is not None
-    assert got.owner == "instance-2"
+    assert (got.completed, got.lost, got.last_seq, got.answered) == (True, Loss.OWNER, 2, frozenset({1}))
+    assert [r.request_id for r in got.unanswered()] == [2]
+    assert await store.get_stream("k1") == got
+    assert await store.read_after("k1", -1) == events
+
+    again = await store.mark_lost("k1", "instance-1", Loss.STORE)
+    assert again == got, "an ended stream is left as it is: a retry, or a second replica, changes nothing"
+    assert await store.mark_lost("never-opened", "instance-1", Loss.OWNER) is None
 
 
 async def test_wait_events_answers_at_once_when_events_are_there(store: EventStore) -> None:

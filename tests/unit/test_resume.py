@@ -14,9 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcp_lossless.core import frames
 from mcp_lossless.core.eventids import Cursor, CursorProblem, Unverified
-from mcp_lossless.core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
+from mcp_lossless.core.events import Loss, PendingRequest, StoredEvent, StreamKind, StreamRecord
 from mcp_lossless.core.principal import Grant, Principal
 from mcp_lossless.core.replay import Refusal, RefusalReason
 from mcp_lossless.core.resources import AudiencePolicy
@@ -52,6 +51,7 @@ ADR_0002 = {
     CursorProblem.FOREIGN_SESSION: 409,
     CursorProblem.FOREIGN_STREAM: 409,
     CursorProblem.EVICTED: 410,
+    CursorProblem.LOST: 410,
 }
 
 
@@ -70,26 +70,10 @@ class World:
     evicted: set[str] = field(default_factory=set)
 
     def settle(self, record: StreamRecord) -> StreamRecord:
-        """What the transport's orphan settlement does: EXECUTION_LOST for each unanswered request, completed."""
+        """What the transport's orphan settlement does (ADR 0025): the stream ends as lost by its owner, completed,
+        and no event is written."""
         fresh = self.records[record.stream].copy()
-        log = self.log.setdefault(record.stream, [])
-        for request in fresh.unanswered():
-            fresh.last_seq += 1
-            data = frames.execution_lost(request.request_id)
-            log.append(
-                StoredEvent(
-                    fresh.session_id,
-                    fresh.stream,
-                    fresh.last_seq,
-                    f"{fresh.stream}.{fresh.last_seq:x}.mac",
-                    data,
-                    request.request_id,
-                    request.tool,
-                    request.resources,
-                    True,
-                )
-            )
-        fresh.answered = frozenset(r.request_id for r in fresh.requests)
+        fresh.lost = Loss.OWNER
         fresh.completed = True
         self.records[record.stream] = fresh
         return fresh
@@ -152,7 +136,11 @@ def streams(draw: st.DrawFn, session_id: str = SESSION) -> tuple[StreamRecord, l
             )
         )
     completed = bool(requests) and len(answered) == len(requests)
-    record = StreamRecord(session_id, STREAM, kind, owners, requests, len(log), completed, frozenset(answered))
+    lost = None
+    if kind is StreamKind.POST and not completed and draw(st.booleans()):  # ended as lost already
+        lost = draw(st.sampled_from(Loss))
+        completed = True
+    record = StreamRecord(session_id, STREAM, kind, owners, requests, len(log), completed, frozenset(answered), lost)
     return record, log
 
 
@@ -176,8 +164,9 @@ def worlds(draw: st.DrawFn) -> World:
     return world
 
 
-def expected(world: World, grant: Grant) -> CursorProblem | Refusal | tuple[list[StoredEvent], Tail]:
-    """The table, on its own terms: the cursor problem, the refusal, or the events replayed and the tail."""
+def expected(world: World, grant: Grant) -> CursorProblem | Refusal | tuple[list[StoredEvent], Tail, Loss | None]:
+    """The table, on its own terms: the cursor problem, the refusal, or the events replayed, the tail and how the
+    stream ended without its producer (its unanswered requests' outcome)."""
     decoded = world.decoded
     if isinstance(decoded, CursorProblem):
         return decoded
@@ -188,19 +177,14 @@ def expected(world: World, grant: Grant) -> CursorProblem | Refusal | tuple[list
         return CursorProblem.FOREIGN_STREAM if record.session_id == SESSION else CursorProblem.FOREIGN_SESSION
     if record is None:
         return CursorProblem.EVICTED
-    if decoded.seq > record.last_seq:
-        return CursorProblem.UNKNOWN
+    if decoded.seq > record.last_seq:  # an id we sent that the store does not hold: it lost events
+        return CursorProblem.LOST
     live = STREAM in world.live
     orphaned = not live and not record.completed and record.kind is StreamKind.POST and record.owner not in world.alive
     if STREAM in world.evicted:
         return CursorProblem.EVICTED
-    log = list(world.log[STREAM])
-    if orphaned:
-        log += [  # what settling appends: one EXECUTION_LOST per unanswered request, in request order
-            StoredEvent(SESSION, STREAM, seq, f"{STREAM}.{seq:x}.mac", b"", r.request_id, r.tool, r.resources, True)
-            for seq, r in enumerate(record.unanswered(), start=record.last_seq + 1)
-        ]
-    events = [e for e in log if e.seq > decoded.seq]
+    lost = Loss.OWNER if orphaned else record.lost  # settling writes no event: the record says how it ended
+    events = [e for e in world.log[STREAM] if e.seq > decoded.seq]
     uncovered = [e for e in events if not POLICY.covers(grant.audience, e.resources)]
     if uncovered:
         lacking = set().union(*(POLICY.missing(grant.audience, e.resources) for e in uncovered))
@@ -209,10 +193,10 @@ def expected(world: World, grant: Grant) -> CursorProblem | Refusal | tuple[list
             RefusalReason.INSUFFICIENT_AUDIENCE, first.event_id, first.request_id, tuple(sorted(lacking)), CURSOR
         )
     if live:
-        return events, Tail.LIVE
+        return events, Tail.LIVE, lost
     if not orphaned and not record.completed and record.kind is StreamKind.POST:
-        return events, Tail.REPLICA
-    return events, Tail.NONE
+        return events, Tail.REPLICA, lost
+    return events, Tail.NONE, lost
 
 
 @settings(max_examples=400)
@@ -226,8 +210,9 @@ def test_every_resume_gets_the_outcome_of_the_table(world: World, audience: froz
     elif isinstance(want, Refusal):
         assert got == want
     else:
-        events, tail = want
+        events, tail, lost = want
         assert isinstance(got, ReplayPlan)
+        assert got.record.lost is lost
         assert [(e.seq, e.request_id, e.terminal) for e in got.events] == [
             (e.seq, e.request_id, e.terminal) for e in events
         ]
@@ -274,12 +259,17 @@ def test_a_cursor_problem_carries_its_status_and_a_body_that_is_not_resumable(
     got, _ = run(world, Grant(ALICE, audience))
     if isinstance(got, CursorRejected):
         assert got.status == ADR_0002[got.problem]
+        held = {"heldEventId": got.held} if got.problem is CursorProblem.LOST else {}
         assert got.body == {
             "error": got.problem.value,
             "error_description": got.problem.description,
             "lastEventId": CURSOR,
             "resumable": False,
+            **held,
         }
+        if got.problem is CursorProblem.LOST:  # names the last event the store holds, with the cursor's MAC
+            record = world.records[STREAM]
+            assert got.held == f"{STREAM}.{record.last_seq:x}.{CURSOR}"
 
 
 @pytest.mark.parametrize("problem", list(CursorProblem))
@@ -312,8 +302,9 @@ def test_the_stream_of_a_dead_owner_is_settled_before_it_is_replayed() -> None:
         NeedEvents(STREAM, 1),
     ]
     assert isinstance(got, ReplayPlan)
-    assert [(e.seq, e.request_id, e.terminal) for e in got.events] == [(2, 0, True), (3, 1, False), (4, 1, True)]
-    assert b"-32042" in got.events[-1].data  # EXECUTION_LOST: the second call ends explicitly
+    assert [(e.seq, e.request_id, e.terminal) for e in got.events] == [(2, 0, True), (3, 1, False)]
+    # the second call ends explicitly: execution lost, from the record, at no position of the dead owner's
+    assert got.record.lost is Loss.OWNER and [r.request_id for r in got.record.unanswered()] == [1]
     assert got.tail is Tail.NONE and got.record.completed and got.settled == frozenset()
 
 

@@ -51,6 +51,7 @@ class CursorProblem(Enum):
     FOREIGN_SESSION = "foreign_session"
     FOREIGN_STREAM = "foreign_stream"
     EVICTED = "evicted"
+    LOST = "lost"
 
     @property
     def status(self) -> int:
@@ -69,6 +70,7 @@ CURSOR_STATUS = {
     CursorProblem.FOREIGN_SESSION: 409,
     CursorProblem.FOREIGN_STREAM: 409,
     CursorProblem.EVICTED: 410,
+    CursorProblem.LOST: 410,
 }
 """404 stays with its spec meaning (the session is unknown or not yours: initialize again)."""
 CURSOR_TEXT = {
@@ -77,6 +79,8 @@ CURSOR_TEXT = {
     CursorProblem.FOREIGN_SESSION: "Last-Event-ID belongs to another session",
     CursorProblem.FOREIGN_STREAM: "Last-Event-ID does not belong to the stream it names",
     CursorProblem.EVICTED: "events after Last-Event-ID are no longer retained; replaying the rest would lose them",
+    CursorProblem.LOST: "the event store lost events it had acknowledged (a failover?): it no longer holds"
+    " Last-Event-ID, so the rest of this stream cannot be replayed; re-issue the call",
 }
 
 

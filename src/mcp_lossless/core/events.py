@@ -15,6 +15,21 @@ class StreamKind(Enum):
     GET = "get"
 
 
+class Loss(Enum):
+    """Why a stream ended without its producer answering every request (ADR 0025).
+
+    The outcome is kept on the stream's record, never written as an event: an event position is the producer's
+    to give, and a process that ends the stream for it cannot know which positions the producer had given (a
+    store that fails over may have lost some that clients hold), so any position it wrote could name two
+    contents.
+    """
+
+    OWNER = "execution_lost"
+    """The process producing the stream died: each unanswered request may have run."""
+    STORE = "events_lost"
+    """The store lost events it had acknowledged (a failover to a replica that had not received them)."""
+
+
 class PendingRequest(NamedTuple):
     """A request carried by a stream, with the tool and resources its events need (built once per request)."""
 
@@ -136,6 +151,8 @@ class StreamRecord:
     last_seq: int = -1
     completed: bool = False
     answered: frozenset[RequestId] = field(default_factory=frozenset)
+    lost: Loss | None = None
+    """Set when the stream ended without its producer (then ``completed`` too): its unanswered requests' outcome."""
 
     def copy(self) -> StreamRecord:
         """An independent copy (``dataclasses.replace`` costs several times more on the per-call path)."""
@@ -148,6 +165,7 @@ class StreamRecord:
             self.last_seq,
             self.completed,
             self.answered,
+            self.lost,
         )
 
     def unanswered(self) -> tuple[PendingRequest, ...]:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from .errors import DELIVERY_REFUSED, EXECUTION_LOST
-from .events import EventRows, RequestId, StoredEvent
+from .events import EventRows, Loss, RequestId, StoredEvent
 from .replay import Refusal, RefusalReason
 from .resources import describe, resources_in, scopes_in
 
@@ -115,6 +115,27 @@ def execution_lost(request_id: RequestId) -> bytes:
         "execution lost: the process running this request ended before it answered; the tool may have run",
         {"reason": "execution_lost", "requestId": request_id, "resumable": False},
     )
+
+
+def events_lost(request_id: RequestId, held: str | None) -> bytes:
+    """The store lost events of this request's stream that it had acknowledged: its outcome cannot be delivered."""
+    holds = f"it holds the stream up to event {held}" if held is not None else "it holds nothing of the stream"
+    return error(
+        request_id,
+        EXECUTION_LOST,
+        f"events lost by the store (a failover to a replica that had not received them): {holds}; the tool may"
+        " have run",
+        {"reason": "events_lost", "requestId": request_id, "heldEventId": held, "resumable": False},
+    )
+
+
+def lost_frames(loss: Loss, held: str | None, unanswered: Iterable[RequestId]) -> bytes:
+    """The end of a stream that ended without its producer (ADR 0025): each unanswered request's explicit outcome,
+    from the stream's record, without an ``id:`` (no position was written for it). ``held``: the id of the last
+    event the store holds."""
+    if loss is Loss.OWNER:
+        return b"".join(sse(None, execution_lost(rid)) for rid in unanswered)
+    return b"".join(sse(None, events_lost(rid, held)) for rid in unanswered)
 
 
 def store_unavailable_frames(cursor: str | None, unanswered: Iterable[RequestId]) -> bytes:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from .eventids import Cursor, CursorProblem, Unverified
+from .eventids import Cursor, CursorProblem, EventIdCodec, Unverified
 from .events import RequestId, StoredEvent, StreamKind, StreamRecord, answered_in
 from .principal import Grant
 from .replay import Refusal, plan_replay
@@ -105,6 +105,8 @@ class CursorRejected:
 
     problem: CursorProblem
     cursor: str
+    held: str | None = None
+    """For :attr:`~.eventids.CursorProblem.LOST`: the id of the last event the store still holds of the stream."""
 
     @property
     def status(self) -> int:
@@ -112,12 +114,15 @@ class CursorRejected:
 
     @property
     def body(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "error": self.problem.value,
             "error_description": self.problem.description,
             "lastEventId": self.cursor[:CURSOR_ECHO_CHARS],
             "resumable": False,
         }
+        if self.held is not None:
+            body["heldEventId"] = self.held
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +148,13 @@ def stream_tags(record: StreamRecord) -> set[frozenset[str]]:
     return {frozenset(), *(request.resources for request in record.requests)}
 
 
+def held_event_id(cursor: str, decoded: Cursor, record: StreamRecord) -> str | None:
+    """The id of the last event of ``record`` the store holds, with the MAC the verified ``cursor`` carries."""
+    if record.last_seq < 0:
+        return None
+    return EventIdCodec.encode(decoded.stream, record.last_seq, cursor.rpartition(".")[2])
+
+
 def decide_resume(facts: ResumeFacts, grant: Grant, policy: AudiencePolicy) -> Question | Outcome:
     """The next question to answer, or the outcome of the resume described by ``facts``."""
     decoded = facts.decoded
@@ -161,8 +173,8 @@ def decide_resume(facts: ResumeFacts, grant: Grant, policy: AudiencePolicy) -> Q
         return NeedStream(decoded.stream)
     if record is Lookup.ABSENT:  # the MAC proves the stream was ours: its record is gone with its events
         return CursorRejected(CursorProblem.EVICTED, facts.cursor)
-    if decoded.seq > record.last_seq:  # no id of this position was ever sent
-        return CursorRejected(CursorProblem.UNKNOWN, facts.cursor)
+    if decoded.seq > record.last_seq:  # an id we sent (its MAC holds) that the store no longer has: it lost it
+        return CursorRejected(CursorProblem.LOST, facts.cursor, held_event_id(facts.cursor, decoded, record))
     may_be_orphaned = not (facts.live or facts.settled or record.completed) and record.kind is StreamKind.POST
     if may_be_orphaned:
         if facts.owner_alive is None:

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 from operator import itemgetter
 from time import perf_counter
 
-from ..core import frames
 from ..core.eventids import EventIdCodec
-from ..core.events import PendingRequest, StoredEvent, StreamRecord
+from ..core.events import Loss, PendingRequest, StoredEvent, StreamRecord
 from ..core.limits import Limits
-from ..stores.base import EventsEvicted, EventStore, StoreUnavailable, StreamTakenOver
+from ..stores.base import EventsEvicted, EventsLost, EventStore, StoreUnavailable, StreamTakenOver
 from .observability import log_decision
+
+log = logging.getLogger("mcp_lossless.server.streams")
 
 _request_id = itemgetter(0)
 """A :class:`~..core.events.PendingRequest`'s id, without a Python frame per request."""
@@ -47,7 +49,7 @@ async def _append_with_retry(
         try:
             await store.append(event, completes)
             return
-        except StreamTakenOver:
+        except (StreamTakenOver, EventsLost):  # no retry can help
             raise
         except StoreUnavailable:
             if waited >= STORE_RETRY_SECONDS:
@@ -157,6 +159,7 @@ class LiveStream:
         "_lock",
         "_lost",
         "_mac",
+        "_marking",
         "_max_bytes",
         "_max_events",
         "_observe",
@@ -172,6 +175,7 @@ class LiveStream:
         "done",
         "events",
         "generation",
+        "loss",
         "record",
         "recording",
         "writer",
@@ -224,6 +228,10 @@ class LiveStream:
         when the first one waits for its store (a memory store's never does)."""
         self._repair: asyncio.Future[None] | None = None
         self._lost: BaseException | None = None
+        self.loss: EventsLost | None = None
+        """Set once the store lost events of this stream it had acknowledged: the stream has ended as lost."""
+        self._marking: asyncio.Future[None] | None = None
+        """Ending the stream as lost in the store (:meth:`_lose`)."""
         """Why a queued event could not be stored even after retrying: every later append fails with it."""
         self._appends = 0
         self.recording: asyncio.Future[None] | None = None
@@ -504,6 +512,9 @@ class LiveStream:
                         except asyncio.CancelledError:
                             await self._settle_cancelled(event, answers, completes, retry)
                             raise
+                        except EventsLost as lost:
+                            self._lose(lost)
+                            raise
                 self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
                 self._answer_stored(event, answers, completes)
         finally:
@@ -592,6 +603,8 @@ class LiveStream:
                     await _append_with_retry(self._store, event, False, self.recording)
                 except Exception as exc:
                     self._lost = exc
+                    if isinstance(exc, EventsLost):
+                        self._lose(exc)
                     raise
             queued.popleft()
             self._publish(event)
@@ -607,58 +620,64 @@ class LiveStream:
                     await self._publish_queued(0)
             finally:
                 lock.release()
+        except EventsLost as lost:
+            self._lose(lost)
         except (StoreUnavailable, KeyError, ValueError):
             self.fail()  # the next append of the stream raises the failure too
         finally:
             self._repair = None
 
+    def _lose(self, lost: EventsLost) -> None:
+        """The store lost events of this stream that it had acknowledged: no append can succeed any more, and
+        clients may hold ids of positions the store no longer has. The stream ends as lost, here (its writers send
+        each unanswered request's explicit outcome, naming the last event the store holds) and in the store (a
+        resume, or another replica following the stream, finds it ended so), with no event written: a position
+        written now could name content other than what a client holds under its id (ADR 0025)."""
+        if self.loss is None:
+            self.loss = lost
+            self._lost = lost
+            self._marking = asyncio.ensure_future(self._mark_lost())
+            log_decision("events_lost", stream=self.record.stream, held=lost.held, appended=self.record.last_seq)
+        self.fail()
+
+    async def _mark_lost(self) -> None:
+        try:
+            await self._store.mark_lost(self.record.stream, self.record.owner, Loss.STORE)
+        except StoreUnavailable as exc:  # the store is away again: a resume finds its cursor beyond what it holds
+            log.warning("stream %s could not be marked lost in the store: %s", self.record.stream, exc)
+
 
 class Producers:
-    """Which process produces a stream, and settling a stream whose producer died.
+    """Which process produces a stream, and ending a stream whose producer died.
 
     A stream is produced by the process that opened it (its record's ``owner``) until that process dies; then
-    any process that finds it (a resume, or a replica following it) records ``EXECUTION_LOST`` for each
-    unanswered request, so that every request still gets exactly one answer.
+    any process that finds it (a resume, or a replica following it) ends it as lost (:data:`Loss.OWNER`): each
+    unanswered request's outcome is execution lost, kept on the record and sent without an id (ADR 0025).
     """
 
-    __slots__ = ("_instance", "_lock", "_lost", "_open", "_store")
+    __slots__ = ("_instance", "_lost", "_store")
 
-    def __init__(
-        self,
-        store: EventStore,
-        instance: str,
-        open_live: Callable[[StreamRecord], LiveStream],
-        count_lost: Callable[[], None],
-    ) -> None:
+    def __init__(self, store: EventStore, instance: str, count_lost: Callable[[int], None]) -> None:
         self._store = store
         self._instance = instance
-        self._open = open_live
         self._lost = count_lost
-        self._lock = asyncio.Lock()
 
     async def owner_alive(self, owner: str) -> bool:
         """Whether another live process produces the stream (this one would hold it among its live streams)."""
         return owner != self._instance and await self._store.owner_alive(owner)
 
     async def settle(self, record: StreamRecord) -> StreamRecord:
-        """Record EXECUTION_LOST for each unanswered request of ``record`` so the stream ends; the record after."""
-        store = self._store
-        async with self._lock:
-            if record.owner != self._instance and not await store.claim_stream(
-                record.stream, record.owner, self._instance
-            ):
-                return await store.get_stream(record.stream) or record  # another replica settles it
-            fresh = await store.get_stream(record.stream)
-            if fresh is None or fresh.completed:
-                return fresh or record
-            live = self._open(fresh)
-            lost = [r.request_id for r in fresh.unanswered()]
-            if not lost:  # answered, yet open: recorded by a version that stored completion in a write of its own
-                fresh.completed = True
-                await store.complete_stream(fresh.stream)
-                return fresh
-            for request in fresh.unanswered():
-                await live.append(frames.execution_lost(request.request_id), request, terminal=True)
-                self._lost()
-            log_decision("execution_lost", stream=record.stream, requests=lost)
-            return live.snapshot()
+        """End ``record``'s stream as lost by its dead owner; the record after (another replica's ending, if it
+        came first)."""
+        try:
+            settled = await self._store.mark_lost(record.stream, record.owner, Loss.OWNER)
+        except StreamTakenOver:  # another process took it over meanwhile (a version that claimed streams)
+            settled = await self._store.get_stream(record.stream)
+        if settled is None:
+            return record
+        if settled.lost is Loss.OWNER:
+            lost = [r.request_id for r in settled.unanswered()]
+            if lost:
+                self._lost(len(lost))
+                log_decision("execution_lost", stream=record.stream, requests=lost)
+        return settled

@@ -18,6 +18,7 @@ from .. import __version__
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
 from ..core import errors, frames, protocol
 from ..core import limits as verdicts
+from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
 from ..core.limits import LimitExceeded
 from ..core.principal import Grant
@@ -47,7 +48,7 @@ from .observability import fingerprint, log_decision, now
 from .sessions import ServerSession
 from .state import ServerState
 from .streams import LiveStream, Producers
-from .writer import LiveSource, RemoteTail, SseWriter, StoredSource
+from .writer import LiveSource, RemoteTail, SseWriter, StoredSource, StreamLost
 
 __all__ = ["Transport", "rpc_error"]
 
@@ -82,7 +83,7 @@ class Transport:
     def __init__(self, state: ServerState, modern: ModernLeg | None = None) -> None:
         self.state = state
         self.dispatcher = Dispatcher(state)
-        self.producers = Producers(state.store, state.instance, state.live_stream, state.metrics.lost.inc)
+        self.producers = Producers(state.store, state.instance, state.metrics.lost.inc)
         self.modern = modern
         """The 2026-07-28 leg: a POST that opens the modern way goes there (docs/decisions/0012)."""
         self._graces: _AnswerGraces | None = None
@@ -443,8 +444,17 @@ class Transport:
         if live is not None:
             source = LiveSource(live, plan.cursor.seq, has_cursor=True, replay=plan.events)
         else:
-            tail = RemoteTail(state.store, stream, self.producers) if plan.tail is Tail.REPLICA else None
-            source = StoredSource(plan.events, plan.cursor.seq, tail)
+            mac = state.codec.stream_mac(session.id, stream)
+
+            def event_id(seq: int) -> str:
+                return EventIdCodec.encode(stream, seq, mac)
+
+            record = plan.record
+            tail = RemoteTail(state.store, stream, self.producers, event_id) if plan.tail is Tail.REPLICA else None
+            lost = None
+            if record.lost is not None:  # ended without its producer: the unanswered requests' outcome ends it
+                lost = StreamLost(record.lost, event_id(record.last_seq) if record.last_seq >= 0 else None)
+            source = StoredSource(plan.events, plan.cursor.seq, tail, lost)
         await writer.run(receive, send, source, b"retry: %d\n\n" % state.config.retry_ms)
 
     def _cursor_rejected(self, session: ServerSession, rejected: CursorRejected) -> Refused:

@@ -9,12 +9,12 @@ cursor stays put.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from ..asgi import Receive, Send
 from ..core import frames
-from ..core.events import PendingRequest, RequestId, StoredEvent, answered_in
+from ..core.events import Loss, PendingRequest, RequestId, StoredEvent, answered_in
 from ..core.replay import DeliveryGate, Refusal
 from ..stores.base import EventStore, StoreUnavailable
 from .observability import Metrics, fingerprint, log_decision, now
@@ -30,6 +30,16 @@ TAIL_WAIT_SECONDS = 2.0
 FLUSH_BYTES = 64 * 1024
 """Frames a writer gathers before it sends them, even while more events are ready: a tool that never stops
 reporting still sees its events go out (and its backlog shrink), and no one write holds the loop for long."""
+
+
+class StreamLost(Exception):
+    """A source's stream ended without its producer (ADR 0025): the writer sends each unanswered request's outcome
+    (``loss``) without an id. ``held``: the id of the last event the store holds of the stream."""
+
+    def __init__(self, loss: Loss, held: str | None) -> None:
+        super().__init__(f"{loss.value}; the store holds the stream up to {held}")
+        self.loss = loss
+        self.held = held
 
 
 class EventSource(Protocol):
@@ -83,6 +93,9 @@ class LiveSource:
     def ready(self) -> Sequence[StoredEvent] | None:
         live = self.live
         if live.broken:
+            lost = live.loss
+            if lost is not None:
+                raise StreamLost(Loss.STORE, None if lost.held is None else live.event_id(lost.held))
             raise StoreUnavailable("an answer on this stream could not be stored")
         events: Sequence[StoredEvent] | None
         if self.buffer:
@@ -121,24 +134,35 @@ class LiveSource:
 class RemoteTail:
     """How a replay follows a stream that another live process produces: through the store, minding its owner.
 
-    Between blocking reads it notices the stream's end, or its owner's death, when the stream is settled here
-    (:meth:`.streams.Producers.settle`) so that the reader gets an explicit end instead of waiting for ever.
+    Between blocking reads it notices the stream's end, its owner's death (the stream is settled here,
+    :meth:`.streams.Producers.settle`), or the store's loss of what this reader was sent, so that the reader gets
+    an explicit end instead of waiting for ever.
     """
 
-    __slots__ = ("producers", "store", "stream")
+    __slots__ = ("event_id", "producers", "store", "stream")
 
-    def __init__(self, store: EventStore, stream: str, producers: Producers) -> None:
+    def __init__(self, store: EventStore, stream: str, producers: Producers, event_id: Callable[[int], str]) -> None:
         self.store = store
         self.stream = stream
         self.producers = producers
+        self.event_id = event_id
+        """The id of a position of the stream (to name the last event the store holds)."""
 
     async def read_after(self, seq: int) -> Sequence[StoredEvent] | None:
-        """Events after ``seq`` (``[]``: none yet, ask again), or ``None`` once the stream has ended."""
+        """Events after ``seq`` (``[]``: none yet, ask again), or ``None`` once the stream has ended; raises
+        :class:`StreamLost` once it ended without its producer, or the store no longer holds position ``seq``."""
         events = await self.store.wait_events(self.stream, seq, TAIL_WAIT_SECONDS)
         if events:
             return events
         record = await self.store.get_stream(self.stream)
-        if record is None or (record.completed and seq >= record.last_seq):
+        if record is None:  # gone while followed: deleted with its session, or lost with the store's tail
+            raise StreamLost(Loss.STORE, None)
+        held = self.event_id(record.last_seq) if record.last_seq >= 0 else None
+        if seq > record.last_seq:  # this reader was sent events the store no longer has: it lost them
+            raise StreamLost(Loss.STORE, held)
+        if record.completed and seq >= record.last_seq:
+            if record.lost is not None:
+                raise StreamLost(record.lost, held)
             return None
         if not record.completed and not await self.producers.owner_alive(record.owner):
             await self.producers.settle(record)
@@ -146,20 +170,32 @@ class RemoteTail:
 
 
 class StoredSource:
-    """Replayed events, then, for a stream another replica still produces, its tail (:class:`RemoteTail`)."""
+    """Replayed events, then, for a stream another replica still produces, its tail (:class:`RemoteTail`); for a
+    stream that ended without its producer, the explicit end (``lost``)."""
 
-    __slots__ = ("buffer", "finished", "sent_seq", "tail")
+    __slots__ = ("buffer", "lost", "sent_seq", "tail")
 
-    def __init__(self, events: Sequence[StoredEvent], sent_seq: int, tail: RemoteTail | None = None) -> None:
+    def __init__(
+        self,
+        events: Sequence[StoredEvent],
+        sent_seq: int,
+        tail: RemoteTail | None = None,
+        lost: StreamLost | None = None,
+    ) -> None:
         self.buffer = events
         self.sent_seq = events[-1].seq if events else sent_seq
         self.tail = tail
+        self.lost = lost
 
     def ready(self) -> Sequence[StoredEvent] | None:
         if self.buffer:
             events, self.buffer = self.buffer, []
             return events
-        return None if self.tail is None else []
+        if self.tail is not None:
+            return []
+        if self.lost is not None:
+            raise self.lost
+        return None
 
     async def wait(self) -> None:
         """One blocking read of the tail."""
@@ -230,6 +266,9 @@ class SseWriter:
                 except StoreUnavailable:
                     pending.append(self._store_failure())
                     return
+                except StreamLost as lost:
+                    pending.append(self._lost(lost))
+                    return
                 if events is None:
                     return
                 if events:
@@ -266,6 +305,9 @@ class SseWriter:
                     step.result()
                 except StoreUnavailable:
                     pending.append(self._store_failure())
+                    return
+                except StreamLost as lost:
+                    pending.append(self._lost(lost))
                     return
                 yielded = True
         finally:
@@ -314,3 +356,16 @@ class SseWriter:
         self.metrics.refusals.labels("store_unavailable", "live").inc()
         log_decision("store_unavailable", session=fingerprint(self.session_id), stream=self.stream, requests=unsettled)
         return frames.store_unavailable_frames(self.gate.last_delivered, unsettled)
+
+    def _lost(self, lost: StreamLost) -> bytes:
+        unsettled = self._unsettled()
+        self.metrics.refusals.labels(lost.loss.value, "live").inc()
+        log_decision(
+            "stream_lost",
+            session=fingerprint(self.session_id),
+            stream=self.stream,
+            reason=lost.loss.value,
+            held=lost.held,
+            requests=unsettled,
+        )
+        return frames.lost_frames(lost.loss, lost.held, unsettled)

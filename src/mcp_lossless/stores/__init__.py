@@ -4,13 +4,14 @@ Task stores (2026-07-28 tasks) beside them: :class:`TaskStore`, and :func:`task_
 keeps tasks where an event store keeps events.
 """
 
-from .base import EventsEvicted, EventStore, SessionRecord, StoreUnavailable, StreamTakenOver
+from .base import EventsEvicted, EventsLost, EventStore, SessionRecord, StoreUnavailable, StreamTakenOver
 from .open import open_store
 from .tasks import TaskLimitReached, TaskStore, task_store_beside
 
 __all__ = [
     "EventStore",
     "EventsEvicted",
+    "EventsLost",
     "SessionRecord",
     "StoreUnavailable",
     "StreamTakenOver",

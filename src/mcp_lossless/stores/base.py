@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..core.events import StoredEvent, StreamRecord
+from ..core.events import Loss, StoredEvent, StreamRecord
 from ..core.principal import Principal
 
 
@@ -26,6 +26,17 @@ class StoreUnavailable(Exception):
 
 class StreamTakenOver(StoreUnavailable):
     """Another instance took this stream over (its owner's lease lapsed): retrying cannot help."""
+
+
+class EventsLost(StoreUnavailable):
+    """The store no longer holds events of the stream it acknowledged (a failover to a replica that had not
+    received them): an append finds a gap after the store's last position, or no stream at all. Retrying cannot
+    help; the producer ends the stream as lost (:meth:`EventStore.mark_lost`)."""
+
+    def __init__(self, message: str, held: int | None) -> None:
+        super().__init__(message)
+        self.held = held
+        """The last position of the stream the store holds (``None``: not even the stream)."""
 
 
 @dataclass(slots=True)
@@ -52,7 +63,9 @@ class EventStore(Protocol):
       cannot help.
     - ``KeyError`` from :meth:`append`: the stream was never opened, or is gone (its session was deleted).
     - ``ValueError`` from :meth:`append`: the position would leave a gap after the stream's last one, or (in a
-      single-process store) rewrite a stored event; Redis answers the latter with :class:`StreamTakenOver`.
+      single-process store) rewrite a stored event; Redis answers the latter with :class:`StreamTakenOver`, and
+      the former (or an unknown stream) with :class:`EventsLost`, as only a store that lost writes can show them
+      to the stream's own producer.
       Appending again exactly the event stored at a position succeeds and changes nothing, so a retry of an
       append whose outcome was lost (a dropped reply, a cancelled wait) is always safe.
     - :class:`EventsEvicted` from reads: events after the cursor are no longer retained.
@@ -127,8 +140,11 @@ class EventStore(Protocol):
         """This process serves as ``instance`` until :meth:`close` (shared stores keep a lease alive)."""
         ...
 
-    async def claim_stream(self, stream: str, expected_owner: str, new_owner: str) -> bool:
-        """Atomically take over a stream whose owner died; ``False`` if someone else already did."""
+    async def mark_lost(self, stream: str, owner: str, loss: Loss) -> StreamRecord | None:
+        """End ``stream`` without its producer, atomically and only if ``owner`` still produces it: record ``loss``
+        (its unanswered requests' outcome) and complete it, writing no event (ADR 0025). Returns the record after,
+        whoever ended it (a stream already ended is returned as it is); ``None`` for an unknown stream. A later
+        append by the old owner is refused (:class:`StreamTakenOver`)."""
         ...
 
     async def wait_events(self, stream: str, seq: int, block_seconds: float) -> Sequence[StoredEvent]:

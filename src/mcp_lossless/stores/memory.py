@@ -30,9 +30,9 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import islice
 
-from ..core.events import EventRows, Row, StoredEvent, StreamRecord
+from ..core.events import EventRows, Loss, Row, StoredEvent, StreamRecord
 from ..core.principal import Principal
-from .base import EventsEvicted, SessionRecord
+from .base import EventsEvicted, SessionRecord, StreamTakenOver
 
 _SLOT_BYTES = 16
 """Two deque slots per held event (its stream's and its principal's eviction order), on top of its bytes."""
@@ -205,7 +205,7 @@ class MemoryStore:
         append itself)."""
         try:
             self._append(event, completes)
-        except (KeyError, ValueError) as exc:
+        except (KeyError, ValueError, StreamTakenOver) as exc:
             failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
             return failed
@@ -232,6 +232,8 @@ class MemoryStore:
         if stream is None:
             raise KeyError(f"append to unknown stream {key}")
         record = stream.record
+        if record.lost is not None:
+            raise StreamTakenOver(f"stream {key} was ended as lost ({record.lost.value}): no event is appended to it")
         if seq != record.last_seq + 1:
             if seq <= record.last_seq and self._holds(stream, event):
                 return  # a retry of a stored append (its outcome was lost to a cancel): already done
@@ -326,12 +328,17 @@ class MemoryStore:
     async def register_instance(self, instance: str) -> None:
         return None
 
-    async def claim_stream(self, stream: str, expected_owner: str, new_owner: str) -> bool:
+    async def mark_lost(self, stream: str, owner: str, loss: Loss) -> StreamRecord | None:
         found = self._streams.get(stream)
-        if found is None or found.record.owner != expected_owner:
-            return False
-        found.record.owner = new_owner
-        return True
+        if found is None:
+            return None
+        record = found.record
+        if not record.completed:
+            if record.owner != owner:
+                raise StreamTakenOver(f"stream {stream} is produced by {record.owner}, not {owner}")
+            record.lost = loss
+            record.completed = True
+        return await self.get_stream(stream)
 
     async def wait_events(self, stream: str, seq: int, block_seconds: float) -> Sequence[StoredEvent]:
         return await self.read_after(stream, seq)

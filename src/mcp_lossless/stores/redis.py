@@ -47,12 +47,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import orjson
 from redis import exceptions as rx
 from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
 
-from ..core.events import StoredEvent, StreamKind, StreamRecord
+from ..core.events import Loss, StoredEvent, StreamKind, StreamRecord
 from ..core.principal import Principal
 from ._codec import (
     CACHE_LIMIT,
@@ -64,7 +65,7 @@ from ._codec import (
     encode_tags,
     full_event_id,
 )
-from .base import EventsEvicted, SessionRecord, StoreUnavailable, StreamTakenOver
+from .base import EventsEvicted, EventsLost, SessionRecord, StoreUnavailable, StreamTakenOver
 
 log = logging.getLogger("mcp_lossless.stores.redis")
 
@@ -89,16 +90,21 @@ end
 _APPEND = (
     _MARK_COMPLETE
     + """
-local last = redis.call('HGET', KEYS[1], 'last')
+local record = redis.call('HMGET', KEYS[1], 'last', 'lost')
+local last = record[1]
 if not last then return 'unknown' end
+if record[2] then return 'taken' end
 local seq = tonumber(ARGV[1])
 local id = ARGV[1] .. '-1'
 if seq <= tonumber(last) then
   local found = redis.call('XRANGE', KEYS[2], id, id)
-  if #found == 1 and found[1][2][12] == ARGV[7] then return 'duplicate' end
+  if #found == 1 and found[1][2][12] == ARGV[7] then
+    redis.call('HSET', KEYS[1], 'last', last)
+    return 'duplicate'
+  end
   return 'taken'
 end
-if seq ~= tonumber(last) + 1 then return 'gap' end
+if seq ~= tonumber(last) + 1 then return {'gap', tonumber(last)} end
 local maxlen = tonumber(ARGV[9])
 if maxlen > 0 then
   redis.call('XADD', KEYS[2], 'MAXLEN', maxlen, id,
@@ -124,18 +130,26 @@ return 'ok'
 then, when the event completes the stream: retention ms or '', expiry time, stream key.
 
 A retried append whose first attempt was stored (reply lost) finds its own entry: ``duplicate``, fine (a
-completing one completed the stream in that same first attempt).
+completing one completed the stream in that same first attempt); it writes ``last`` again, so that a ``WAIT``
+after it waits for replicas to hold that entry too. A gap answers with the last position the store holds: it
+lost the positions after it (:class:`EventsLost`). A stream ended as lost takes no more events (``taken``).
 """
 
-_CLAIM = """
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner == ARGV[1] or owner == ARGV[2] then
-  redis.call('HSET', KEYS[1], 'owner', ARGV[2])
-  return 1
+_MARK_LOST = (
+    _MARK_COMPLETE
+    + """
+local record = redis.call('HMGET', KEYS[1], 'owner', 'done')
+if not record[1] then return 'unknown' end
+if record[2] ~= '1' then
+  if record[1] ~= ARGV[1] then return 'taken' end
+  redis.call('HSET', KEYS[1], 'lost', ARGV[2])
+  mark_complete(ARGV[3], ARGV[4], ARGV[5])
 end
-return 0
+return 'ok'
 """
-"""KEYS: record. ARGV: expected owner, new owner. Already ours counts as won, so a retry is safe."""
+)
+"""KEYS: record, events, session's streams. ARGV: expected owner, loss, then ``mark_complete``'s. A stream already
+ended is left as it is, so a retry, or another replica ending it too, is safe."""
 
 _COMPLETE = (
     _MARK_COMPLETE
@@ -167,12 +181,17 @@ def _append_outcome(event: StoredEvent, reply: Any) -> Exception | None:
     """What the append script's reply means for the appending task: ``None`` when the event is stored."""
     if reply in (b"ok", b"duplicate"):
         return None
-    if reply == b"unknown":
-        return KeyError(f"append to unknown stream {event.stream}")
+    if reply == b"unknown":  # its record was written before any of its events were handed over: the store lost it
+        return EventsLost(f"stream {event.stream} is unknown to the store at its position {event.seq}", None)
     if reply == b"taken":
-        return StreamTakenOver(f"position {event.seq} of stream {event.stream} was already written by another instance")
-    if reply == b"gap":
-        return ValueError(f"append of position {event.seq} to stream {event.stream} would leave a gap")
+        return StreamTakenOver(
+            f"position {event.seq} of stream {event.stream} was already written by another instance, or the stream"
+            " was ended as lost"
+        )
+    if isinstance(reply, list) and reply[:1] == [b"gap"]:
+        held = int(reply[1])
+        message = f"the store holds stream {event.stream} up to {held}, not {event.seq - 1}: it lost events"
+        return EventsLost(message, held)
     if isinstance(reply, (rx.OutOfMemoryError, rx.ReadOnlyError)) or (
         isinstance(reply, rx.ResponseError) and str(reply).startswith(_OUTAGE_REPLIES)
     ):
@@ -194,6 +213,8 @@ class RedisStore:
         "retention_seconds": float,
         "max_events_per_stream": int,
         "lease_seconds": float,
+        "wait_replicas": int,
+        "wait_timeout_ms": int,
     }
     """Store settings a ``redis://`` spec may carry as query parameters (others go to redis-py)."""
 
@@ -205,6 +226,8 @@ class RedisStore:
         retention_seconds: float = 3600,
         max_events_per_stream: int | None = 10_000,
         lease_seconds: float = 5.0,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
             raise ValueError("redis prefix must be non-empty and free of '{' and '}' (they mark hash tags)")
@@ -212,11 +235,17 @@ class RedisStore:
             raise ValueError("retention_seconds and lease_seconds must be positive")
         if max_events_per_stream is not None and max_events_per_stream < 1:
             raise ValueError("max_events_per_stream must be at least 1")
+        if wait_replicas < 0 or wait_timeout_ms < 1:
+            raise ValueError("wait_replicas must be 0 or more and wait_timeout_ms at least 1 (WAIT 0 blocks for ever)")
         self.url = url
         self.prefix = prefix
         self.retention_seconds = retention_seconds
         self.max_events_per_stream = max_events_per_stream
         self.lease_seconds = lease_seconds
+        self.wait_replicas = wait_replicas
+        """Replicas that must hold a write (``WAIT``) before it counts as stored: before an event is published, a
+        stream or session record is used (0: the primary's word, as Redis replication is asynchronous)."""
+        self.wait_timeout_ms = wait_timeout_ms
         parts = urlsplit(url)
         self._where = f"{parts.hostname}:{parts.port or 6379}"
         """For messages: never the URL, which may carry a password."""
@@ -329,6 +358,26 @@ class RedisStore:
             self._remember(stream, sid)
         return sid
 
+    def _acknowledge(self, pipe: Pipeline) -> None:
+        """End ``pipe`` with ``WAIT`` for :attr:`wait_replicas`: it covers every write sent on the pipeline's
+        connection before it, so one ``WAIT`` acknowledges a whole batch."""
+        if self.wait_replicas:
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+
+    def _acknowledged(self, replies: list[Any]) -> list[Any]:
+        """The replies of a pipeline :meth:`_acknowledge` ended, without ``WAIT``'s; :class:`StoreUnavailable` when
+        fewer replicas than :attr:`wait_replicas` held its writes in time (an outage: nothing of it counts as
+        stored, and a retry of the same writes is safe)."""
+        if not self.wait_replicas:
+            return replies
+        held = replies[-1]
+        if isinstance(held, Exception) or int(held) < self.wait_replicas:
+            raise StoreUnavailable(
+                f"redis store at {self._where}: {held} of {self.wait_replicas} replicas acknowledged the write"
+                f" within {self.wait_timeout_ms} ms"
+            )
+        return replies[:-1]
+
     @property
     def _retention_ms(self) -> int:
         return math.ceil(self.retention_seconds * 1000)
@@ -392,7 +441,8 @@ class RedisStore:
                     },
                 )
                 pipe.pexpire(key, self._retention_ms)
-                await pipe.execute()
+                self._acknowledge(pipe)
+                self._acknowledged(await pipe.execute())
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         with self._guard():
@@ -483,7 +533,8 @@ class RedisStore:
                 pipe.hset(rk, mapping=fields)
                 pipe.zremrangebyscore(streams, "-inf", repr(time.time()))
                 pipe.zadd(streams, {record.stream: math.inf})
-                await pipe.execute()
+                self._acknowledge(pipe)
+                self._acknowledged(await pipe.execute())
         self._remember(record.stream, sid)
 
     def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
@@ -518,6 +569,7 @@ class RedisStore:
             int(raw[b"last"]),
             raw[b"done"] == b"1",
             answered,
+            Loss(raw[b"lost"].decode()) if b"lost" in raw else None,
         )
 
     def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
@@ -600,11 +652,16 @@ class RedisStore:
                 async with self._r.pipeline(transaction=False) as pipe:
                     for keys, args in calls:
                         pipe.evalsha(script.sha, 3, *keys, *args)
+                    self._acknowledge(pipe)
                     replies = await pipe.execute(raise_on_error=False)
             if attempt or not any(isinstance(reply, rx.NoScriptError) for reply in replies):
                 break
             with self._guard():  # Redis restarted and lost its script cache: load it, send the batch again
                 await self._r.script_load(_APPEND)
+        try:
+            replies = self._acknowledged(replies)
+        except StoreUnavailable as exc:  # not held by enough replicas: none of it may be published yet
+            return [exc] * len(batch)
         completed = [
             event.stream
             for (event, completes, _future), reply in zip(batch, replies, strict=True)
@@ -748,8 +805,21 @@ class RedisStore:
         with self._guard():
             return bool(await self._r.exists(self._instance_key(owner)))
 
-    async def claim_stream(self, stream: str, expected_owner: str, new_owner: str) -> bool:
+    async def mark_lost(self, stream: str, owner: str, loss: Loss) -> StreamRecord | None:
         sid = await self._sid(stream)
         if sid is None:
-            return False
-        return bool(await self._script(_CLAIM, [self._key(sid, "s:", stream)], [expected_owner, new_owner]))
+            return None
+        keys = [self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._key(sid, "streams")]
+        script = self._scripts.get(_MARK_LOST)
+        if script is None:
+            script = self._scripts[_MARK_LOST] = self._r.register_script(_MARK_LOST)
+        with self._guard():
+            async with self._r.pipeline(transaction=False) as pipe:
+                await script(keys=keys, args=[owner, loss.value, *self._completion(stream)], client=pipe)
+                self._acknowledge(pipe)
+                [reply] = self._acknowledged(await pipe.execute())
+        if reply == b"taken":
+            raise StreamTakenOver(f"stream {stream} is produced by another instance than {owner}")
+        if reply == b"ok":
+            await self._expire_index(stream)
+        return await self.get_stream(stream)

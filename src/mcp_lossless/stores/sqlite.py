@@ -35,14 +35,17 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from ..core.events import EventRows, RequestId, StoredEvent, StreamKind, StreamRecord
+from ..core.events import EventRows, Loss, RequestId, StoredEvent, StreamKind, StreamRecord
 from ..core.principal import Principal
 from ._codec import CACHE_LIMIT, Interner, decode_requests, encode_requests, encode_tags
-from .base import EventsEvicted, SessionRecord, StoreUnavailable
+from .base import EventsEvicted, SessionRecord, StoreUnavailable, StreamTakenOver
 
 T = TypeVar("T")
 
 _SCHEMA_VERSION = 5
+_LOSSES = {2: Loss.OWNER, 3: Loss.STORE}
+"""``streams.completed`` beyond 1: the stream ended as lost, and why (ADR 0025). Any non-zero value is completed, so
+files stay readable by the versions before (which see such a stream as completed with its requests unanswered)."""
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sessions (
@@ -923,6 +926,7 @@ class SqliteStore:
             last_seq,
             bool(completed),
             frozenset(orjson.loads(answered)),
+            _LOSSES.get(completed),
         )
 
     def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
@@ -1030,14 +1034,20 @@ class SqliteStore:
     async def register_instance(self, instance: str) -> None:
         return None
 
-    async def claim_stream(self, stream: str, expected_owner: str, new_owner: str) -> bool:
-        def claim(db: sqlite3.Connection) -> bool:
-            cursor = db.execute(
-                "UPDATE streams SET owner = ? WHERE stream = ? AND owner = ?", (new_owner, stream, expected_owner)
+    async def mark_lost(self, stream: str, owner: str, loss: Loss) -> StreamRecord | None:
+        """One process owns the file, so no producer is left to append to the stream after this."""
+        code = next(code for code, known in _LOSSES.items() if known is loss)
+        await self._write(
+            lambda db: db.execute(
+                "UPDATE streams SET completed = ?, completed_at = coalesce(completed_at, ?)"
+                " WHERE stream = ? AND owner = ? AND NOT completed",
+                (code, self._clock(), stream, owner),
             )
-            return cursor.rowcount == 1
-
-        return await self._write(claim)
+        )
+        record = await self.get_stream(stream)
+        if record is not None and not record.completed:
+            raise StreamTakenOver(f"stream {stream} is produced by {record.owner}, not {owner}")
+        return record
 
     async def wait_events(self, stream: str, seq: int, block_seconds: float) -> Sequence[StoredEvent]:
         return await self.read_after(stream, seq)
