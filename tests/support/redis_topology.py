@@ -314,12 +314,15 @@ class RedisTopology:
             time.sleep(0.05)  # readiness of other processes: there is no event to await
 
     def _wait_replica_linked(self, timeout: float = 20) -> None:
-        """The replica finished its initial sync (``master_link_status:up``)."""
+        """The replica finished its initial sync (``master_link_status:up``) and the append-only file it writes
+        after one (until then Redis refuses a SIGTERM: "Writing initial AOF, can't exit")."""
         deadline = time.monotonic() + timeout
         while True:
             with self.client(self.replica) as direct:
-                if direct.info("replication").get("master_link_status") == "up":
-                    return
+                linked = direct.info("replication").get("master_link_status") == "up"
+                persistence = direct.info("persistence")
+            if linked and not persistence["aof_rewrite_in_progress"] and not persistence["aof_rewrite_scheduled"]:
+                return
             if time.monotonic() > deadline:
                 raise AssertionError(f"the replica did not sync with the primary in {timeout}s")
             time.sleep(0.02)  # readiness of another process: there is no event to await
