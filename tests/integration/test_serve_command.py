@@ -200,7 +200,11 @@ def test_a_refused_exposure_is_a_usage_error_of_serve_exit_2() -> None:
     ("store", "message"),
     [
         # it exited 1 as "mcp-lossless: unknown store ...", unlike every other bad flag (2, "mcp-lossless serve: ...")
-        ("postgres://db", "unknown store 'postgres://db': use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?S=V]"),
+        (
+            "postgres://db",
+            "unknown store 'postgres://db': use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?S=V] or "
+            "redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB][?S=V]",
+        ),
         # passed on to redis-py, which refused it only at the first connection: a traceback and exit 3
         (
             "redis://127.0.0.1:1/0?prefix=x&bogus=1",

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tests.support.debian import installed_binary
@@ -31,12 +31,21 @@ def redis_server_binary() -> str:
 class RedisServer:
     """One ``redis-server`` process on 127.0.0.1 with its data in a temporary directory."""
 
-    def __init__(self, binary: str, directory: Path, port: int | None = None, appendfsync: str = "always") -> None:
+    def __init__(
+        self,
+        binary: str,
+        directory: Path,
+        port: int | None = None,
+        appendfsync: str = "always",
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.binary = binary
         self.directory = directory
         self.port = port or free_port()
         self.appendfsync = appendfsync
         """``always`` for tests (nothing acknowledged is lost); benchmarks also run Redis's default ``everysec``."""
+        self.extra_args = list(extra_args)
+        """Further ``--name value`` settings, e.g. ``--replicaof`` for a replica (tests/support/redis_topology.py)."""
         self.url = f"redis://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -44,8 +53,9 @@ class RedisServer:
     def log(self) -> Path:
         return self.directory / "redis.log"
 
-    def start(self, timeout: float = 20) -> None:
-        args = [
+    def command(self) -> list[str]:
+        """The command line of the process: a subclass may run another mode of the same binary (Sentinel)."""
+        return [
             self.binary,
             "--port",
             str(self.port),
@@ -65,8 +75,11 @@ class RedisServer:
             "noeviction",
             "--logfile",
             str(self.log),
+            *self.extra_args,
         ]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+
+    def start(self, timeout: float = 20) -> None:
+        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         delay = 0.01
         while time.monotonic() < deadline:
@@ -94,6 +107,13 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill: nothing is flushed, what reached the append-only file stays."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
         self.proc = None
 
     def restart(self) -> None:

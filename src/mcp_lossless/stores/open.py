@@ -6,7 +6,8 @@ from .base import EventStore
 
 
 def open_store(spec: str) -> EventStore:
-    """Build a store from a CLI spec: ``memory``, ``sqlite:PATH[?settings]`` or ``redis://…[?settings]``.
+    """Build a store from a CLI spec: ``memory``, ``sqlite:PATH[?settings]``, ``redis://…[?settings]`` or
+    ``redis+sentinel://SENTINELS/SERVICE[/DB][?settings]`` (the master found by name, again after a failover).
 
     Each backend is imported only when chosen: the Redis client library is not loaded by a SQLite server.
     """
@@ -18,8 +19,11 @@ def open_store(spec: str) -> EventStore:
         from .sqlite import SqliteStore
 
         return SqliteStore.from_spec(spec.removeprefix("sqlite:"))
-    if spec.startswith(("redis://", "rediss://")):
+    if spec.startswith(("redis://", "rediss://", "redis+sentinel://", "rediss+sentinel://")):
         from .redis import RedisStore
 
         return RedisStore.from_spec(spec)
-    raise ValueError(f"unknown store {spec!r}: use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?S=V]")
+    raise ValueError(
+        f"unknown store {spec!r}: use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?S=V] or "
+        "redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB][?S=V]"
+    )

@@ -41,14 +41,17 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar, cast
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import orjson
 from redis import exceptions as rx
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.connection import Connection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
@@ -74,6 +77,11 @@ SOCKET_TIMEOUT = 2.0
 CONNECT_TIMEOUT = 1.0
 _RETRIES = 1
 """One quick retry: a pooled connection that died with a Redis restart is replaced transparently."""
+SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
+"""Specs naming Sentinels and a service rather than one Redis: the master is looked up by name."""
+SENTINEL_PORT = 26379
+_SENTINEL_SETTINGS = ("sentinel_username", "sentinel_password")
+"""Query parameters of a ``redis+sentinel://`` spec that are the Sentinels' own credentials, not the master's."""
 _OUTAGE_REPLIES = ("MISCONF", "NOREPLICAS", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "LOADING")
 """Error replies that mean "cannot serve now" rather than "bad command" (OOM and READONLY have classes)."""
 
@@ -203,6 +211,144 @@ def _seq_of(entry_id: bytes) -> int:
     return int(entry_id[: entry_id.index(b"-")])
 
 
+@dataclass(frozen=True)
+class SentinelTarget:
+    """What a ``redis+sentinel://[user:pass@]host[:port][,host[:port]...]/SERVICE[/DB][?settings]`` spec names.
+
+    ``user:pass`` and the redis-py settings are the master's (as in a ``redis://`` spec); the Sentinels get
+    their own credentials from ``sentinel_username`` / ``sentinel_password`` and, with ``rediss+sentinel://``,
+    TLS and the ``ssl_*`` settings as the master does.
+    """
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    master: dict[str, Any]
+    """redis-py connection settings of the master: ``db``, credentials, ``ssl``, query settings."""
+    sentinel: dict[str, Any]
+    """redis-py connection settings of each Sentinel."""
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelTarget:
+        """Split ``url``; a malformed one is a one-line :class:`ValueError` that never repeats the password."""
+        scheme, _, rest = url.partition("://")
+        netloc, slash, tail = rest.partition("/")
+        path, _, query = tail.partition("?")
+        if "?" in netloc:
+            raise ValueError("redis+sentinel store: the spec needs /SERVICE_NAME after the Sentinel addresses")
+        userinfo, _, hosts = netloc.rpartition("@")
+        sentinels = tuple(_sentinel_address(number, host) for number, host in enumerate(hosts.split(","), 1))
+        names = path.split("/") if slash else []
+        if not 1 <= len(names) <= 2 or not names[0]:
+            raise ValueError("redis+sentinel store: name the master as /SERVICE_NAME[/DB] after the Sentinel addresses")
+        settings = dict(parse_qsl(query, keep_blank_values=True))
+        own = [name for name in _SENTINEL_SETTINGS if name in settings]
+        sentinel: dict[str, Any] = {name.removeprefix("sentinel_"): settings.pop(name) for name in own}
+        master: dict[str, Any] = dict(parse_url(f"redis://localhost?{urlencode(settings)}"))  # redis-py's typing
+        del master["host"]
+        if len(names) == 2 and "db" not in master:  # a db query setting wins, as redis-py does for redis://
+            if not names[1].isdigit():
+                raise ValueError(f"redis+sentinel store: database {names[1]!r} is not a number")
+            master["db"] = int(names[1])
+        if userinfo:
+            user, has_password, password = userinfo.partition(":")
+            if user:
+                master["username"] = unquote(user)
+            if has_password:
+                master["password"] = unquote(password)
+        if scheme == "rediss+sentinel":
+            master["ssl"] = True
+            sentinel.update({name: value for name, value in master.items() if name.startswith("ssl")})
+        return cls(sentinels, unquote(names[0]), master, sentinel)
+
+    def check(self) -> None:
+        """Refuse a setting redis-py does not know now, rather than at the first connection (a TypeError then)."""
+        settings = {name: value for name, value in self.master.items() if name != "ssl"}
+        pool = ConnectionPool(connection_class=SSLConnection if self.master.get("ssl") else Connection, **settings)
+        pool.connection_class(**pool.connection_kwargs)  # what the pool itself takes (max_connections) it keeps
+
+    def describe(self) -> str:
+        """For messages: the service and Sentinel addresses, never a credential."""
+        return f"master {self.service!r} via Sentinel {','.join(f'{host}:{port}' for host, port in self.sentinels)}"
+
+
+def _sentinel_address(number: int, text: str) -> tuple[str, int]:
+    """``host``, ``host:port`` or ``[IPv6]:port`` (the port defaults to Sentinel's 26379).
+
+    A bad one is named by its number, not its text: a password with an unescaped ``/`` or ``@`` would end up
+    in the addresses, and messages never show a password.
+    """
+    malformed = False
+    if text.startswith("["):
+        host, _, after = text[1:].partition("]")
+        malformed = bool(after) and not after.startswith(":")
+        port = after[1:] if after else str(SENTINEL_PORT)
+    else:
+        host, colon, port = text.rpartition(":")
+        if not colon:
+            host, port = text, str(SENTINEL_PORT)
+    if malformed or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"redis+sentinel store: Sentinel address {number} is not HOST[:PORT] (comma-separated)")
+    return host, int(port)
+
+
+_OUTAGE_ERRORS = (
+    rx.ConnectionError,  # refused, reset, LOADING, no master known to Sentinel, a demoted master (redis-py's mapping)
+    rx.TimeoutError,
+    TimeoutError,
+    rx.OutOfMemoryError,
+    rx.ReadOnlyError,
+    rx.ClusterDownError,  # MASTERDOWN too: a replica cut off from its master, with replica-serve-stale-data no
+    rx.TryAgainError,
+)
+"""redis-py's classes for "Redis cannot serve now"; they carry the reply without its code, so a prefix test misses
+them."""
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` means "Redis cannot serve now" (retry later) rather than a bad command.
+
+    Replies redis-py has no class for (NOREPLICAS, MISCONF, BUSY) are told by their code, also when a pipeline
+    prefixed them with ``Command # N (…) of pipeline caused error:``.
+    """
+    if isinstance(exc, _OUTAGE_ERRORS):
+        return True
+    reply = str(exc).rpartition(" of pipeline caused error: ")[2]
+    return isinstance(exc, rx.ResponseError) and reply.startswith(_OUTAGE_REPLIES)
+
+
+class _SentinelMaster(Redis):
+    """A client of the master that Sentinel names; closing it also closes its connections to the Sentinels."""
+
+    discovery: Sentinel | None = None
+    """The Sentinels' clients (not ``sentinel``: that is the SENTINEL command's method)."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        try:
+            await super().aclose(close_connection_pool)
+        finally:
+            if self.discovery is not None:
+                await self.discovery.aclose()
+
+
+def connect(url: str, *, socket_timeout: float | None, socket_connect_timeout: float, **settings: Any) -> Redis:
+    """A client of the Redis master ``url`` names: ``redis://`` / ``rediss://`` directly, ``redis+sentinel://``
+    through Sentinel. There every new connection asks the Sentinels for the master's address, so after a
+    failover the next command reaches the promoted replica; until then a dead or demoted master is a
+    connection error (redis-py turns a READONLY reply from a demoted master into one), which the stores
+    report as :class:`StoreUnavailable`. Settings in the URL win over the keyword arguments, as redis-py's do.
+    """
+    defaults = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_connect_timeout, **settings}
+    if not url.startswith(SENTINEL_SCHEMES):
+        return Redis.from_url(url, **defaults)
+    target = SentinelTarget.parse(url)
+    sentinel_settings = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": socket_connect_timeout}
+    sentinel = Sentinel(target.sentinels, sentinel_kwargs={**sentinel_settings, **target.sentinel})
+    master = sentinel.master_for(target.service, redis_class=_SentinelMaster, **{**defaults, **target.master})
+    client = cast(_SentinelMaster, master)
+    client.discovery = sentinel
+    return client
+
+
 class RedisStore:
     """The :class:`~mcp_lossless.stores.base.EventStore` shared by every replica pointed at one Redis."""
 
@@ -216,7 +362,8 @@ class RedisStore:
         "wait_replicas": int,
         "wait_timeout_ms": int,
     }
-    """Store settings a ``redis://`` spec may carry as query parameters (others go to redis-py)."""
+    """Store settings a ``redis://`` or ``redis+sentinel://`` spec may carry as query parameters (others go to
+    redis-py, or are the Sentinels' credentials)."""
 
     def __init__(
         self,
@@ -246,8 +393,11 @@ class RedisStore:
         """Replicas that must hold a write (``WAIT``) before it counts as stored: before an event is published, a
         stream or session record is used (0: the primary's word, as Redis replication is asynchronous)."""
         self.wait_timeout_ms = wait_timeout_ms
-        parts = urlsplit(url)
-        self._where = f"{parts.hostname}:{parts.port or 6379}"
+        if url.startswith(SENTINEL_SCHEMES):
+            self._where = SentinelTarget.parse(url).describe()
+        else:
+            parts = urlsplit(url)
+            self._where = f"{parts.hostname}:{parts.port or 6379}"
         """For messages: never the URL, which may carry a password."""
         self._redis: Redis | None = None
         self._blocking: Redis | None = None
@@ -267,7 +417,8 @@ class RedisStore:
 
     @classmethod
     def from_spec(cls, spec: str) -> RedisStore:
-        """``redis://[user:pass@]host:port[/db][?prefix=P&retention_seconds=S&...]`` (``rediss://`` for TLS)."""
+        """``redis://[user:pass@]host:port[/db][?prefix=P&retention_seconds=S&...]`` (``rediss://`` for TLS), or
+        ``redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db][?...]`` (``rediss+sentinel://``)."""
         parts = urlsplit(spec)
         settings: dict[str, Any] = {}
         passed = []
@@ -283,20 +434,28 @@ class RedisStore:
                 settings[name] = kind(value)
             except ValueError:
                 raise ValueError(f"redis store: {name}={value!r} is not a valid {kind.__name__}") from None
-        url = urlunsplit(parts._replace(query=urlencode(passed)))
+        sentinel = spec.startswith(SENTINEL_SCHEMES)
+        if sentinel:  # not through urlunsplit, which would drop an empty address list's '//' (and so the scheme)
+            url = spec.partition("?")[0] + (f"?{urlencode(passed)}" if passed else "")
+        else:
+            url = urlunsplit(parts._replace(query=urlencode(passed)))
         try:  # redis-py takes the rest, but would refuse an unknown one only when it first connects: check it now
-            pool = ConnectionPool.from_url(url)
-            pool.connection_class(**pool.connection_kwargs)
+            if sentinel:
+                SentinelTarget.parse(url).check()
+            else:
+                pool = ConnectionPool.from_url(url)
+                pool.connection_class(**pool.connection_kwargs)
         except TypeError as exc:
             name = str(exc).rpartition("argument ")[2]
-            known = ", ".join(cls.PARAMETERS)
+            known = ", ".join([*cls.PARAMETERS, *(_SENTINEL_SETTINGS if sentinel else ())])
             raise ValueError(f"redis store: unknown setting {name} (the store's: {known}; or redis-py's)") from None
         return cls(url, **settings)
 
     # -- plumbing ------------------------------------------------------------------------------------
 
     def _client(self, socket_timeout: float | None) -> Redis:
-        return Redis.from_url(
+        """A client of the master: with Sentinel, each new connection looks the master up again (:func:`connect`)."""
+        return connect(
             self.url,
             socket_timeout=socket_timeout,
             socket_connect_timeout=CONNECT_TIMEOUT,
@@ -314,12 +473,10 @@ class RedisStore:
         """Turn "Redis cannot serve now" into :class:`StoreUnavailable`; let real bugs through."""
         try:
             yield
-        except (rx.ConnectionError, rx.TimeoutError, TimeoutError, rx.OutOfMemoryError, rx.ReadOnlyError) as exc:
+        except (rx.RedisError, TimeoutError) as exc:
+            if not is_outage(exc):
+                raise
             raise StoreUnavailable(f"redis store at {self._where} unavailable: {exc or type(exc).__name__}") from exc
-        except rx.ResponseError as exc:
-            if str(exc).startswith(_OUTAGE_REPLIES):
-                raise StoreUnavailable(f"redis store at {self._where} unavailable: {exc}") from exc
-            raise
 
     async def _script(self, source: str, keys: list[str], args: list[Any]) -> Any:
         """Run a Lua script by hash, loading it again after a Redis restart emptied the script cache."""

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from ..core.tasks import TaskRecord, decode_task, encode_task
 from .base import StoreUnavailable
+from .redis import connect, is_outage
 
 EXPIRY_GRACE_SECONDS = 60.0
 """Redis drops a task this long after the core considers it expired (clock skew between replicas)."""
@@ -65,7 +66,7 @@ class RedisTaskStore:
         self._redis: Redis | None = None
 
     async def open(self) -> None:
-        self._redis = Redis.from_url(self.url, socket_timeout=5.0, socket_connect_timeout=2.0)
+        self._redis = connect(self.url, socket_timeout=5.0, socket_connect_timeout=2.0)  # redis:// or Sentinel
 
     async def close(self) -> None:
         if self._redis is not None:
@@ -78,7 +79,9 @@ class RedisTaskStore:
             raise RuntimeError("RedisTaskStore used before open()")
         try:
             yield self._redis
-        except (rx.ConnectionError, rx.TimeoutError, TimeoutError, rx.ReadOnlyError, rx.OutOfMemoryError) as exc:
+        except (rx.RedisError, TimeoutError) as exc:  # NOREPLICAS (min-replicas-to-write), MISCONF… as well
+            if not is_outage(exc):
+                raise
             raise StoreUnavailable(f"redis task store unavailable: {exc or type(exc).__name__}") from exc
 
     def _key(self, task_id: str) -> str:
