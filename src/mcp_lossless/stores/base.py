@@ -24,6 +24,12 @@ class StoreUnavailable(Exception):
     """The backend cannot be reached; the server answers 503 and acknowledges nothing."""
 
 
+class StoreFull(StoreUnavailable):
+    """The store holds its configured maximum (a SQLite file at ``max_bytes``): nothing more can be written until
+    retention or a deletion frees room. An outage as far as callers go (nothing of the write was stored, retrying
+    later may succeed), named as what it is."""
+
+
 class StreamTakenOver(StoreUnavailable):
     """Another instance took this stream over (its owner's lease lapsed): retrying cannot help."""
 
@@ -129,6 +135,13 @@ class EventStore(Protocol):
 
     async def claim_stream(self, stream: str, expected_owner: str, new_owner: str) -> bool:
         """Atomically take over a stream whose owner died; ``False`` if someone else already did."""
+        ...
+
+    def stored_bytes(self, principal: Principal) -> int:
+        """What ``principal``'s sessions make this store hold, in bytes (events and streams, as
+        :mod:`~mcp_lossless.stores.held` counts them; the memory store its own measure): read from process memory,
+        without a round trip, as the server asks it on every POST and progress event. A shared store counts what
+        this process wrote (docs/decisions/0026)."""
         ...
 
     async def wait_events(self, stream: str, seq: int, block_seconds: float) -> Sequence[StoredEvent]:
