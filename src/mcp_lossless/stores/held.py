@@ -28,17 +28,24 @@ class HeldBytes:
 
     A session is bound to its principal when the store learns of it (created, loaded, found at open); what is
     added to a session it was never told of is not counted (a store holds no event of a session it has no
-    record of: its appends are refused as of an unknown stream). Mutations come from one thread (the SQLite
-    store's writer, or the event loop); :meth:`held` may be read from another, a single dictionary lookup.
+    record of: its appends are refused as of an unknown stream). The counts proper change on one thread (the
+    SQLite store's writer, or the event loop). A store that commits on another thread counts what is queued
+    for it on the loop as well (:meth:`queue`, :meth:`landed`): a tool's progress call returns once its event is
+    queued, so a count taken only at commit would let a flood run ahead of it by what is in flight (measured:
+    twice the bound). :meth:`held` reads both, dictionary lookups, from the loop.
     """
 
-    __slots__ = ("_held", "_sessions")
+    __slots__ = ("_held", "_queued", "_queued_held", "_sessions")
 
     def __init__(self) -> None:
         self._sessions: dict[str, tuple[Principal, int]] = {}
         """Each session's principal and the bytes counted for it."""
         self._held: dict[Principal, int] = {}
         """Each principal's total over its sessions; a principal holding nothing has no entry."""
+        self._queued: dict[str, tuple[Principal, int]] = {}
+        """Bytes queued for each session and not yet written or failed (loop thread only)."""
+        self._queued_held: dict[Principal, int] = {}
+        """The same per principal."""
 
     def bind(self, session_id: str, principal: Principal) -> None:
         """``session_id`` belongs to ``principal`` (a session already bound keeps its count)."""
@@ -60,8 +67,36 @@ class HeldBytes:
         if account is not None:
             self._count(account[0], -account[1])
 
+    def queue(self, session_id: str, size: int) -> None:
+        """On the loop: ``size`` bytes queued for ``session_id``, counted until :meth:`landed`."""
+        queued = self._queued.get(session_id)
+        if queued is None:
+            account = self._sessions.get(session_id)
+            if account is None:
+                return
+            queued = (account[0], 0)
+        principal = queued[0]
+        self._queued[session_id] = (principal, queued[1] + size)
+        self._queued_held[principal] = self._queued_held.get(principal, 0) + size
+
+    def landed(self, sizes: dict[str, int]) -> None:
+        """On the loop: what :meth:`queue` counted was written (and counted by then) or failed."""
+        for session_id, size in sizes.items():
+            queued = self._queued.pop(session_id, None)
+            if queued is None:
+                continue
+            principal, held = queued
+            written = min(size, held)
+            if held > written:
+                self._queued[session_id] = (principal, held - written)
+            total = self._queued_held.get(principal, 0) - written
+            if total > 0:
+                self._queued_held[principal] = total
+            else:
+                self._queued_held.pop(principal, None)
+
     def held(self, principal: Principal) -> int:
-        return self._held.get(principal, 0)
+        return self._held.get(principal, 0) + self._queued_held.get(principal, 0)
 
     def _count(self, principal: Principal, size: int) -> None:
         total = self._held.get(principal, 0) + size

@@ -747,8 +747,21 @@ class SqliteStore:
                     outcomes.append((op.future, op.fn(db), None))
                 except Exception as exc:  # EventsEvicted, sqlite3 errors, bugs: the awaiting task raises them
                     outcomes.append((op.future, None, self._failure(exc)))
-        loop.call_soon_threadsafe(_settle, outcomes)
+        landed: dict[str, int] = {}
+        for op in batch:
+            if type(op) is tuple:
+                event = op[0]
+                landed[event.session_id] = landed.get(event.session_id, 0) + len(event.data) + ROW_BYTES
+        if landed:
+            loop.call_soon_threadsafe(self._land, outcomes, landed)
+        else:
+            loop.call_soon_threadsafe(_settle, outcomes)
         return committed
+
+    def _land(self, outcomes: list[_Outcome], landed: dict[str, int]) -> None:
+        """On the loop: a batch's appends are written (counted by the writer then) or failed; settle them."""
+        self._counts.landed(landed)
+        _settle(outcomes)
 
     def _transaction(self, db: sqlite3.Connection, writes: list[_Op]) -> list[_Outcome]:
         outcomes: list[_Outcome] = []
@@ -1025,6 +1038,7 @@ class SqliteStore:
         loop: one future, one outcome and one wake-up of the stream per hand-over, not per event). It fails if any
         of them could not be stored; storing them again is safe, as an identical append of a stored position
         succeeds."""
+        self._counts.queue(event.session_id, len(event.data) + ROW_BYTES)
         pending = self._pending
         if pending and not completes and not event.terminal:
             last = pending[-1]
