@@ -170,8 +170,9 @@ class SessionRegistry:
         exceeded = verdicts.new_post_stream(self._limits, len(session.live), running, calls)
         if exceeded is not None:
             self._check(exceeded)
-        if self.stored_bytes(session.principal) >= self.storage_cap:  # the verdict's frames only when refused
-            self._check(self.storing(session.principal, 0))
+        stored = self.stored_bytes(session.principal)
+        if stored >= self.storage_cap:  # the verdict's frames only when refused
+            self._check(verdicts.stored(self._limits, stored, 0))
 
     def storing(self, principal: Principal, size: int) -> LimitExceeded | None:
         """``principal`` is about to make the store hold ``size`` bytes more (``0``: a POST's new stream): the
