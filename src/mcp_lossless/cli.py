@@ -41,6 +41,11 @@ LIMIT_FLAGS: dict[str, tuple[type, str]] = {
     "stream_backlog": (int, "events of one stream not yet sent to its client; past it the tool's next progress waits"),
     "stream_backlog_bytes": (int, "payload bytes of that backlog; past it the tool's next progress waits"),
     "running_tasks": (int, "2026-07-28 tasks this process runs at once, waiting for input included (503)"),
+    "stored_bytes_per_principal": (
+        int,
+        "bytes one principal's sessions make the event store hold (events, streams); past it 429, or a running "
+        "call ends with the refusal",
+    ),
 }
 """Every :class:`~mcp_lossless.core.limits.Limits` field as a flag ``--max-header-bytes`` (docs/limits.md)."""
 

@@ -110,3 +110,13 @@ def test_tasks_are_refused_from_the_cap_on_with_a_retry_after(running: int, cap:
     if verdict is not None:
         _names_its_limit(verdict, "running_tasks", cap)
         assert verdict.status == 503 and verdict.retry_after == verdicts.TASK_RETRY_SECONDS
+
+
+@given(held=st.integers(0, 5000), size=st.integers(0, 5000), cap=st.integers(1, 5000))
+def test_storage_is_refused_once_what_is_stored_would_pass_the_bound(held: int, size: int, cap: int) -> None:
+    verdict = verdicts.stored(Limits(stored_bytes_per_principal=cap), held, size)
+    assert (verdict is None) == (held + max(size, 1) <= cap)  # a POST (size 0) stores at least its answer
+    if verdict is not None:
+        assert verdict.status == 429 and verdict.retry_after == verdicts.STORAGE_RETRY_SECONDS
+        assert verdict.data() == verdict.body()["error"]["data"]
+        _names_its_limit(verdict, "stored_bytes_per_principal", cap)

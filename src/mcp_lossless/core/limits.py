@@ -49,6 +49,11 @@ class Limits:
     running_tasks: int = 1000
     """Tasks (2026-07-28 tasks extension) this process runs at once, waiting for input included (503 beyond,
     whatever the task store: a task costs this process memory until it ends)."""
+    stored_bytes_per_principal: int = 64 * 1024 * 1024
+    """What one principal's sessions make the event store hold, in bytes: its retained events (payload and a fixed
+    per-row cost) and streams, as the store counts them (:meth:`~mcp_lossless.stores.base.EventStore.stored_bytes`).
+    Past it, a new POST is refused (429) and a running call's progress or answer is refused in-band, ending the
+    call with this refusal; DELETE, idle expiry and the store's retention release what they remove."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -69,11 +74,15 @@ class LimitExceeded:
     retry_after: int | None = None
     """Seconds after which the same request may succeed; ``None`` when waiting does not help."""
 
-    def body(self) -> dict[str, Any]:
+    def data(self) -> dict[str, Any]:
+        """The JSON-RPC error's ``data``: the same whether the refusal is an HTTP answer or a call's in-band error."""
         data: dict[str, Any] = {"limit": self.limit, "maximum": self.maximum}
         if self.retry_after is not None:
             data["retryAfter"] = self.retry_after
-        return error_message(None, LIMIT_EXCEEDED, self.message, data)
+        return data
+
+    def body(self) -> dict[str, Any]:
+        return error_message(None, LIMIT_EXCEEDED, self.message, self.data())
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         return [] if self.retry_after is None else [(b"retry-after", b"%d" % self.retry_after)]
@@ -202,4 +211,25 @@ def new_task(limits: Limits, running: int) -> LimitExceeded | None:
         503,
         f"this server runs {cap} tasks, the most allowed; retry later",
         retry_after=TASK_RETRY_SECONDS,
+    )
+
+
+STORAGE_RETRY_SECONDS = 60
+"""A principal at its storage bound frees room by ending a session (DELETE), or as retention removes its old
+streams (a SQLite sweep runs every 30 s by default)."""
+
+
+def stored(limits: Limits, held: int, size: int) -> LimitExceeded | None:
+    """A principal whose sessions make the store hold ``held`` bytes would store ``size`` more (``0``: a POST about
+    to open a stream, which stores at least its answer). Refused once nothing more fits."""
+    cap = limits.stored_bytes_per_principal
+    if held + max(size, 1) <= cap:
+        return None
+    return LimitExceeded(
+        "stored_bytes_per_principal",
+        cap,
+        429,
+        f"this principal's sessions hold {held} bytes in the event store, at most {cap} allowed; "
+        "end a session (DELETE) or retry later",
+        retry_after=STORAGE_RETRY_SECONDS,
     )

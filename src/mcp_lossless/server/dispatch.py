@@ -19,7 +19,7 @@ from ..core.events import PendingRequest
 from ..core.principal import Grant
 from ..stores.base import StoreUnavailable
 from .checks import is_request_id
-from .sessions import ServerSession
+from .sessions import ServerSession, SessionRegistry
 from .state import ServerState
 from .streams import LiveStream
 from .tools import InputRequests, MethodError, ToolContext, ToolError, ToolInputError, content_of
@@ -33,22 +33,49 @@ Work = Callable[[ToolContext], Awaitable[bytes]]
 
 
 class StreamChannel:
-    """A request's way back to its client: everything goes on the request's own stream, with its tags."""
+    """A request's way back to its client: everything goes on the request's own stream, with its tags.
 
-    __slots__ = ("_live", "_reply_seconds", "_request", "_session")
+    Each event is first weighed against what its principal may make the store hold
+    (``stored_bytes_per_principal``): past it, the tool's call raises the refusal as a :class:`MethodError`, which
+    ends the call with it (:meth:`Dispatcher._run` also refuses an answer past the bound); every event stored
+    before stays deliverable.
+    """
 
-    def __init__(self, session: ServerSession, live: LiveStream, request: PendingRequest, reply_seconds: float) -> None:
+    __slots__ = ("_cap", "_live", "_registry", "_reply_seconds", "_request", "_session", "_stored")
+
+    def __init__(
+        self,
+        session: ServerSession,
+        live: LiveStream,
+        request: PendingRequest,
+        reply_seconds: float,
+        registry: SessionRegistry,
+    ) -> None:
         self._session = session
         self._live = live
         self._request = request
         self._reply_seconds = reply_seconds
         """Longest wait for the client's answer to a server request."""
+        self._registry = registry
+        self._stored = registry.stored_bytes
+        self._cap = registry.storage_cap
+        """The bound and the figure, compared here: a progress event costs one call more, not a verdict's three."""
+
+    def _refuse(self, size: int) -> None:
+        exceeded = self._registry.storing(self._session.principal, size)
+        if exceeded is not None:
+            raise MethodError(errors.LIMIT_EXCEEDED, exceeded.message, exceeded.data())
 
     async def _emit(self, data: bytes) -> None:
+        if self._stored(self._session.principal) + len(data) > self._cap:
+            self._refuse(len(data))
         await self._live.append(data, self._request)
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
-        await self._live.append(frames.notification(method, params), self._request)  # not via _emit: a frame per event
+        data = frames.notification(method, params)  # not via _emit: a frame per event
+        if self._stored(self._session.principal) + len(data) > self._cap:
+            self._refuse(len(data))
+        await self._live.append(data, self._request)
 
     async def ask(self, requests: InputRequests) -> dict[str, dict[str, Any]]:
         """Each request goes out on the stream at once; the answers are awaited together."""
@@ -159,7 +186,7 @@ class Dispatcher:
             return frames.error(rid, errors.METHOD_NOT_FOUND, f"method {method!r} not found")
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
-        channel = StreamChannel(session, live, request, state.config.client_request_seconds)
+        channel = StreamChannel(session, live, request, state.config.client_request_seconds, state.sessions)
         ctx = ToolContext(grant, rid, None if token is None or not is_request_id(token) else token, channel)
         session.contexts[rid] = ctx
         return self._run(session, live, request, ctx, work)
@@ -213,6 +240,11 @@ class Dispatcher:
                 data = frames.result(rid, {"content": [{"type": "text", "text": text}], "isError": True})
             else:
                 data = frames.error(rid, errors.INTERNAL_ERROR, f"{request.method} failed")
+        sessions = self.state.sessions
+        if sessions.stored_bytes(session.principal) + len(data) > sessions.storage_cap:
+            exceeded = sessions.storing(session.principal, len(data))
+            if exceeded is not None:  # the answer would take its principal past its bound: the call ends refused
+                data = frames.error(rid, errors.LIMIT_EXCEEDED, exceeded.message, exceeded.data())
         # The answer exists: from here on the request is not cancellable (a cancel now could only cut its
         # record short in a store that suspends), though a closing session still waits for it.
         session.contexts.pop(rid, None)

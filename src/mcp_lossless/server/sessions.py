@@ -140,6 +140,9 @@ class SessionRegistry:
         self._store = store
         self._limits = limits or Limits()
         self._on_refusal = on_refusal
+        self.stored_bytes = store.stored_bytes
+        """What a principal's sessions make the store hold (:meth:`~..stores.base.EventStore.stored_bytes`)."""
+        self.storage_cap = self._limits.stored_bytes_per_principal
         self._sessions: dict[str, ServerSession] = {}
         self._held: dict[Principal, Held] = {}
         """Each principal's sessions and requests at work in this process, for its caps; an entry goes with the
@@ -159,13 +162,26 @@ class SessionRegistry:
 
     def admit(self, session: ServerSession, calls: int) -> None:
         """A POST about to open a stream on ``session`` carrying ``calls`` tool calls: 429 before anything is
-        committed when the session holds its maximum of streams, or the calls would take the principal past its
-        cap of requests running across all its sessions (another principal's requests never count)."""
+        committed when the session holds its maximum of streams, the calls would take the principal past its
+        cap of requests running across all its sessions (another principal's requests never count), or its
+        sessions hold all the store may hold for it (every stream stores at least its answers)."""
         held = session.held
         running = self.running_calls(session.principal) if held is None else held.running
         exceeded = verdicts.new_post_stream(self._limits, len(session.live), running, calls)
         if exceeded is not None:
             self._check(exceeded)
+        stored = self.stored_bytes(session.principal)
+        if stored >= self.storage_cap:  # the verdict's frames only when refused
+            self._check(verdicts.stored(self._limits, stored, 0))
+
+    def storing(self, principal: Principal, size: int) -> LimitExceeded | None:
+        """``principal`` is about to make the store hold ``size`` bytes more (``0``: a POST's new stream): the
+        verdict past ``stored_bytes_per_principal``, counted as a refusal; the store answers from process memory
+        (:meth:`~..stores.base.EventStore.stored_bytes`), so asking costs no round trip."""
+        exceeded = verdicts.stored(self._limits, self.stored_bytes(principal), size)
+        if exceeded is not None:
+            self._on_refusal(exceeded.limit)
+        return exceeded
 
     def running_calls(self, principal: Principal) -> int:
         """The principal's requests at work in this process, in both eras: what its cap of concurrent calls counts."""

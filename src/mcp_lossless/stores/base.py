@@ -24,6 +24,12 @@ class StoreUnavailable(Exception):
     """The backend cannot be reached; the server answers 503 and acknowledges nothing."""
 
 
+class StoreFull(StoreUnavailable):
+    """The store holds its configured maximum (a SQLite file at ``max_bytes``): nothing more can be written until
+    retention or a deletion frees room. An outage as far as callers go (nothing of the write was stored, retrying
+    later may succeed), named as what it is."""
+
+
 class StreamTakenOver(StoreUnavailable):
     """Another instance took this stream over (its owner's lease lapsed): retrying cannot help."""
 
@@ -145,6 +151,13 @@ class EventStore(Protocol):
         (its unanswered requests' outcome) and complete it, writing no event (ADR 0025). Returns the record after,
         whoever ended it (a stream already ended is returned as it is); ``None`` for an unknown stream. A later
         append by the old owner is refused (:class:`StreamTakenOver`)."""
+        ...
+
+    def stored_bytes(self, principal: Principal) -> int:
+        """What ``principal``'s sessions make this store hold, in bytes (events and streams, as
+        :mod:`~mcp_lossless.stores.held` counts them; the memory store its own measure): read from process memory,
+        without a round trip, as the server asks it on every POST and progress event. A shared store counts what
+        this process wrote (docs/decisions/0026)."""
         ...
 
     async def wait_events(self, stream: str, seq: int, block_seconds: float) -> Sequence[StoredEvent]:

@@ -120,6 +120,11 @@ class MemoryStore:
         """What ``max_bytes`` bounds: the retained events' encoded size, as allocated."""
         return self._bytes
 
+    def stored_bytes(self, principal: Principal) -> int:
+        """The principal's partition: its events as allocated (what ``max_bytes_per_principal`` bounds too)."""
+        partition = self._partitions.get(principal)
+        return 0 if partition is None else partition.bytes
+
     async def open(self) -> None:
         """Forgets :meth:`enqueue`'s resolved future, made again on the loop that opened the store."""
         self._stored = None

@@ -69,6 +69,7 @@ from ._codec import (
     full_event_id,
 )
 from .base import EventsEvicted, EventsLost, SessionRecord, StoreUnavailable, StreamTakenOver
+from .held import ExpiringHeld
 
 log = logging.getLogger("mcp_lossless.stores.redis")
 
@@ -414,6 +415,8 @@ class RedisStore:
         self._flusher: asyncio.Task[None] | None = None
         self._opening: dict[str, asyncio.Task[None]] = {}
         """Stream records being written (:meth:`enqueue_open`), by stream: its appends wait for it."""
+        self._held = ExpiringHeld(retention_seconds)
+        """What each principal's sessions hold in Redis through this process's writes (docs/decisions/0026)."""
 
     @classmethod
     def from_spec(cls, spec: str) -> RedisStore:
@@ -600,20 +603,21 @@ class RedisStore:
                 pipe.pexpire(key, self._retention_ms)
                 self._acknowledge(pipe)
                 self._acknowledged(await pipe.execute())
+        self._held.counts.bind(record.session_id, p)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         with self._guard():
             raw = cast(dict[bytes, bytes], await self._r.hgetall(self._key(session_id, "session")))
         if not raw:
+            self._held.forget(session_id)  # deleted or expired by another replica
             return None
         f = {k.decode(): v.decode() for k, v in raw.items()}
-        return SessionRecord(
-            session_id,
-            Principal(f["iss"], f["sub"], f["cid"]),
-            f["ver"],
-            float(f["created"]),
-            float(f["seen"]),
-        )
+        principal = Principal(f["iss"], f["sub"], f["cid"])
+        self._held.counts.bind(session_id, principal)
+        return SessionRecord(session_id, principal, f["ver"], float(f["created"]), float(f["seen"]))
+
+    def stored_bytes(self, principal: Principal) -> int:
+        return self._held.held(principal)
 
     async def touch_session(self, session_id: str, now: float) -> None:
         touched = await self._script(_TOUCH, [self._key(session_id, "session")], [repr(now), self._retention_ms])
@@ -654,6 +658,7 @@ class RedisStore:
                 listed = await pipe.execute()
             async with self._r.pipeline(transaction=False) as pipe:
                 for sid, streams in zip(session_ids, listed, strict=True):
+                    self._held.forget(sid, (raw.decode() for raw in streams))
                     keys = [self._key(sid, "session"), self._key(sid, "streams")]
                     for raw in streams:
                         stream = raw.decode()
@@ -693,6 +698,7 @@ class RedisStore:
                 self._acknowledge(pipe)
                 self._acknowledged(await pipe.execute())
         self._remember(record.stream, sid)
+        self._held.opened(sid, record.stream)
 
     def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
         """:meth:`open_stream` in a task of its own; appends enqueued after it go in a pipeline sent once it is
@@ -736,6 +742,7 @@ class RedisStore:
         if queue is None:
             queue = self._queued[event.stream] = deque()
         queue.append((event, completes, future))
+        self._held.appended(event.session_id, event.stream, len(event.data), completes)
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_appends())
         return future
@@ -861,6 +868,7 @@ class RedisStore:
         keys = [self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._key(sid, "streams")]
         if await self._script(_COMPLETE, keys, list(self._completion(stream))):
             await self._expire_index(stream)
+        self._held.completed(stream)
 
     def _completion(self, stream: str) -> tuple[int, str, str]:
         """The arguments of ``mark_complete``: retention ms, when the stream's keys expire, its key."""

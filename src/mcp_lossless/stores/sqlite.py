@@ -38,7 +38,8 @@ import orjson
 from ..core.events import EventRows, Loss, RequestId, StoredEvent, StreamKind, StreamRecord
 from ..core.principal import Principal
 from ._codec import CACHE_LIMIT, Interner, decode_requests, encode_requests, encode_tags
-from .base import EventsEvicted, SessionRecord, StoreUnavailable, StreamTakenOver
+from .base import EventsEvicted, SessionRecord, StoreFull, StoreUnavailable, StreamTakenOver
+from .held import ROW_BYTES, STREAM_BYTES, HeldBytes
 
 T = TypeVar("T")
 
@@ -152,6 +153,16 @@ _READ_AT = (
     " WHERE stream_id = ? AND seq IN (SELECT value FROM json_each(?))"
 )
 """The other rows of a replay, by position (a JSON list): each a lookup in the primary key, not another scan."""
+DEFAULT_MAX_BYTES = 4 * 1024**3
+"""The file's default bound (4 GiB): 64 principals at their ``stored_bytes_per_principal`` default."""
+_MIN_MAX_BYTES = 1024 * 1024
+"""A smaller bound leaves no room for the schema and a session's first writes."""
+_ALL = 2**62
+"""A position above every stream's (``_HELD_BELOW`` with it counts a stream's every event)."""
+_HELD_BELOW = (
+    f"SELECT coalesce(sum(length(data)), 0) + count(*) * {ROW_BYTES} FROM events WHERE stream_id = ? AND seq < ?"
+)
+"""What a stream's events below a position count in the store's counts (what a trim or retention releases)."""
 _JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 """Bytes the WAL file is truncated to after a checkpoint resets it (else it keeps its high-water size)."""
 _SWEEP_CHUNK = 500
@@ -268,7 +279,17 @@ class _StreamState:
     first answer of the batch and encoded once when written: per answer, a batch of many would be quadratic.
     """
 
-    __slots__ = ("answered", "answered_text", "completes", "first_seq", "last_seq", "opened", "stream_id", "trimmed")
+    __slots__ = (
+        "answered",
+        "answered_text",
+        "completes",
+        "first_seq",
+        "last_seq",
+        "opened",
+        "session",
+        "stream_id",
+        "trimmed",
+    )
 
     def __init__(
         self,
@@ -288,6 +309,8 @@ class _StreamState:
         self.opened = opened
         self.completes = False
         self.trimmed = False
+        self.session = ""
+        """The stream's session, once a trim needs it (what the trimmed events are released from)."""
 
     def answer(self, request_id: RequestId) -> None:
         answered = self.answered
@@ -324,6 +347,9 @@ class _Batch:
         self.request_id: RequestId | None = None
         self.request_id_text: str | None = None
         """The last request id encoded: a request's events carry the same id object, encoded once."""
+        self.held: dict[str, int] = {}
+        """Bytes this transaction adds to (or, trimming, takes from) each session's count in the store's
+        :class:`~.held.HeldBytes`: applied once it committed, so a rolled-back batch counts nothing."""
 
     def add(self, event: StoredEvent, completes: bool) -> BaseException | None:
         """Record the append's writes, or return why it is refused (nothing of it is written then)."""
@@ -351,6 +377,8 @@ class _Batch:
             self.request_id = request_id
             self.request_id_text = None if request_id is None else _text(request_id)
         self.rows.append((state.stream_id, seq, event_id, self.request_id_text, tool, tags, data, 1 if terminal else 0))
+        held = self.held
+        held[_session] = held.get(_session, 0) + len(data) + ROW_BYTES
         state.last_seq = seq
         if terminal and request_id is not None:
             state.answer(request_id)
@@ -360,6 +388,7 @@ class _Batch:
         if limit is not None and seq - limit + 1 > state.first_seq:
             state.first_seq = seq - limit + 1
             state.trimmed = True
+            state.session = _session
         return None
 
     def open(self, op: _Open) -> None:
@@ -372,6 +401,7 @@ class _Batch:
         state = self.states[record.stream] = _StreamState(stream_id, 0, record.last_seq, "", record)
         state.answered = dict.fromkeys(record.answered)  # encoded once, when the row is written
         state.completes = record.completed
+        self.held[record.session_id] = self.held.get(record.session_id, 0) + STREAM_BYTES
 
     def _holds(self, state: _StreamState, event: StoredEvent) -> bool:
         self.flush()  # rows gathered so far may hold it
@@ -425,6 +455,13 @@ class _Batch:
             _insert_events(db, self.rows)
             self.rows = []
         if trimmed:
+            held = self.held
+            for state in self.states.values():
+                if state is not None and state.trimmed:
+                    held[state.session] = (
+                        held.get(state.session, 0)
+                        - db.execute(_HELD_BELOW, (state.stream_id, state.first_seq)).fetchone()[0]
+                    )
             db.executemany("DELETE FROM events WHERE stream_id = ? AND seq < ?", trimmed)
         if updated:
             db.executemany(
@@ -445,6 +482,7 @@ class SqliteStore:
         "max_completed_streams_per_session": int,
         "max_events_per_stream": int,
         "sweep_seconds": float,
+        "max_bytes": int,
     }
     """Settings a ``sqlite:PATH?name=value&...`` spec may carry."""
 
@@ -456,14 +494,19 @@ class SqliteStore:
         max_completed_streams_per_session: int = 1000,
         max_events_per_stream: int | None = None,
         sweep_seconds: float = 30,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``retention_seconds``: how long a completed stream is kept; ``max_completed_streams_per_session``: how
         many completed streams each session keeps at most (the newest); both are enforced by a sweep every
         ``sweep_seconds``, which also returns free pages to the file system. ``max_events_per_stream``: a
-        length cap applied on append (``None``: none). ``clock``: wall-clock seconds (a test's is injected)."""
+        length cap applied on append (``None``: none). ``max_bytes``: the most the database file may grow to
+        (SQLite's ``max_page_count``; ``None``: no bound): a write past it fails with :class:`StoreFull` until
+        retention or a deletion frees pages. ``clock``: wall-clock seconds (a test's is injected)."""
         if max_events_per_stream is not None and max_events_per_stream < 1:
             raise ValueError("max_events_per_stream must be at least 1")
+        if max_bytes is not None and max_bytes < _MIN_MAX_BYTES:
+            raise ValueError(f"max_bytes must be at least {_MIN_MAX_BYTES}")
         if retention_seconds <= 0 or sweep_seconds <= 0 or max_completed_streams_per_session < 1:
             raise ValueError("retention_seconds, sweep_seconds and max_completed_streams_per_session must be positive")
         self.path = path
@@ -471,7 +514,12 @@ class SqliteStore:
         self.max_completed_streams_per_session = max_completed_streams_per_session
         self.max_events_per_stream = max_events_per_stream
         self.sweep_seconds = sweep_seconds
+        self.max_bytes = max_bytes
         self._clock = clock
+        self._counts = HeldBytes()
+        """What each principal's sessions hold in the file (writer thread only, but for :meth:`stored_bytes`)."""
+        self._forgotten: list[str] = []
+        """Sessions the writer's transaction deletes: their counts go from its counts once it committed."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: queue.SimpleQueue[list[_Op] | None] = queue.SimpleQueue()
         """Work for the writer thread, in order, a loop turn's worth at a time; ``None`` asks it to finish. A C queue:
@@ -496,7 +544,8 @@ class SqliteStore:
 
     @classmethod
     def from_spec(cls, spec: str) -> SqliteStore:
-        """``PATH[?retention_seconds=S&max_completed_streams_per_session=N&max_events_per_stream=N&sweep_seconds=S]``."""
+        """``PATH[?retention_seconds=S&max_completed_streams_per_session=N&max_events_per_stream=N&sweep_seconds=S
+        &max_bytes=N]`` (``max_bytes`` and ``max_events_per_stream`` take ``none``)."""
         path, _, query = spec.partition("?")
         if not path:
             raise ValueError("sqlite store: the spec names no file (sqlite:PATH)")
@@ -505,7 +554,7 @@ class SqliteStore:
             kind = cls.PARAMETERS.get(name)
             if kind is None:
                 raise ValueError(f"sqlite store: unknown setting {name!r} (known: {', '.join(cls.PARAMETERS)})")
-            if name == "max_events_per_stream" and value.lower() in ("", "none", "0"):
+            if name in ("max_events_per_stream", "max_bytes") and value.lower() in ("", "none", "0"):
                 settings[name] = None
                 continue
             try:
@@ -600,6 +649,9 @@ class SqliteStore:
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
         db.execute(f"PRAGMA journal_size_limit={_JOURNAL_SIZE_LIMIT}")
+        if self.max_bytes is not None:  # a file larger already keeps its size: SQLite never sets it below that
+            page_size = db.execute("PRAGMA page_size").fetchone()[0]
+            db.execute(f"PRAGMA max_page_count={self.max_bytes // page_size}")
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, 1, 2, 3, 4, _SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {version}, expected {_SCHEMA_VERSION}")
@@ -623,7 +675,25 @@ class SqliteStore:
             max(db.execute("SELECT coalesce(max(id), 0) FROM streams").fetchone()[0], self._indexed_through) + 1
         )
         self._index_sessions(db)
+        self._count_held(db)
         return secret
+
+    def _count_held(self, db: sqlite3.Connection) -> None:
+        """Count from the file: every session's principal, streams and events (one scan, at open)."""
+        counts = self._counts
+        for session_id, issuer, subject, client_id in db.execute(
+            "SELECT session_id, issuer, subject, client_id FROM sessions"
+        ):
+            counts.bind(session_id, Principal(issuer, subject, client_id))
+        for session_id, held in db.execute(
+            f"SELECT session_id, count(*) * {STREAM_BYTES} FROM streams GROUP BY session_id"
+        ):
+            counts.add(session_id, held)
+        for session_id, held in db.execute(
+            f"SELECT s.session_id, sum(length(e.data)) + count(*) * {ROW_BYTES}"
+            " FROM events AS e JOIN streams AS s ON s.id = e.stream_id GROUP BY s.session_id"
+        ):
+            counts.add(session_id, held)
 
     def _index_sessions(self, db: sqlite3.Connection) -> None:
         """Enter the streams opened since the last indexing in ``session_streams``, in one transaction."""
@@ -680,8 +750,21 @@ class SqliteStore:
                     outcomes.append((op.future, op.fn(db), None))
                 except Exception as exc:  # EventsEvicted, sqlite3 errors, bugs: the awaiting task raises them
                     outcomes.append((op.future, None, self._failure(exc)))
-        loop.call_soon_threadsafe(_settle, outcomes)
+        landed: dict[str, int] = {}
+        for op in batch:
+            if type(op) is tuple:
+                event = op[0]
+                landed[event.session_id] = landed.get(event.session_id, 0) + len(event.data) + ROW_BYTES
+        if landed:
+            loop.call_soon_threadsafe(self._land, outcomes, landed)
+        else:
+            loop.call_soon_threadsafe(_settle, outcomes)
         return committed
+
+    def _land(self, outcomes: list[_Outcome], landed: dict[str, int]) -> None:
+        """On the loop: a batch's appends are written (counted by the writer then) or failed; settle them."""
+        self._counts.landed(landed)
+        _settle(outcomes)
 
     def _transaction(self, db: sqlite3.Connection, writes: list[_Op]) -> list[_Outcome]:
         outcomes: list[_Outcome] = []
@@ -713,12 +796,20 @@ class SqliteStore:
             raise
         finally:  # ids a rolled-back transaction gave out are not given again: a gap, never a reuse
             self._next_stream_id = batch.next_id
+            forgotten, self._forgotten = self._forgotten, []
+        counts = self._counts
+        for session_id, held in batch.held.items():
+            counts.add(session_id, held)
+        for session_id in forgotten:
+            counts.forget(session_id)
         return outcomes
 
     def _failure(self, exc: Exception) -> Exception:
         """Locked, I/O error, disk full: the store cannot serve now. Anything else stays itself (a bug, or
         :class:`EventsEvicted` from a read)."""
         if isinstance(exc, sqlite3.OperationalError):
+            if exc.sqlite_errorcode == sqlite3.SQLITE_FULL and self.max_bytes is not None:
+                return StoreFull(f"sqlite store {self.path!r} is full: it holds its max_bytes={self.max_bytes} ({exc})")
             return StoreUnavailable(f"sqlite store {self.path!r}: {exc}")
         return exc
 
@@ -761,8 +852,11 @@ class SqliteStore:
                 if len(doomed) >= _SWEEP_CHUNK:
                     break
         if doomed:
+            released: list[tuple[str, int]] = []
             db.execute("BEGIN IMMEDIATE")
             try:
+                for session_id, key in doomed:
+                    released.append((session_id, STREAM_BYTES + db.execute(_HELD_BELOW, (key, _ALL)).fetchone()[0]))
                 db.executemany("DELETE FROM events WHERE stream_id = ?", [(key,) for _, key in doomed])
                 db.executemany("DELETE FROM streams WHERE id = ?", [(key,) for _, key in doomed])
                 db.executemany("DELETE FROM session_streams WHERE session_id = ? AND stream_id = ?", doomed)
@@ -771,6 +865,8 @@ class SqliteStore:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+            for session_id, held in released:
+                self._counts.add(session_id, -held)
         free = db.execute("PRAGMA freelist_count").fetchone()[0]
         if free:
             db.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")  # execute() would free one page
@@ -850,7 +946,12 @@ class SqliteStore:
             record.created_at,
             record.last_seen,
         )
-        await self._write(lambda db: db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", row))
+
+        def put(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+            self._counts.bind(record.session_id, p)
+
+        await self._write(put)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         rows = await self._read(
@@ -865,6 +966,9 @@ class SqliteStore:
         issuer, subject, client_id, version, created_at, last_seen = rows[0]
         return SessionRecord(session_id, Principal(issuer, subject, client_id), version, created_at, last_seen)
 
+    def stored_bytes(self, principal: Principal) -> int:
+        return self._counts.held(principal)
+
     async def touch_session(self, session_id: str, now: float) -> None:
         await self._write(
             lambda db: db.execute("UPDATE sessions SET last_seen = ? WHERE session_id = ?", (now, session_id))
@@ -878,7 +982,9 @@ class SqliteStore:
         await self._write(delete)
 
     def _delete_session(self, db: sqlite3.Connection, session_id: str) -> None:
-        """The session, its streams and their events (inside the caller's transaction)."""
+        """The session, its streams and their events (inside the caller's transaction, whose commit releases what
+        the store counted for it)."""
+        self._forgotten.append(session_id)
         ids = (session_id, self._indexed_through)
         db.execute(f"DELETE FROM events WHERE stream_id IN ({_SESSION_STREAMS})", ids)
         db.execute(f"DELETE FROM streams WHERE id IN ({_SESSION_STREAMS})", ids)
@@ -936,6 +1042,7 @@ class SqliteStore:
         loop: one future, one outcome and one wake-up of the stream per hand-over, not per event). It fails if any
         of them could not be stored; storing them again is safe, as an identical append of a stored position
         succeeds."""
+        self._counts.queue(event.session_id, len(event.data) + ROW_BYTES)
         pending = self._pending
         if pending and not completes and not event.terminal:
             last = pending[-1]

@@ -1,0 +1,163 @@
+"""What each principal makes a store hold, counted in process: the figure ``stored_bytes_per_principal`` bounds.
+
+A store keeps one :class:`HeldBytes` and updates it where it writes and where it removes (an append, a stream opened,
+a trim, retention, a session's deletion or expiry), so the server reads a principal's figure with a dictionary
+lookup, never a round trip, on every POST and every progress event (docs/decisions/0026).
+
+What is counted is what a client controls: each event's payload plus :data:`ROW_BYTES`, each stream
+:data:`STREAM_BYTES`. The fixed costs stand for what a row holds besides its payload (its id, request id, tags,
+keys, the B-tree's own overhead), so a flood of empty events or of POSTs is bounded too, not only big payloads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from ..core.principal import Principal
+
+ROW_BYTES = 128
+"""What one stored event counts besides its payload: an event id (~40 bytes), request id, tags and the row's keys."""
+STREAM_BYTES = 256
+"""What one stream counts: its record (kind, owner, requests, positions) and its entries in the indexes."""
+
+
+class HeldBytes:
+    """Bytes held per session and per principal.
+
+    A session is bound to its principal when the store learns of it (created, loaded, found at open); what is
+    added to a session it was never told of is not counted (a store holds no event of a session it has no
+    record of: its appends are refused as of an unknown stream). The counts proper change on one thread (the
+    SQLite store's writer, or the event loop). A store that commits on another thread counts what is queued
+    for it on the loop as well (:meth:`queue`, :meth:`landed`): a tool's progress call returns once its event is
+    queued, so a count taken only at commit would let a flood run ahead of it by what is in flight (measured:
+    twice the bound). :meth:`held` reads both, dictionary lookups, from the loop.
+    """
+
+    __slots__ = ("_held", "_queued", "_queued_held", "_sessions")
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, tuple[Principal, int]] = {}
+        """Each session's principal and the bytes counted for it."""
+        self._held: dict[Principal, int] = {}
+        """Each principal's total over its sessions; a principal holding nothing has no entry."""
+        self._queued: dict[str, tuple[Principal, int]] = {}
+        """Bytes queued for each session and not yet written or failed (loop thread only)."""
+        self._queued_held: dict[Principal, int] = {}
+        """The same per principal."""
+
+    def bind(self, session_id: str, principal: Principal) -> None:
+        """``session_id`` belongs to ``principal`` (a session already bound keeps its count)."""
+        if session_id not in self._sessions:
+            self._sessions[session_id] = (principal, 0)
+
+    def add(self, session_id: str, size: int) -> None:
+        """``size`` bytes more (or fewer, when negative: a trim, retention) held for ``session_id``."""
+        account = self._sessions.get(session_id)
+        if account is None or not size:
+            return
+        principal, held = account
+        self._sessions[session_id] = (principal, max(0, held + size))
+        self._count(principal, max(-held, size))
+
+    def forget(self, session_id: str) -> None:
+        """The session is gone with everything it held (deleted, expired)."""
+        account = self._sessions.pop(session_id, None)
+        if account is not None:
+            self._count(account[0], -account[1])
+
+    def queue(self, session_id: str, size: int) -> None:
+        """On the loop: ``size`` bytes queued for ``session_id``, counted until :meth:`landed`."""
+        queued = self._queued.get(session_id)
+        if queued is None:
+            account = self._sessions.get(session_id)
+            if account is None:
+                return
+            queued = (account[0], 0)
+        principal = queued[0]
+        self._queued[session_id] = (principal, queued[1] + size)
+        self._queued_held[principal] = self._queued_held.get(principal, 0) + size
+
+    def landed(self, sizes: dict[str, int]) -> None:
+        """On the loop: what :meth:`queue` counted was written (and counted by then) or failed."""
+        for session_id, size in sizes.items():
+            queued = self._queued.pop(session_id, None)
+            if queued is None:
+                continue
+            principal, held = queued
+            written = min(size, held)
+            if held > written:
+                self._queued[session_id] = (principal, held - written)
+            total = self._queued_held.get(principal, 0) - written
+            if total > 0:
+                self._queued_held[principal] = total
+            else:
+                self._queued_held.pop(principal, None)
+
+    def held(self, principal: Principal) -> int:
+        return self._held.get(principal, 0) + self._queued_held.get(principal, 0)
+
+    def _count(self, principal: Principal, size: int) -> None:
+        total = self._held.get(principal, 0) + size
+        if total > 0:
+            self._held[principal] = total
+        else:
+            self._held.pop(principal, None)
+
+
+class ExpiringHeld:
+    """The counts of a store whose completed streams expire by themselves (Redis: their keys' TTL), kept by the
+    process that writes them.
+
+    Each stream this process writes is counted while it runs; once complete, its count is released
+    ``retention_seconds`` later, when the store drops its keys (the process models the TTL: no store round trip
+    ever). A session deleted or expired releases everything at once. What the store trims from a stream longer
+    than its ``max_events_per_stream`` stays counted until the stream expires: a conservative count, never one
+    that grows without end.
+    """
+
+    __slots__ = ("_clock", "_expiring", "_retention", "_streams", "counts")
+
+    def __init__(self, retention_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.counts = HeldBytes()
+        self._retention = retention_seconds
+        self._clock = clock
+        self._streams: dict[str, tuple[str, int]] = {}
+        """Each running stream this process wrote: its session and what it counts so far."""
+        self._expiring: deque[tuple[float, str, int]] = deque()
+        """Completed streams, in completion order: when the store drops them, their session, what they count."""
+
+    def opened(self, session_id: str, stream: str) -> None:
+        self._streams[stream] = (session_id, STREAM_BYTES)
+        self.counts.add(session_id, STREAM_BYTES)
+
+    def appended(self, session_id: str, stream: str, size: int, completes: bool) -> None:
+        """An event of ``size`` payload bytes handed to the store (counted then: a retry through an outage counts
+        twice, until the stream expires)."""
+        size += ROW_BYTES
+        self.counts.add(session_id, size)
+        _session, held = self._streams.get(stream, (session_id, 0))
+        self._streams[stream] = (session_id, held + size)
+        if completes:
+            self.completed(stream)
+
+    def completed(self, stream: str) -> None:
+        entry = self._streams.pop(stream, None)
+        if entry is not None:
+            self._expiring.append((self._clock() + self._retention, *entry))
+
+    def forget(self, session_id: str, streams: Iterable[str] = ()) -> None:
+        """The session is gone with its ``streams``."""
+        for stream in streams:
+            self._streams.pop(stream, None)
+        self.counts.forget(session_id)
+
+    def held(self, principal: Principal) -> int:
+        expiring = self._expiring
+        if expiring and expiring[0][0] <= self._clock():
+            now = self._clock()
+            while expiring and expiring[0][0] <= now:
+                _deadline, session_id, size = expiring.popleft()
+                self.counts.add(session_id, -size)
+        return self.counts.held(principal)

@@ -1,0 +1,91 @@
+"""The per-principal counts behind ``stored_bytes_per_principal`` (stores/held.py): sessions add to their principal
+only, forgetting a session releases all it held, what is queued counts until it lands, and a store whose streams
+expire by themselves (Redis) releases a completed stream after its retention, on an injected clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcp_lossless.core.errors import LIMIT_EXCEEDED
+from mcp_lossless.core.limits import Limits
+from mcp_lossless.core.principal import Principal
+from mcp_lossless.server.errors import Refused
+from mcp_lossless.server.sessions import SessionRegistry
+from mcp_lossless.stores.held import ROW_BYTES, STREAM_BYTES, ExpiringHeld, HeldBytes
+from mcp_lossless.stores.memory import MemoryStore
+
+ALICE = Principal("https://as.example", "alice", "client")
+BOB = Principal("https://as.example", "bob", "client")
+
+
+def test_sessions_add_to_their_own_principal_and_forgetting_one_releases_all_it_held() -> None:
+    counts = HeldBytes()
+    counts.bind("a1", ALICE)
+    counts.bind("a2", ALICE)
+    counts.bind("b1", BOB)
+    counts.add("a1", 100)
+    counts.add("a2", 50)
+    counts.add("b1", 7)
+    counts.add("nobody", 1000)  # a session the store was never told of is not counted
+    assert (counts.held(ALICE), counts.held(BOB)) == (150, 7)
+    counts.add("a1", -400)  # a release never takes a session below nothing, nor its principal's other sessions
+    assert counts.held(ALICE) == 50
+    counts.forget("a2")
+    counts.forget("a2")
+    assert (counts.held(ALICE), counts.held(BOB)) == (0, 7)
+
+
+def test_what_is_queued_counts_until_it_lands_even_if_its_session_goes_meanwhile() -> None:
+    counts = HeldBytes()
+    counts.bind("a1", ALICE)
+    counts.queue("a1", 300)
+    counts.queue("a1", 200)
+    assert counts.held(ALICE) == 500
+    counts.add("a1", 300)  # the writer committed the first one: counted twice until it lands, never less
+    counts.landed({"a1": 300})
+    assert counts.held(ALICE) == 500
+    counts.forget("a1")
+    counts.landed({"a1": 200})
+    assert counts.held(ALICE) == 0
+
+
+def test_a_completed_stream_is_released_when_its_keys_expire_and_a_purged_session_at_once() -> None:
+    now = [0.0]
+    held = ExpiringHeld(retention_seconds=60, clock=lambda: now[0])
+    held.counts.bind("s1", ALICE)
+    held.counts.bind("s2", ALICE)
+    held.opened("s1", "k1")
+    held.appended("s1", "k1", 1000, completes=False)
+    held.appended("s1", "k1", 10, completes=True)
+    held.opened("s2", "k2")
+    held.appended("s2", "k2", 500, completes=False)
+    stream1 = STREAM_BYTES + 1010 + 2 * ROW_BYTES
+    stream2 = STREAM_BYTES + 500 + ROW_BYTES
+    assert held.held(ALICE) == stream1 + stream2
+    now[0] = 59.9
+    assert held.held(ALICE) == stream1 + stream2
+    now[0] = 60.0
+    assert held.held(ALICE) == stream2
+    held.forget("s2", ["k2"])
+    held.completed("k2")  # a stream of a purged session has nothing left to release
+    now[0] = 1000.0
+    assert held.held(ALICE) == 0
+
+
+@pytest.mark.anyio
+async def test_a_post_of_a_principal_holding_its_bound_is_refused_before_anything_is_stored() -> None:
+    class Full(MemoryStore):
+        def stored_bytes(self, principal: Principal) -> int:
+            return 1024 if principal == ALICE else 0
+
+    refused: list[str] = []
+    registry = SessionRegistry(Full(), Limits(stored_bytes_per_principal=1024), refused.append)
+    alice = await registry.create(ALICE, "2025-11-25", 0.0)
+    bob = await registry.create(BOB, "2025-11-25", 0.0)
+    with pytest.raises(Refused) as caught:
+        registry.admit(alice, 0)  # even a ping stores its answer
+    assert caught.value.status == 429
+    assert caught.value.body["error"]["code"] == LIMIT_EXCEEDED
+    assert caught.value.body["error"]["data"]["limit"] == "stored_bytes_per_principal"
+    registry.admit(bob, 1)
+    assert refused == ["stored_bytes_per_principal"]
