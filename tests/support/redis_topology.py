@@ -279,6 +279,25 @@ class RedisTopology:
         with self.client(self.replica) as direct:
             direct.execute_command("REPLICAOF", "NO", "ONE")
 
+    def rejoin_primary_as_replica(self, timeout: float = 20) -> None:
+        """Start the killed primary again as a replica of the promoted one, as Sentinel reconfigures a master that
+        comes back; return once it has synced (its own writes the promoted one never had are discarded)."""
+        self.primary.extra_args = [
+            *self.primary.extra_args,
+            "--replicaof",
+            "127.0.0.1",
+            str(self.replica.port),
+        ]
+        self.primary.start()
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.client(self.primary) as direct:
+                if direct.info("replication").get("master_link_status") == "up":
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the old primary did not sync with the promoted replica in {timeout}s")
+            time.sleep(0.02)  # readiness of another process: there is no event to await
+
     def flip_endpoint(self, server: RedisServer | None = None, *, cut: bool = True) -> None:
         """Point the endpoint at ``server`` (default: the replica), as a managed endpoint's DNS name flips."""
         self.endpoint.flip((server or self.replica).port, cut=cut)
