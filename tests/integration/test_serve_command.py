@@ -211,6 +211,10 @@ def test_a_refused_exposure_is_a_usage_error_of_serve_exit_2() -> None:
             "redis store: unknown setting 'bogus' (the store's: prefix, retention_seconds, max_events_per_stream, "
             "lease_seconds; or redis-py's)",
         ),
+        (
+            "redis+sentinel://u:s3cret/x@127.0.0.1/mcpl",
+            "redis+sentinel store: Sentinel address 1 is not HOST[:PORT] (comma-separated)",
+        ),
     ],
 )
 def test_a_bad_store_is_a_usage_error_of_serve_exit_2_before_connecting(store: str, message: str) -> None:

@@ -279,6 +279,12 @@ class RedisTopology:
         with self.client(self.replica) as direct:
             direct.execute_command("REPLICAOF", "NO", "ONE")
 
+    def demote_primary(self) -> None:
+        """The (live) primary follows the replica, as after a failover it survived: it answers writes ``READONLY``
+        and ends blocking reads with ``UNBLOCKED``, on connections that stay open. Promote the replica first."""
+        with self.client(self.primary) as direct:
+            direct.execute_command("REPLICAOF", "127.0.0.1", self.replica.port)
+
     def flip_endpoint(self, server: RedisServer | None = None, *, cut: bool = True) -> None:
         """Point the endpoint at ``server`` (default: the replica), as a managed endpoint's DNS name flips."""
         self.endpoint.flip((server or self.replica).port, cut=cut)
