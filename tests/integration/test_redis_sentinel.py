@@ -8,8 +8,10 @@ rely on (a frozen link loses exactly the writes made meanwhile), and that a ``re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import redis
 
 from mcp_lossless.stores import StoreUnavailable, open_store
 from mcp_lossless.stores.redis import RedisStore, SentinelTarget
-from tests.integration.test_store_contract import session
+from tests.integration.test_store_contract import event, session, stream
 from tests.support.mcp_http import Peer, call, dev_token
 from tests.support.processes import ServerProcess, free_port
 from tests.support.redis_topology import SERVICE, RedisTopology, redis_topology
@@ -113,6 +115,43 @@ async def test_read_only_and_noreplicas_replies_are_outages_not_errors(tmp_path:
             assert await store.get_session("s2") == session("s2"), "reads are still served"
         finally:
             await store.close()
+
+
+async def test_a_store_on_a_flipped_endpoint_leaves_the_demoted_primary_for_the_promoted_replica(
+    tmp_path: Path,
+) -> None:
+    with redis_topology(tmp_path) as topology:
+        store = RedisStore(topology.endpoint_url, prefix=f"t-{uuid.uuid4().hex}")
+        await store.open()
+        try:
+            await store.put_session(session("s1"))
+            await store.open_stream(stream("k1"))
+            await store.append(event("k1", 0))
+            tail = asyncio.create_task(store.wait_events("k1", 0, 20))
+            await anyio.to_thread.run_sync(_wait_blocked_in_xread, topology)
+            topology.wait_replicated()
+
+            topology.promote_replica()
+            topology.demote_primary()
+            topology.flip_endpoint(cut=False)  # the store's connections stay on the old primary, now a replica
+
+            await store.append(event("k1", 1))  # READONLY there: the connection is dropped, the retry resolves anew
+            assert await tail == [event("k1", 1)], "the blocked read, ended by UNBLOCKED, went on on the new primary"
+            await store.put_session(session("s2"))
+            with topology.client(topology.replica) as promoted:
+                assert promoted.exists(f"{store.prefix}:{{s2}}:session")
+            assert topology.role(topology.primary) == "slave"
+        finally:
+            await store.close()
+
+
+def _wait_blocked_in_xread(topology: RedisTopology, timeout: float = 10) -> None:
+    """Until the primary holds a client blocked in XREAD (readiness of another process: nothing to await)."""
+    deadline = time.monotonic() + timeout
+    with topology.client(topology.primary) as primary:
+        while not any(c["cmd"] == "xread" and "b" in c["flags"] for c in primary.client_list()):
+            assert time.monotonic() < deadline, "no client blocked in XREAD"
+            time.sleep(0.01)
 
 
 async def test_store_and_server_on_sentinel_carry_on_on_the_promoted_replica(

@@ -209,7 +209,11 @@ def test_a_refused_exposure_is_a_usage_error_of_serve_exit_2() -> None:
         (
             "redis://127.0.0.1:1/0?prefix=x&bogus=1",
             "redis store: unknown setting 'bogus' (the store's: prefix, retention_seconds, max_events_per_stream, "
-            "lease_seconds; or redis-py's)",
+            "lease_seconds, wait_replicas, wait_timeout_ms; or redis-py's)",
+        ),
+        (
+            "redis+sentinel://u:s3cret/x@127.0.0.1/mcpl",
+            "redis+sentinel store: Sentinel address 1 is not HOST[:PORT] (comma-separated)",
         ),
     ],
 )

@@ -65,8 +65,6 @@ class Relay:
         self._server: asyncio.Server | None = None
         self._flowing: dict[str, asyncio.Event] = {}
         self._connections: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
-        self.accepted = 0
-        """Connections accepted so far: lets a test see that a client reconnected through the relay."""
 
     def start(self) -> None:
         self._thread.start()
@@ -91,7 +89,6 @@ class Relay:
         self._call(run())
 
     async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        self.accepted += 1
         try:
             target_reader, target_writer = await asyncio.open_connection("127.0.0.1", self.target)
         except OSError:  # the target is down: the client sees its connection closed, as with a dead node
@@ -297,6 +294,12 @@ class RedisTopology:
             if time.monotonic() > deadline:
                 raise AssertionError(f"the old primary did not sync with the promoted replica in {timeout}s")
             time.sleep(0.02)  # readiness of another process: there is no event to await
+
+    def demote_primary(self) -> None:
+        """The (live) primary follows the replica, as after a failover it survived: it answers writes ``READONLY``
+        and ends blocking reads with ``UNBLOCKED``, on connections that stay open. Promote the replica first."""
+        with self.client(self.primary) as direct:
+            direct.execute_command("REPLICAOF", "127.0.0.1", self.replica.port)
 
     def flip_endpoint(self, server: RedisServer | None = None, *, cut: bool = True) -> None:
         """Point the endpoint at ``server`` (default: the replica), as a managed endpoint's DNS name flips."""

@@ -54,6 +54,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
+from redis.sentinel import DEMOTED_MASTER_UNBLOCKED_ERROR
 from redis.typing import EncodableT
 
 from ..core.events import Loss, StoredEvent, StreamKind, StreamRecord
@@ -201,9 +202,8 @@ def _append_outcome(event: StoredEvent, reply: Any) -> Exception | None:
         held = int(reply[1])
         message = f"the store holds stream {event.stream} up to {held}, not {event.seq - 1}: it lost events"
         return EventsLost(message, held)
-    if isinstance(reply, (rx.OutOfMemoryError, rx.ReadOnlyError)) or (
-        isinstance(reply, rx.ResponseError) and str(reply).startswith(_OUTAGE_REPLIES)
-    ):
+    if isinstance(reply, rx.NoScriptError) or (isinstance(reply, Exception) and is_outage(reply)):
+        # NOSCRIPT after the script was loaded: the batch reached another node (a failover between the two)
         return StoreUnavailable(f"redis store unavailable: {reply}")
     return reply if isinstance(reply, Exception) else RuntimeError(f"append script answered {reply!r}")
 
@@ -317,6 +317,33 @@ def is_outage(exc: BaseException) -> bool:
     return isinstance(exc, rx.ResponseError) and reply.startswith(_OUTAGE_REPLIES)
 
 
+class _PrimaryConnection(Connection):
+    """A connection to the node a ``redis://`` name points at, dropped once that node answers as a replica.
+
+    A managed Redis fails over by moving its endpoint's DNS name to the promoted node; the old one may live on
+    as a replica. Connections made before the flip still reach it, and it refuses every write (``READONLY``)
+    or ends a blocking read (``UNBLOCKED``) without closing them: a pooled connection would keep answering
+    "unavailable" for as long as it lives. Dropping it makes the next connection resolve the name again, as
+    redis-py's Sentinel connections do when their master is demoted.
+    """
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except rx.ReadOnlyError as exc:
+            await self.disconnect()
+            raise rx.ConnectionError(f"the node is a read-only replica now: {exc}") from exc
+        except rx.ResponseError as exc:
+            if not str(exc).startswith(DEMOTED_MASTER_UNBLOCKED_ERROR):
+                raise
+            await self.disconnect()
+            raise rx.ConnectionError(f"the node became a replica: {exc}") from exc
+
+
+class _PrimarySSLConnection(_PrimaryConnection, SSLConnection):
+    """:class:`_PrimaryConnection` over TLS (``rediss://``)."""
+
+
 class _SentinelMaster(Redis):
     """A client of the master that Sentinel names; closing it also closes its connections to the Sentinels."""
 
@@ -335,12 +362,14 @@ def connect(url: str, *, socket_timeout: float | None, socket_connect_timeout: f
     """A client of the Redis master ``url`` names: ``redis://`` / ``rediss://`` directly, ``redis+sentinel://``
     through Sentinel. There every new connection asks the Sentinels for the master's address, so after a
     failover the next command reaches the promoted replica; until then a dead or demoted master is a
-    connection error (redis-py turns a READONLY reply from a demoted master into one), which the stores
-    report as :class:`StoreUnavailable`. Settings in the URL win over the keyword arguments, as redis-py's do.
+    connection error (redis-py turns a READONLY reply from a demoted master into one, and so does
+    :class:`_PrimaryConnection` for ``redis://``), which the stores report as :class:`StoreUnavailable`.
+    Settings in the URL win over the keyword arguments, as redis-py's do.
     """
     defaults = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_connect_timeout, **settings}
     if not url.startswith(SENTINEL_SCHEMES):
-        return Redis.from_url(url, **defaults)
+        primary = _PrimarySSLConnection if url.startswith("rediss://") else _PrimaryConnection
+        return Redis.from_url(url, connection_class=primary, **defaults)
     target = SentinelTarget.parse(url)
     sentinel_settings = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": socket_connect_timeout}
     sentinel = Sentinel(target.sentinels, sentinel_kwargs={**sentinel_settings, **target.sentinel})
