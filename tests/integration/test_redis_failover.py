@@ -229,3 +229,39 @@ async def test_with_replica_acknowledgement_nothing_acknowledged_is_lost_and_the
         assert resumed.status == 200
         contents(live.read, resumed)
         assert outcome(resumed, 5) == final
+
+
+async def test_sentinel_promotes_the_replica_mid_stream_and_another_replica_resumes_the_call_exactly_once(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    with redis_topology(tmp_path / "redis", sentinels=3) as topology, contextlib.ExitStack() as stack:
+        store = f"{topology.sentinel_url}?prefix=sentinel&lease_seconds=5&wait_replicas=1&wait_timeout_ms=300"
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        shared = Deployment(store, tmp_path / "dev-keys.json", f"http://127.0.0.1:{free_port()}/mcp", logs)
+        a, b = shared.start(stack, "a", "b")
+        peer = Peer(http, a.base, await dev_token(http, a.base, shared.canonical))
+        await peer.initialize()
+        steps = 40
+        live, run = posting(peer, call(5, "fetch", progress="p", url="https://example.com", steps=steps, delay_ms=80))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await live.until(lambda r: len(r.progress()) >= 4)
+            await anyio.to_thread.run_sync(topology.kill_primary)
+            await anyio.to_thread.run_sync(topology.wait_sentinel_master)
+            await anyio.to_thread.run_sync(topology.rejoin_primary_as_replica)
+            after_failover = len(live.progress())
+            await live.until(lambda r: len(r.progress()) >= after_failover + 3)  # the call goes on, acknowledged
+            tg.cancel_scope.cancel()  # the client's connection drops: it resumes on the other replica
+
+        resumed = await on(b, peer).resume(live.read.ids[-1])
+        assert resumed.status == 200
+        progress = live.progress() + [
+            m["params"]["progress"] for m in resumed.messages if m.get("method") == "notifications/progress"
+        ]
+        assert progress == list(range(1, steps + 1)), "every progress exactly once, in order, across the failover"
+        final = outcome(resumed, 5)
+        assert final["result"]["content"][0]["text"].startswith("contents of https://example.com"), final
+        ids = live.read.ids + resumed.ids
+        assert len(ids) == len(set(ids))
+        contents(live.read, resumed)
