@@ -301,7 +301,7 @@ def create_app(
     ``method_tags``: what a token needs for a request of one of ``methods`` (:data:`.tools.MethodTags`);
     ``method_scopes``: the scopes those may name, published in the server's protected resource metadata.
 
-    Tasks (2026-07-28) are kept beside the events (:func:`~mcp_lossless.stores.tasks.task_store_beside`)
+    Tasks (2026-07-28) are kept beside the events (:func:`~mcp_lossless.stores.open.task_store_beside`)
     unless ``task_store`` says otherwise.
     """
     if config.token_profile not in PROFILES:
