@@ -46,7 +46,7 @@ GATEWAY_HELP = "put MCP servers (Streamable HTTP or stdio) behind the lossless s
 
 def _serve_parser(sub: Any, command: str = "serve") -> None:
     """``serve``'s options; ``gateway`` takes the same but TARGET and --conformance, and needs --config."""
-    from .server.config import ServerConfig
+    from .server.config import LOG_LEVELS, ServerConfig
 
     d = ServerConfig()
 
@@ -181,7 +181,7 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
         metavar="ORIGIN",
         help="an Origin accepted besides the server's own (and loopback ones on loopback), repeatable (default: none)",
     )
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help=default(d.log_level))
+    p.add_argument("--log-level", choices=LOG_LEVELS, help=default(d.log_level))
     p.add_argument(
         "--metrics-token",
         metavar="SECRET",

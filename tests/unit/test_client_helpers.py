@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcp_lossless.client.errors import describe, unreachable
+from mcp_lossless.client.errors import describe_failure, unreachable
 from mcp_lossless.client.oauth import (
     Challenge,
     authorization_server_metadata_urls,
@@ -158,8 +158,8 @@ def _untrusted() -> ssl.SSLCertVerificationError:
     ],
 )  # fmt: skip
 def test_failures_are_described_in_words_never_as_a_repr(exc: BaseException, words: str) -> None:
-    assert describe(exc) == words
-    assert "Error(" not in describe(exc)
+    assert describe_failure(exc) == words
+    assert "Error(" not in describe_failure(exc)
 
 
 def test_an_unreachable_server_is_named_with_what_to_check() -> None:

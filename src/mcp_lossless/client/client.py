@@ -126,10 +126,9 @@ class Client(CatalogReads):
         input_handlers: Mapping[str, InputHandler] | None = None,
         input_methods: Collection[str] = (),
     ) -> None:
-        if protocol_version not in protocol.SUPPORTED:
-            raise ValueError(
-                f"protocol version {protocol_version!r} is not one this client speaks ({', '.join(protocol.SUPPORTED)})"
-            )
+        if protocol_version not in protocol.HANDSHAKE_VERSIONS:
+            spoken = ", ".join(protocol.HANDSHAKE_VERSIONS)
+            raise ValueError(f"protocol version {protocol_version!r} is not one this client speaks ({spoken})")
         self.url = url
         self.protocol_version = protocol_version
         self.timeout = timeout

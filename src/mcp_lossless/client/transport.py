@@ -14,9 +14,9 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
+from ..core.protocol import ACCEPT_POST
 from ..core.sse import DEFAULT_MAX_EVENT_BYTES, SseDecoder, SseEvent
 
-ACCEPT_POST = "application/json, text/event-stream"
 ACCEPT_SSE = "text/event-stream"
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"

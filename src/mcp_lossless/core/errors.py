@@ -8,6 +8,9 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 REQUEST_CANCELLED = -32800
+RESOURCE_NOT_FOUND = -32002
+"""MCP's code (to 2025-11-25) for a ``resources/read`` of a URI the server does not have; 2026-07-28 forbids it
+and answers with ``INVALID_PARAMS``."""
 
 DELIVERY_REFUSED = -32041
 """An event of this request could not be delivered to the stream's token; re-authorize and resume."""

@@ -25,10 +25,7 @@ from .app import LosslessApp, create_app
 from .config import ServerConfig
 from .tools import MethodError, MethodHandler, ToolContext, ToolError, ToolRegistry
 
-RESOURCE_NOT_FOUND = -32002
-"""MCP's code for ``resources/read`` of a URI the server does not have."""
-
-CAPABILITIES: dict[str, Any] = {
+FIXTURE_CAPABILITIES: dict[str, Any] = {
     "resources": {"subscribe": True, "listChanged": False},
     "prompts": {"listChanged": False},
     "completions": {},
@@ -485,7 +482,7 @@ def _read(uri: str) -> dict[str, Any]:
         item = match.group(1)
         data = {"id": item, "templateTest": True, "data": f"Data for ID: {item}"}
         return {"uri": uri, "mimeType": "application/json", "text": orjson.dumps(data).decode()}
-    raise MethodError(RESOURCE_NOT_FOUND, f"resource {uri} not found", {"uri": uri})
+    raise MethodError(errors.RESOURCE_NOT_FOUND, f"resource {uri} not found", {"uri": uri})
 
 
 def _string_param(params: dict[str, Any], name: str) -> str:
@@ -618,7 +615,7 @@ async def prompts_get(ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any
     return {"description": description, "messages": build(given)}
 
 
-async def complete(ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
+async def completion(ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
     ref = params.get("ref")
     argument = params.get("argument")
     if not isinstance(ref, dict) or not isinstance(argument, dict):
@@ -642,10 +639,10 @@ def conformance_methods() -> dict[str, MethodHandler]:
         "resources/unsubscribe": subscriptions.unsubscribe,
         "prompts/list": prompts_list,
         "prompts/get": prompts_get,
-        "completion/complete": complete,
+        "completion/complete": completion,
     }
 
 
 def conformance_app(config: ServerConfig) -> LosslessApp:
     """The server with the conformance fixtures; the caller keeps auth off and the host on loopback."""
-    return create_app(config, conformance_tools(), methods=conformance_methods(), capabilities=CAPABILITIES)
+    return create_app(config, conformance_tools(), methods=conformance_methods(), capabilities=FIXTURE_CAPABILITIES)
