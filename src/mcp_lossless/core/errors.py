@@ -37,7 +37,9 @@ UPSTREAM_FAILED = -32045
 """A gateway's upstream gave no answer: unreachable, refused, broke the protocol, or passed the deadline."""
 
 # 2026-07-28 reserves -32020..-32099 for the specification and asks implementations to allocate codes outside
-# the JSON-RPC range (-32768..-32000): the modern leg's project codes live at -31xxx.
+# the JSON-RPC range (-32768..-32000): the codes only the modern leg sends live at -31xxx, below. Two legacy codes
+# inside the reserved range reach 2026-07-28 clients too, so that one condition has one code in both eras:
+# LIMIT_EXCEEDED (a limit, docs/limits.md) and UPSTREAM_FAILED (a gateway's upstream gave no answer).
 TASK_DENIED = -31041
 """The owner's task, whose tool the poll's token no longer covers: re-authorize and poll the same id (HTTP 403)."""
 
