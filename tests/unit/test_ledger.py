@@ -54,7 +54,7 @@ def start(ledger: Ledger, spec: CallSpec | None = None) -> tuple[int, SendCall]:
 
 
 def ev(event_id: str | None, message: dict[str, Any] | None, event: str = "message") -> SseEvent:
-    return SseEvent(event, "" if message is None else orjson.dumps(message).decode(), event_id, None)
+    return SseEvent(event, "" if message is None else orjson.dumps(message).decode(), event_id)
 
 
 def progress(token: object, value: float) -> dict[str, Any]:
@@ -107,8 +107,8 @@ def test_happy_path_progress_then_result() -> None:
 def test_drop_resumes_from_last_received_id_priming_included() -> None:
     ledger = Ledger("p")
     _, send = start(ledger)
-    retry_priming = SseEvent("message", "", "prime-1", 500)
-    assert ledger.received(send.link, [retry_priming], "prime-1") == []
+    retry_priming = SseEvent("message", "", "prime-1")
+    assert ledger.received(send.link, [retry_priming], "prime-1", 500) == []
     (resume,) = ledger.ended(send.link, "connection reset")
     assert isinstance(resume, Resume)
     assert resume.cursor == "prime-1"
@@ -234,7 +234,7 @@ def test_unknown_event_types_end_in_a_protocol_error() -> None:
 def test_non_json_frame_is_a_violation_not_a_crash() -> None:
     ledger = Ledger("p")
     _, send = start(ledger)
-    actions = ledger.received(send.link, [SseEvent("message", "{not json", "e1", None)], "e1")
+    actions = ledger.received(send.link, [SseEvent("message", "{not json", "e1")], "e1")
     assert [r.what for r in only(actions, Report)] == ["protocol_violation"]
 
 

@@ -260,7 +260,7 @@ class Client(CatalogReads):
                 raise RequestRejected(f"no standalone stream: HTTP {response.status_code} on GET {transport.url}")
             if on_open is not None:
                 on_open()
-            async for events, _ in transport.events(response):
+            async for events, _, _ in transport.events(response):
                 for event in events:
                     try:
                         message = orjson.loads(event.data) if event.data else None

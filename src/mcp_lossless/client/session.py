@@ -253,7 +253,7 @@ class Session:
             if isinstance(parsed, dict) and parsed.get("id") == wire_id:
                 return parsed
         elif kind == "text/event-stream":
-            async for events, _ in self.transport.events(response):
+            async for events, _, _ in self.transport.events(response):
                 for event in events:
                     parsed = _json(event.data.encode()) if event.data else None
                     if isinstance(parsed, dict) and parsed.get("id") == wire_id and "method" not in parsed:
@@ -571,10 +571,10 @@ class Session:
 
     async def _read_stream(self, link: Link, response: Response) -> None:
         try:
-            async for events, last_event_id in self.transport.events(response):
+            async for events, last_event_id, reconnection_ms in self.transport.events(response):
                 if not self.ledger.is_current(link):
                     return  # superseded or finished; its cancellation just has not landed yet
-                self._apply(self.ledger.received(link, events, last_event_id))
+                self._apply(self.ledger.received(link, events, last_event_id, reconnection_ms))
         except SseTooLarge as exc:
             self._apply(self.ledger.ended(link, str(exc)))
         except httpx.HTTPError as exc:

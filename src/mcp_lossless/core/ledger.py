@@ -180,17 +180,21 @@ class Ledger:
 
     # ---- what arrived -------------------------------------------------------------------------------
 
-    def received(self, link: Link, events: Sequence[SseEvent], last_event_id: str | None) -> list[Action]:
-        """Events decoded from ``link``; ``last_event_id`` is the decoder's id after them."""
+    def received(
+        self, link: Link, events: Sequence[SseEvent], last_event_id: str | None, reconnection_ms: int | None = None
+    ) -> list[Action]:
+        """Events decoded from ``link``; ``last_event_id`` and ``reconnection_ms`` are the decoder's id and
+        ``retry:`` after them: the server's reconnection time is the wait before the next resume (the spec's
+        client MUST respect it), sent in an event's block or in a block of its own."""
         stream = self._live(link)
         if stream is None:
             return [Report(link.stream, "stale_events", f"{len(events)} event(s) from a superseded connection")]
+        if reconnection_ms is not None:
+            stream.retry_ms = reconnection_ms
         out: list[Action] = []
         for event in events:
             if not self._note_id(stream, event.id, out):
                 continue
-            if event.retry is not None:
-                stream.retry_ms = event.retry
             if event.event != "message":
                 self._violation(stream, f"unknown SSE event type {event.event!r}", out)
                 continue
