@@ -22,7 +22,7 @@ import re
 import secrets
 from base64 import b64decode
 from collections.abc import Callable, Coroutine, Generator, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..asgi import Receive, Send, respond
@@ -942,7 +942,6 @@ class ModernLeg:
         await self.tasks.touch(task_id, at)  # the owner asked: its TTL restarts, denied or not
         if isinstance(verdict, Denied):
             self._deny(verdict, record)
-        assert isinstance(verdict, Deliver)
         record = await self._settle_if_lost(seen(verdict.record, at), at)
         if method == "tasks/get":
             await self._answer(send, rid, detailed_task(record, self.poll_ms))
@@ -971,7 +970,7 @@ class ModernLeg:
             extension_required(),
         )
 
-    def _deny(self, denied: Denied, record: TaskRecord | None) -> None:
+    def _deny(self, denied: Denied, record: TaskRecord | None) -> NoReturn:
         self.s.metrics.refusals.labels("insufficient_audience", "task").inc()
         log_decision("task_denied", task=denied.task_id[:8], missing=list(denied.missing_resources))
         error = denial_error(denied)
@@ -1047,7 +1046,7 @@ def _input_before_task(tool: RegisteredTool, params: dict[str, Any], ctx: ToolCo
         coro.send(None)
     except InputRequired as asked:
         return asked
-    except (StopIteration, Exception):
+    except Exception:  # StopIteration among them
         return None  # it finished (or failed) without awaiting anything: the task runs it, and reports that
     finally:
         with contextlib.suppress(RuntimeError):

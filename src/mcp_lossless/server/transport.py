@@ -79,7 +79,7 @@ class Transport:
     are run by the :class:`.dispatch.Dispatcher` and written by an :class:`.writer.SseWriter`.
     """
 
-    def __init__(self, state: ServerState, modern: ModernLeg | None = None) -> None:
+    def __init__(self, state: ServerState, modern: ModernLeg) -> None:
         self.state = state
         self.dispatcher = Dispatcher(state)
         self.producers = Producers(state.store, state.instance, state.live_stream, state.metrics.lost.inc)
@@ -151,7 +151,7 @@ class Transport:
         if too_long is not None:  # before any of its messages is looked at
             raise self._over(too_long)
         messages = checks.check_messages(values)
-        if self.modern is not None and not batch:
+        if not batch:
             index = headers(scope)
             if is_modern(messages[0], index):
                 await self.modern.serve(receive, send, grant, index, messages[0])
