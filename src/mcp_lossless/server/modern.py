@@ -111,6 +111,10 @@ INPUT_POLL_SECONDS = 1.0
 """A task waiting for input looks at the store this often besides being woken: ``tasks/update`` may reach
 another replica, which can only leave the answers in the store."""
 DESCRIBE_EVERY_SECONDS = 0.1
+CLOSE_STREAM_REFUSED = (
+    f"close_stream: a {protocol.STATELESS} response cannot be resumed; a tool that frees its connection while it "
+    "works runs as a task there (task=True), which the client polls"
+)
 """A running task's progress is stored as its status message at most this often (a store write each time)."""
 
 
@@ -242,7 +246,9 @@ class _RequestChannel:
         return got
 
     def close_stream(self) -> None:
-        return None  # nothing to resume on this leg
+        """Refused: a 2026-07-28 response cannot be resumed, so closing it would lose the answer, and keeping it
+        open would hold the connection the tool meant to free (docs/decisions/0024)."""
+        raise MethodError(errors.INTERNAL_ERROR, CLOSE_STREAM_REFUSED)
 
 
 class _TaskChannel(_RequestChannel):
@@ -257,6 +263,10 @@ class _TaskChannel(_RequestChannel):
         self.leg = leg
         self.task_id = ""
         self.described_at = float("-inf")
+
+    def close_stream(self) -> None:
+        """Done already: a task holds no connection, its client polls (what the close asks a client to do)."""
+        return None
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         if method != "notifications/progress":
