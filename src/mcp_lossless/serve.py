@@ -90,8 +90,8 @@ def build_config(args: argparse.Namespace, reserved: tuple[str, ...] = ()) -> Se
 
 
 def serve(args: argparse.Namespace) -> int:
+    from .conformance_fixtures import conformance_app
     from .server.app import create_app
-    from .server.conformance import conformance_app
     from .server.observability import configure_logging
     from .server.serving import freeze_startup_heap, lossless_server
     from .server.targets import TargetError, load_registry

@@ -18,12 +18,12 @@ import pytest
 
 from mcp_lossless.client import BearerToken, Client, RemoteError
 from mcp_lossless.client.modern import ModernClient
+from mcp_lossless.conformance_fixtures import conformance_app
 from mcp_lossless.core.errors import FORBIDDEN, INVALID_PARAMS, RESOURCE_NOT_FOUND, TOOL_FORBIDDEN
 from mcp_lossless.gateway import UpstreamConfig
 from mcp_lossless.gateway.config import CatalogRule
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
-from mcp_lossless.server.conformance import conformance_app
 from tests.support.gateway_deployment import Deployment, sdk_upstream, serve_gateway
 from tests.support.mcp_http import Peer, StreamRead, dev_token
 from tests.support.modern_http import ModernPeer

@@ -2,8 +2,9 @@
 
 The rules (``docs/architecture.md``): the core imports no adapter; the client, the stores and the audit import
 only the core; the dev authorization server the core and the ASGI helpers; the server composes core, stores,
-dev AS and ASGI helpers; nothing imports the server but the entry points (``cli``, ``__main__``, ``serve``)
-and the gateway, which is a server in front of a client (its command takes ``serve``'s options). The root
+dev AS and ASGI helpers; nothing imports the server but the entry points (``cli``, ``__main__``, ``serve``),
+the conformance suite's fixtures (served by ``serve --conformance``) and the gateway, which is a server in front
+of a client (its command takes ``serve``'s options). The root
 package holds only ``__version__`` and may be imported by anyone. Lazy imports (inside functions, or for type
 checking) count everywhere: they are dependencies all the same, and a circle through one is a circle, one the
 first caller of the lazy side closes at run time instead of at import. Within the package, imports are
@@ -35,7 +36,8 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "audit": frozenset({"core", ""}),
     "devauth": frozenset({"core", "asgi", ""}),
     "server": frozenset({"server", "core", "stores", "devauth", "asgi", ""}),
-    "serve": frozenset({"server", "core", ""}),
+    "serve": frozenset({"server", "conformance_fixtures", "core", ""}),
+    "conformance_fixtures": frozenset({"server", "core", ""}),
     "gateway": frozenset({"gateway", "serve", "server", "client", "core", "stores", "asgi", ""}),
     "cli": ANYTHING,
     "__main__": ANYTHING,
@@ -235,6 +237,11 @@ def planted(module: str, source: str, is_package: bool = False) -> list[Import]:
         ("mcp_lossless.audit.run", "from ..client.session import Session", "mcp_lossless.client.session"),
         ("mcp_lossless.gateway.http", "def f():\n    from ..cli import main", "mcp_lossless.cli"),
         ("mcp_lossless.serve", "from .gateway.command import run", "mcp_lossless.gateway.command"),
+        (
+            "mcp_lossless.server.app",
+            "def f():\n    from ..conformance_fixtures import app",
+            "mcp_lossless.conformance_fixtures",
+        ),
     ],
 )
 def test_the_layer_checker_catches_a_planted_violation(module: str, source: str, offender: str) -> None:

@@ -3,7 +3,9 @@
 Names and payloads follow the scenario descriptions of ``@modelcontextprotocol/conformance``: tools
 ``test_*`` (text, image, audio, embedded resource, logging, progress, errors, sampling, elicitation, SEP-1699
 stream close), resources under ``test://``, four prompts and argument completion. Everything is built on the
-public server API: tools on a :class:`ToolRegistry`, the other methods as ``methods=`` handlers.
+public server API: tools on a :class:`ToolRegistry`, the other methods as ``methods=`` handlers. Outside the
+server package: they are a test suite's fixtures, no part of the server a deployment runs, and nothing in the
+server imports them (only ``serve --conformance`` and the tests do).
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from typing import Any, Literal
 
 import orjson
 
-from ..core import errors
-from .app import LosslessApp, create_app
-from .config import ServerConfig
-from .tools import MethodError, MethodHandler, ToolContext, ToolError, ToolRegistry
+from .core import errors
+from .server.app import LosslessApp, create_app
+from .server.config import ServerConfig
+from .server.tools import MethodError, MethodHandler, ToolContext, ToolError, ToolRegistry
 
 FIXTURE_CAPABILITIES: dict[str, Any] = {
     "resources": {"subscribe": True, "listChanged": False},
