@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
-if TYPE_CHECKING:
-    from .server.config import ServerConfig
 # Everything else is imported inside main (the server's modules take half a second): the console script imports
 # this module before main can catch a Ctrl-C, so a Ctrl-C at start-up must find main already running.
 
-STARTUP_FAILURE = 3
-"""Exit status when the server could not start listening (uvicorn's)."""
 INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT, as shells report it) of a command that was not done."""
 
@@ -55,7 +51,7 @@ GATEWAY_HELP = "put MCP servers (Streamable HTTP or stdio) behind the lossless s
 
 def _serve_parser(sub: Any, command: str = "serve") -> None:
     """``serve``'s options; ``gateway`` takes the same but TARGET and --conformance, and needs --config."""
-    from .server.config import ServerConfig
+    from .server.config import LOG_LEVELS, ServerConfig
 
     d = ServerConfig()
 
@@ -191,7 +187,7 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
         metavar="ORIGIN",
         help="an Origin accepted besides the server's own (and loopback ones on loopback), repeatable (default: none)",
     )
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help=default(d.log_level))
+    p.add_argument("--log-level", choices=LOG_LEVELS, help=default(d.log_level))
     p.add_argument(
         "--metrics-token",
         metavar="SECRET",
@@ -227,113 +223,6 @@ def _call_parser(sub: Any) -> None:
 
     p = sub.add_parser("call", help="call one tool of an MCP server and print its one outcome")
     add_arguments(p)
-
-
-class UsageError(Exception):
-    """Bad input on the command line or in the config file: reported in one line, exit status 2."""
-
-
-def _read_config(path: str) -> dict[str, Any]:
-    import tomllib
-
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except OSError as exc:
-        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}") from None
-    except UnicodeDecodeError as exc:  # TOML is UTF-8 text; tomllib decodes before it parses
-        raise UsageError(f"{path} is not valid TOML: not UTF-8 text (byte {exc.start})") from None
-
-
-def build_config(args: argparse.Namespace, reserved: tuple[str, ...] = ()) -> ServerConfig:
-    """Settings from ``--config`` and the flags; the file's ``reserved`` keys are the caller's (the gateway's)."""
-    from .server.config import DEFAULT_DEV_CLIENTS, ConfigError, ServerConfig, config_from
-
-    settings: dict[str, Any] = _read_config(args.config) if args.config else {}
-    for key in reserved:
-        settings.pop(key, None)
-    if "upstream" in settings:  # reserved by the gateway, popped above
-        raise UsageError(f"{args.config}: [[upstream]] tables are for mcp-lossless gateway --config, not serve")
-    if settings:
-        try:
-            config_from(settings)  # the file alone first, so that a bad value is blamed on it
-        except ConfigError as exc:
-            raise UsageError(f"{args.config}: {exc}") from None
-    for name in ServerConfig.__dataclass_fields__:
-        value = getattr(args, name, None)
-        if value is not None:
-            settings[name] = value
-    limits = {
-        name: getattr(args, f"limit_{name}") for name in LIMIT_FLAGS if getattr(args, f"limit_{name}") is not None
-    }
-    if limits:
-        table = settings.get("limits")
-        settings["limits"] = {**(table if isinstance(table, dict) else {}), **limits}
-    if args.dev_client:
-        settings["dev_clients"] = dict(args.dev_client)
-    if args.auth == "none" or args.conformance:
-        settings["issuer"] = None  # the suite cannot send tokens
-    if args.conformance:
-        settings.setdefault("store", "memory")
-    try:
-        config = config_from(settings)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    if config.issuer is None and not config.loopback:
-        what = "--conformance" if args.conformance else "--auth none"
-        raise UsageError(f"{what} is refused on a non-loopback host: it would serve tools to anyone")
-    if config.issuer == "dev" and not config.loopback:
-        if config.auto_approve:
-            raise UsageError(
-                "--auto-approve is refused on a non-loopback host: anyone could mint tokens for any subject"
-            )
-        if config.dev_clients == DEFAULT_DEV_CLIENTS and not config.force_dev_credentials:
-            raise UsageError(
-                "the default dev client dev-client:dev-secret is public: on a non-loopback host give "
-                "--dev-client ID:SECRET (or --force-dev-credentials)"
-            )
-    return config
-
-
-def serve(args: argparse.Namespace) -> int:
-    from .server.app import create_app
-    from .server.conformance import conformance_app
-    from .server.observability import configure_logging
-    from .server.serving import freeze_startup_heap, lossless_server
-    from .server.targets import TargetError, load_registry
-
-    config = build_config(args)
-    if args.target is not None and args.conformance:
-        raise UsageError("--conformance serves its own fixtures: give no TARGET")
-    configure_logging(config.log_level)
-    try:
-        tools = None if args.target is None else load_registry(args.target)
-    except TargetError as exc:
-        raise UsageError(f"TARGET: {exc}") from None
-    try:
-        app = conformance_app(config) if args.conformance else create_app(config, tools)
-    except ValueError as exc:  # a setting only the app can judge (the store's spec): a bad flag like the others
-        raise UsageError(str(exc)) from None
-    banner = [f"mcp-lossless: MCP endpoint  {config.canonical_uri}", f"mcp-lossless: metadata      {app.state.prm_url}"]
-    if config.issuer == "dev":
-        consent = (
-            "auto-approved (--auto-approve)"
-            if config.auto_approve
-            else f"consent page at {config.dev_issuer}/authorize"
-        )
-        banner += [
-            f"mcp-lossless: dev issuer    {config.dev_issuer}",
-            f"mcp-lossless: token URL     {config.dev_issuer}/token",
-            f"mcp-lossless: dev clients   {', '.join(config.dev_clients)} (confidential), dev-public (public, PKCE)",
-            f"mcp-lossless: registration  {config.dev_issuer}/register (RFC 7591) and client ID metadata documents",
-            f"mcp-lossless: authorization {consent}",
-        ]
-    server = lossless_server(app, banner=banner)
-    freeze_startup_heap()
-    server.run()
-    return 0 if server.started else STARTUP_FAILURE
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -377,6 +266,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _run(args: argparse.Namespace) -> None:
     if args.command == "serve":
+        from .serve import UsageError, serve
+
         try:
             sys.exit(serve(args))
         except UsageError as exc:
@@ -384,6 +275,7 @@ def _run(args: argparse.Namespace) -> None:
             sys.exit(2)
     if args.command == "gateway":
         from .gateway.command import run as gateway
+        from .serve import UsageError
 
         try:
             sys.exit(gateway(args))

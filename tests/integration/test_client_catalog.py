@@ -12,9 +12,9 @@ import pytest
 from mcp_lossless.client import Client, Prompt, RemoteError, Resource
 from mcp_lossless.client.modern import ModernClient
 from mcp_lossless.client.sync import SyncClient
-from mcp_lossless.core.errors import INVALID_PARAMS
+from mcp_lossless.conformance_fixtures import INPUT_PROMPT, conformance_app
+from mcp_lossless.core.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND
 from mcp_lossless.server.config import ServerConfig
-from mcp_lossless.server.conformance import INPUT_PROMPT, RESOURCE_NOT_FOUND, conformance_app
 from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio

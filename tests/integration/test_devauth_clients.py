@@ -13,8 +13,9 @@ import orjson
 import pytest
 
 from mcp_lossless.asgi import Receive, Scope, Send, respond
-from mcp_lossless.cli import UsageError, _serve_parser, build_config
+from mcp_lossless.cli import _serve_parser
 from mcp_lossless.devauth.server import DevAuthServer
+from mcp_lossless.serve import UsageError, build_config
 from tests.integration.test_devauth import (
     AGGREGATE,
     FETCH,

@@ -18,6 +18,7 @@ import pytest
 from mcp_lossless.core.errors import (
     DELIVERY_REFUSED,
     HEADER_MISMATCH,
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -59,6 +60,18 @@ def tools_with_hold() -> Any:
             CANCELLED.set()
             raise
         return "held"
+
+    @registry.tool()
+    async def close_early(ctx: ToolContext) -> str:
+        """Closes its stream (SEP-1699) before it answers."""
+        ctx.close_stream()
+        return "answered after the close"
+
+    @registry.tool(task=True)
+    async def close_early_task(ctx: ToolContext) -> str:
+        """Closes its stream (SEP-1699) before it answers; a task."""
+        ctx.close_stream()
+        return "answered after the close"
 
     return registry
 
@@ -267,6 +280,19 @@ async def test_the_owner_cancels_a_running_task(http: httpx.AsyncClient, base: s
     settled = await poll_until_settled(peer, task_id)
     assert settled["status"] == "cancelled" and "result" not in settled and "error" not in settled
     assert answer(await peer.task("tasks/update", task_id))["result"] == {"resultType": "complete"}
+
+
+async def test_close_stream_is_refused_in_a_request_and_needs_nothing_in_a_task(
+    http: httpx.AsyncClient, base: str
+) -> None:
+    # it was ignored: the tool believed its connection freed while the response held it to the end of the call
+    peer = ModernPeer(http, base, (await tokens(http, base))[0])
+    error = error_of(await peer.call("close_early"))
+    assert error["code"] == INTERNAL_ERROR and "runs as a task there (task=True)" in error["message"]
+    task_id = answer(await peer.call("close_early_task"))["result"]["taskId"]
+    settled = await poll_until_settled(peer, task_id)
+    assert settled["status"] == "completed"
+    assert settled["result"]["content"][0]["text"] == "answered after the close"
 
 
 async def test_legacy_and_modern_clients_share_one_process(http: httpx.AsyncClient, base: str) -> None:

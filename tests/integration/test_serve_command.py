@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mcp_lossless.cli import LIMIT_FLAGS, UsageError, _serve_parser, build_config, main
+from mcp_lossless.cli import LIMIT_FLAGS, _serve_parser, main
 from mcp_lossless.core.limits import Limits
+from mcp_lossless.serve import UsageError, build_config
 from mcp_lossless.server.config import ServerConfig
 from mcp_lossless.server.targets import TargetError, load_registry
 from tests.support.mcp_http import Peer, call

@@ -14,9 +14,10 @@ from mcp_lossless.core.principal import Principal
 from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, advance, lost, new_task
 from mcp_lossless.stores.base import EventStore
 from mcp_lossless.stores.memory import MemoryStore
+from mcp_lossless.stores.open import task_store_beside
 from mcp_lossless.stores.redis import RedisStore
 from mcp_lossless.stores.sqlite import SqliteStore
-from mcp_lossless.stores.tasks import TaskLimitReached, TaskStore, task_store_beside
+from mcp_lossless.stores.tasks import TaskLimitReached, TaskStore
 from mcp_lossless.stores.tasks_memory import MemoryTaskStore
 
 pytestmark = pytest.mark.anyio

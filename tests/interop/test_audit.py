@@ -29,7 +29,7 @@ from mcp_lossless.audit.report import (
     to_markdown,
 )
 from mcp_lossless.audit.tokens import ClientCredentialsGrant
-from mcp_lossless.audit.wire import Credential, Exchange, Wire, WireEvent, answered, call_message
+from mcp_lossless.audit.wire import Credential, Exchange, Wire, WireEvent, all_answered, call_message
 from mcp_lossless.cli import main
 from mcp_lossless.devauth import DevAuthServer
 from mcp_lossless.server.app import create_app
@@ -219,7 +219,7 @@ async def _fetch_with(peer: SdkPeer, *resources: str) -> dict[str, Any]:
         wire = Wire(http, peer.url, read_seconds=5)
         session = await wire.open_session(Credential("direct", token), "2025-11-25", "initialize")
         message = call_message(1, "fetch", {"url": "u", "steps": 1, "delay_ms": 0}, "p")
-        answer = (await wire.post(session, message, label="call", stop=answered(1))).terminal_for(1)
+        answer = (await wire.post(session, message, label="call", stop=all_answered(1))).terminal_for(1)
     assert answer is not None
     return answer
 

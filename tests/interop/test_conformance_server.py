@@ -29,10 +29,11 @@ from typing import Any
 import httpx
 import pytest
 
-from mcp_lossless.cli import UsageError, _serve_parser, build_config
-from mcp_lossless.core.errors import INVALID_PARAMS
+from mcp_lossless.cli import _serve_parser
+from mcp_lossless.conformance_fixtures import JSON_SCHEMA_2020_12, conformance_app
+from mcp_lossless.core.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND
+from mcp_lossless.serve import UsageError, build_config
 from mcp_lossless.server.config import ServerConfig
-from mcp_lossless.server.conformance import JSON_SCHEMA_2020_12, RESOURCE_NOT_FOUND, conformance_app
 from tests.support.mcp_http import Peer
 from tests.support.node import conformance_cli, node_binary
 from tests.support.processes import cli_server

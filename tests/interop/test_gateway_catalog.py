@@ -18,12 +18,12 @@ import pytest
 
 from mcp_lossless.client import BearerToken, Client, RemoteError
 from mcp_lossless.client.modern import ModernClient
-from mcp_lossless.core.errors import FORBIDDEN, INVALID_PARAMS, TOOL_FORBIDDEN
+from mcp_lossless.conformance_fixtures import conformance_app
+from mcp_lossless.core.errors import FORBIDDEN, INVALID_PARAMS, RESOURCE_NOT_FOUND, TOOL_FORBIDDEN
 from mcp_lossless.gateway import UpstreamConfig
 from mcp_lossless.gateway.config import CatalogRule
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
-from mcp_lossless.server.conformance import conformance_app
 from tests.support.gateway_deployment import Deployment, sdk_upstream, serve_gateway
 from tests.support.mcp_http import Peer, StreamRead, dev_token
 from tests.support.modern_http import ModernPeer
@@ -35,7 +35,6 @@ pytestmark = pytest.mark.anyio
 UPSTREAM_TOKEN = "gateway-own-upstream-credential"
 TOKEN_ENV = "MCP_LOSSLESS_TEST_CATALOG_UPSTREAM_TOKEN"
 SDK_STDIO = (sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio")
-RESOURCE_NOT_FOUND = -32002
 CONF_TEMPLATE = "test://template/{id}/data"
 
 

@@ -33,7 +33,7 @@ ACTIONS = {member.__name__ for member in typing.get_args(Action)}
 
 
 def test_the_action_union_has_members() -> None:
-    assert {"Send", "Resume", "Resolve", "Report"} <= ACTIONS
+    assert {"SendCall", "Resume", "Resolve", "Report"} <= ACTIONS
 
 
 def test_session_apply_has_a_case_for_every_action() -> None:
@@ -47,14 +47,14 @@ def test_the_checker_finds_a_missing_case() -> None:
         def _apply(actions):
             for action in actions:
                 match action:
-                    case Send() | SendBatch():
+                    case SendCall() | SendBatch():
                         pass
                     case Resume():
                         pass
                     case _:
                         assert_never(action)
     """
-    assert unhandled(planted, {"Send", "SendBatch", "Resume", "Report"}) == {"Report"}
+    assert unhandled(planted, {"SendCall", "SendBatch", "Resume", "Report"}) == {"Report"}
 
 
 def test_the_checker_does_not_count_an_isinstance_test_as_a_case() -> None:

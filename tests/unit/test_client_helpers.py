@@ -6,6 +6,7 @@ import base64
 import hashlib
 import socket
 import ssl
+from collections.abc import AsyncIterator
 
 import httpx
 import orjson
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcp_lossless.client.errors import describe, unreachable
+from mcp_lossless.client.errors import describe_failure, unreachable
 from mcp_lossless.client.oauth import (
     Challenge,
     authorization_server_metadata_urls,
@@ -22,7 +23,10 @@ from mcp_lossless.client.oauth import (
     protected_resource_metadata_urls,
     unverified_audience,
 )
-from mcp_lossless.client.transport import Backoff
+from mcp_lossless.client.transport import Backoff, HttpTransport
+from mcp_lossless.core.actions import CallSpec, Resume
+from mcp_lossless.core.ledger import Ledger
+from mcp_lossless.core.sse import SseEvent
 
 
 def test_first_reconnect_waits_exactly_the_server_retry() -> None:
@@ -30,6 +34,38 @@ def test_first_reconnect_waits_exactly_the_server_retry() -> None:
     assert backoff.delay(0, 500, 0.99) == 0.5
     assert backoff.delay(0, None, 0.99) == 0.5
     assert backoff.delay(0, 2000, 0.0) == 2.0
+
+
+class _Chunks:
+    """A response whose body arrives in the given chunks."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = chunks
+        self.status_code = 200
+        self.headers: dict[str, str] = {"content-type": "text/event-stream"}
+
+    async def aread(self) -> bytes:
+        return b"".join(self.chunks)
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+
+
+@pytest.mark.anyio
+async def test_a_retry_in_a_block_of_its_own_reaches_the_reconnect_delay() -> None:
+    # a block of retry: alone dispatches no event; its reconnection time was decoded, then never read
+    transport = HttpTransport("http://127.0.0.1:9/mcp", httpx.AsyncClient())
+    response = _Chunks(b"id: p1\ndata: \n\n", b"retry: 2500\n\n")
+    read = [item async for item in transport.events(response)]
+    assert read == [([SseEvent("message", "", "p1")], "p1", None), ([], "p1", 2500)]
+    ledger = Ledger("p")
+    _, (send,) = ledger.begin(CallSpec("tools/call", {"name": "fetch", "arguments": {}}))
+    for events, last_event_id, reconnection_ms in read:
+        ledger.received(send.link, events, last_event_id, reconnection_ms)
+    (resume,) = ledger.ended(send.link, "server closed")
+    assert isinstance(resume, Resume) and resume.cursor == "p1" and resume.retry_ms == 2500
+    assert Backoff().delay(resume.attempt, resume.retry_ms, 0.5) == 2.5
 
 
 @given(st.integers(1, 30), st.one_of(st.none(), st.integers(0, 60_000)), st.floats(0, 1, exclude_max=True))
@@ -158,8 +194,8 @@ def _untrusted() -> ssl.SSLCertVerificationError:
     ],
 )  # fmt: skip
 def test_failures_are_described_in_words_never_as_a_repr(exc: BaseException, words: str) -> None:
-    assert describe(exc) == words
-    assert "Error(" not in describe(exc)
+    assert describe_failure(exc) == words
+    assert "Error(" not in describe_failure(exc)
 
 
 def test_an_unreachable_server_is_named_with_what_to_check() -> None:

@@ -2,10 +2,12 @@
 
 The rules (``docs/architecture.md``): the core imports no adapter; the client, the stores and the audit import
 only the core; the dev authorization server the core and the ASGI helpers; the server composes core, stores,
-dev AS and ASGI helpers; nothing imports the server but the entry points (``cli``, ``__main__``) and the
-gateway, which is a server in front of a client. The root package holds only ``__version__`` and may be
-imported by anyone. Lazy imports (inside functions) count for the layers: they are dependencies all the same;
-they do not count for cycles, which only module-level imports can make. Within the package, imports are
+dev AS and ASGI helpers; nothing imports the server but the entry points (``cli``, ``__main__``, ``serve``),
+the conformance suite's fixtures (served by ``serve --conformance``) and the gateway, which is a server in front
+of a client (its command takes ``serve``'s options). The root
+package holds only ``__version__`` and may be imported by anyone. Lazy imports (inside functions, or for type
+checking) count everywhere: they are dependencies all the same, and a circle through one is a circle, one the
+first caller of the lazy side closes at run time instead of at import. Within the package, imports are
 relative. The client and the audit never use asyncio directly (ADR 0009). Each checker is tested on planted
 sources, as ``test_core_is_pure.py`` tests its own.
 """
@@ -34,9 +36,11 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "audit": frozenset({"core", ""}),
     "devauth": frozenset({"core", "asgi", ""}),
     "server": frozenset({"server", "core", "stores", "devauth", "asgi", ""}),
+    "serve": frozenset({"server", "conformance_fixtures", "core", ""}),
+    "conformance_fixtures": frozenset({"server", "core", ""}),
+    "gateway": frozenset({"gateway", "serve", "server", "client", "core", "stores", "asgi", ""}),
     "cli": ANYTHING,
     "__main__": ANYTHING,
-    "gateway": ANYTHING,
 }
 """Layer (the first name under ``mcp_lossless``; ``""`` is the root package) -> the layers it may import."""
 
@@ -107,10 +111,10 @@ def layer_violations(imports: Iterable[Import], rules: Mapping[str, frozenset[st
 
 
 def cycles(imports: Iterable[Import]) -> list[list[str]]:
-    """Module-level import cycles (each reported once, as the path that closes it)."""
+    """Import cycles, lazy imports included (each reported once, as the path that closes it)."""
     graph: dict[str, set[str]] = {}
     for edge in imports:
-        if not edge.lazy and edge.target != edge.source:
+        if edge.target != edge.source:
             graph.setdefault(edge.source, set()).add(edge.target)
     found: list[list[str]] = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -156,7 +160,7 @@ def test_every_import_follows_the_layer_rules() -> None:
     assert layer_violations(IMPORTS, MAY_IMPORT) == []
 
 
-def test_no_module_level_import_cycle() -> None:
+def test_no_import_cycle() -> None:
     assert cycles(IMPORTS) == []
 
 
@@ -231,6 +235,13 @@ def planted(module: str, source: str, is_package: bool = False) -> list[Import]:
         ("mcp_lossless.core.events", "from ..stores.base import EventStore", "mcp_lossless.stores.base"),
         ("mcp_lossless.core.events", "import mcp_lossless.server.app", "mcp_lossless.server.app"),
         ("mcp_lossless.audit.run", "from ..client.session import Session", "mcp_lossless.client.session"),
+        ("mcp_lossless.gateway.http", "def f():\n    from ..cli import main", "mcp_lossless.cli"),
+        ("mcp_lossless.serve", "from .gateway.command import run", "mcp_lossless.gateway.command"),
+        (
+            "mcp_lossless.server.app",
+            "def f():\n    from ..conformance_fixtures import app",
+            "mcp_lossless.conformance_fixtures",
+        ),
     ],
 )
 def test_the_layer_checker_catches_a_planted_violation(module: str, source: str, offender: str) -> None:
@@ -245,6 +256,10 @@ def test_the_layer_checker_catches_a_planted_violation(module: str, source: str,
         ("mcp_lossless.client.session", "from .. import __version__"),
         ("mcp_lossless.server.app", "from ..stores.base import EventStore\nfrom ..core import events"),
         ("mcp_lossless.cli", "def f():\n    from .server.app import create_app"),
+        (
+            "mcp_lossless.gateway.command",
+            "def f():\n    from ..serve import build_config\n    from ..server import app",
+        ),
         ("mcp_lossless.stores.base", "import orjson\nfrom collections.abc import Iterable"),
     ],
 )
@@ -258,14 +273,27 @@ def test_the_layer_checker_requires_a_rule_for_a_new_layer() -> None:
     ]
 
 
-def test_the_cycle_checker_finds_a_planted_cycle_and_ignores_a_lazy_one() -> None:
-    base = planted("mcp_lossless.stores.base", "def open_store():\n    from .memory import MemoryStore")
+@pytest.mark.parametrize(
+    "base_source",
+    [
+        "from .memory import MemoryStore",
+        "def open_store():\n    from .memory import MemoryStore",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .memory import MemoryStore",
+    ],
+    ids=["eager", "lazy", "type-checking"],
+)
+def test_the_cycle_checker_finds_a_planted_cycle_eager_or_lazy(base_source: str) -> None:
+    base = planted("mcp_lossless.stores.base", base_source)
     memory = planted("mcp_lossless.stores.memory", "from .base import EventStore")
-    assert cycles([*base, *memory]) == []
-    eager = planted("mcp_lossless.stores.base", "from .memory import MemoryStore")
-    assert cycles([*eager, *memory]) == [
+    assert cycles([*base, *memory]) == [
         ["mcp_lossless.stores.base", "mcp_lossless.stores.memory", "mcp_lossless.stores.base"]
     ]
+
+
+def test_the_cycle_checker_passes_a_factory_kept_apart_from_its_interface() -> None:
+    opener = planted("mcp_lossless.stores.open", "def open_store():\n    from .memory import MemoryStore")
+    memory = planted("mcp_lossless.stores.memory", "from .base import EventStore")
+    assert cycles([*opener, *memory]) == []
 
 
 def test_a_package_init_importing_its_submodules_is_no_cycle() -> None:

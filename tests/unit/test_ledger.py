@@ -25,7 +25,7 @@ from mcp_lossless.core.actions import (
     Report,
     Resolve,
     Resume,
-    Send,
+    SendCall,
 )
 from mcp_lossless.core.errors import DELIVERY_REFUSED, EXECUTION_LOST
 from mcp_lossless.core.ledger import Ledger
@@ -46,15 +46,15 @@ def call_spec(idempotent: bool = False, reissue: bool | None = None) -> CallSpec
     )
 
 
-def start(ledger: Ledger, spec: CallSpec | None = None) -> tuple[int, Send]:
+def start(ledger: Ledger, spec: CallSpec | None = None) -> tuple[int, SendCall]:
     key, actions = ledger.begin(spec or call_spec())
     (send,) = actions
-    assert isinstance(send, Send)
+    assert isinstance(send, SendCall)
     return key, send
 
 
 def ev(event_id: str | None, message: dict[str, Any] | None, event: str = "message") -> SseEvent:
-    return SseEvent(event, "" if message is None else orjson.dumps(message).decode(), event_id, None)
+    return SseEvent(event, "" if message is None else orjson.dumps(message).decode(), event_id)
 
 
 def progress(token: object, value: float) -> dict[str, Any]:
@@ -107,8 +107,8 @@ def test_happy_path_progress_then_result() -> None:
 def test_drop_resumes_from_last_received_id_priming_included() -> None:
     ledger = Ledger("p")
     _, send = start(ledger)
-    retry_priming = SseEvent("message", "", "prime-1", 500)
-    assert ledger.received(send.link, [retry_priming], "prime-1") == []
+    retry_priming = SseEvent("message", "", "prime-1")
+    assert ledger.received(send.link, [retry_priming], "prime-1", 500) == []
     (resume,) = ledger.ended(send.link, "connection reset")
     assert isinstance(resume, Resume)
     assert resume.cursor == "prime-1"
@@ -234,7 +234,7 @@ def test_unknown_event_types_end_in_a_protocol_error() -> None:
 def test_non_json_frame_is_a_violation_not_a_crash() -> None:
     ledger = Ledger("p")
     _, send = start(ledger)
-    actions = ledger.received(send.link, [SseEvent("message", "{not json", "e1", None)], "e1")
+    actions = ledger.received(send.link, [SseEvent("message", "{not json", "e1")], "e1")
     assert [r.what for r in only(actions, Report)] == ["protocol_violation"]
 
 
@@ -296,7 +296,7 @@ def test_failed_reauthorization_reissues_idempotent_calls_with_new_ids() -> None
     wire = send.message["id"]
     ledger.received(send.link, [ev("e1", error(wire, DELIVERY_REFUSED, refusal(None)))], "e1")
     actions = ledger.reauthorization_failed(send.link.stream, "invalid_target")
-    (reissue,) = only(actions, Send)
+    (reissue,) = only(actions, SendCall)
     assert reissue.call == key
     assert reissue.reissue_of == wire
     assert reissue.message["id"] != wire
@@ -327,7 +327,7 @@ def test_failed_reauthorization_fails_non_idempotent_call_as_may_have_run() -> N
 def test_caller_opt_in_and_opt_out_override_the_annotation() -> None:
     ledger = Ledger("p")
     _, send = start(ledger, call_spec(idempotent=False, reissue=True))
-    assert only(ledger.ended(send.link, "closed"), Send)
+    assert only(ledger.ended(send.link, "closed"), SendCall)
     _, send = start(ledger, call_spec(idempotent=True, reissue=False))
     (resolve,) = only(ledger.ended(send.link, "closed"), Resolve)
     assert resolve.outcome.kind is FailureKind.MAY_HAVE_RUN
@@ -342,7 +342,7 @@ def test_reissues_are_bounded() -> None:
     sends = 0
     while True:
         actions = ledger.ended(send.link, "closed")
-        next_send = only(actions, Send)
+        next_send = only(actions, SendCall)
         if not next_send:
             break
         sends += 1
@@ -364,7 +364,7 @@ def test_execution_lost_is_terminal_unless_reissued() -> None:
     wire = send.message["id"]
     actions = ledger.received(send.link, [ev("f1", error(wire, EXECUTION_LOST))], "f1")
     assert only(actions, Resolve) == []
-    assert only(actions, Send)[0].reissue_of == wire
+    assert only(actions, SendCall)[0].reissue_of == wire
 
 
 def test_unauthorized_post_is_sent_again_with_the_same_id_after_reauthorization() -> None:
@@ -375,7 +375,7 @@ def test_unauthorized_post_is_sent_again_with_the_same_id_after_reauthorization(
     assert reauth.cursor is None
     assert reauth.resources == frozenset({FETCH, SEARCH})
     (again,) = ledger.reauthorized(reauth.stream)
-    assert isinstance(again, Send)
+    assert isinstance(again, SendCall)
     assert again.message == send.message
 
 
@@ -391,7 +391,7 @@ def test_authorization_retries_are_limited() -> None:
             break
         rounds += 1
         (again,) = ledger.reauthorized(reauth[0].stream)
-        assert isinstance(again, Send)
+        assert isinstance(again, SendCall)
         link = again.link
     assert rounds == 3
     (resolve,) = only(actions, Resolve)
@@ -411,7 +411,7 @@ def test_reauthorization_failure_on_unanswered_post_is_an_authorization_error() 
 def test_not_sent_is_sent_again_even_when_not_idempotent() -> None:
     ledger = Ledger("p", RecoveryPolicy(max_reissues=1))
     _key, send = start(ledger)
-    (again,) = only(ledger.not_sent(send.link, "connection refused"), Send)
+    (again,) = only(ledger.not_sent(send.link, "connection refused"), SendCall)
     (resolve,) = only(ledger.not_sent(again.link, "connection refused"), Resolve)
     assert resolve.outcome.kind is FailureKind.NOT_SENT
 
@@ -424,7 +424,7 @@ def test_session_lost_fails_or_reissues_every_pending_call() -> None:
     (resolve,) = only(actions, Resolve)
     assert resolve.call == key_a
     assert resolve.outcome.kind is FailureKind.SESSION_LOST
-    (send,) = only(actions, Send)
+    (send,) = only(actions, SendCall)
     assert send.call == key_b
 
 
@@ -566,7 +566,7 @@ class _Sim:
             queue += self.execute(action)
 
     def execute(self, action: Action) -> list[Action]:
-        if isinstance(action, Send):
+        if isinstance(action, SendCall):
             wire = action.message["id"]
             n = action.message["params"]["arguments"]["n"]
             events: list[tuple[str, dict[str, Any] | None]] = [(f"{wire}/0", None)]
@@ -768,7 +768,7 @@ def test_session_lost_resends_the_request_the_404_answered() -> None:
     key_a, _send_a = start(ledger)
     key_b, send_b = start(ledger)
     actions = ledger.session_lost("404", refused=send_b.link)
-    (resend,) = only(actions, Send)
+    (resend,) = only(actions, SendCall)
     assert resend.call == key_b
     assert resend.reissue_of == send_b.message["id"]
     (resolve,) = only(actions, Resolve)

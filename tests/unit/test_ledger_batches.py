@@ -12,8 +12,8 @@ from mcp_lossless.core.actions import (
     FailureKind,
     Reauthorize,
     Resolve,
-    Send,
     SendBatch,
+    SendCall,
 )
 from mcp_lossless.core.errors import DELIVERY_REFUSED
 from mcp_lossless.core.ledger import Ledger
@@ -59,7 +59,7 @@ def test_a_batch_no_token_covers_is_split_under_the_same_ids_whatever_the_tools(
     keys, batch = begin(ledger, spec("fetch", FETCH, True), spec("charge", CHARGE, False))
     (reauth,) = only(ledger.unauthorized(batch.link, [], "HTTP 401"), Reauthorize)
     assert reauth.resources == {FETCH, CHARGE} and reauth.cursor is None
-    sends = only(ledger.reauthorization_failed(reauth.stream, "invalid_target"), Send)
+    sends = only(ledger.reauthorization_failed(reauth.stream, "invalid_target"), SendCall)
     assert [s.call for s in sends] == keys
     assert [s.message["id"] for s in sends] == [m["id"] for m in batch.messages]
     assert [s.resources for s in sends] == [{FETCH}, {CHARGE}]
@@ -78,7 +78,7 @@ def test_a_batch_that_ran_falls_back_to_reissuing_idempotent_calls_and_fails_the
     (reauth,) = only(actions, Reauthorize)
     assert reauth.resources == {SEARCH, CHARGE} and reauth.cursor == "c1"
     actions = ledger.reauthorization_failed(reauth.stream, "invalid_target: a single resource per token")
-    (resend,) = only(actions, Send)
+    (resend,) = only(actions, SendCall)
     assert resend.call == keys[0] and resend.resources == {SEARCH}
     assert resend.reissue_of == wires[0] and resend.message["id"] not in wires
     assert CancelOnServer(wires[0], "re-issued under a new id") in actions
@@ -104,7 +104,7 @@ def test_refused_in_band_before_any_event_id_is_not_sent_again_under_the_same_id
     wires = [m["id"] for m in batch.messages]
     actions = ledger.received(batch.link, [ev(None, refused_in_band(w, None)) for w in wires], None)
     assert only(actions, Reauthorize) == []
-    (resend,) = only(actions, Send)
+    (resend,) = only(actions, SendCall)
     assert resend.call == keys[0] and resend.message["id"] not in wires and resend.reissue_of == wires[0]
     (failed,) = only(actions, Resolve)
     assert failed.call == keys[1] and isinstance(failed.outcome, Failure)

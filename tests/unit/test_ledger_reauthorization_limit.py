@@ -9,7 +9,7 @@ from mcp_lossless.core.actions import (
     Reauthorize,
     RecoveryPolicy,
     Resolve,
-    Send,
+    SendCall,
 )
 from mcp_lossless.core.ledger import Ledger
 
@@ -17,7 +17,7 @@ from mcp_lossless.core.ledger import Ledger
 def test_an_idempotent_call_is_not_reissued_when_reauthorization_is_exhausted() -> None:
     ledger = Ledger("p", RecoveryPolicy(max_reauthorizations=3, max_reissues=2))
     key, (send,) = ledger.begin(CallSpec("tools/list", idempotent=True))
-    assert isinstance(send, Send)
+    assert isinstance(send, SendCall)
     link, grants = send.link, 0
     while True:
         actions = ledger.unauthorized(link, [], "403 insufficient_scope")
@@ -26,10 +26,10 @@ def test_an_idempotent_call_is_not_reissued_when_reauthorization_is_exhausted() 
             break
         grants += 1
         (again,) = ledger.reauthorized(reauths[0].stream)
-        assert isinstance(again, Send)
+        assert isinstance(again, SendCall)
         link = again.link
     assert grants == 3
-    assert not [a for a in actions if isinstance(a, Send)], "no re-issue: it would start three more grants"
+    assert not [a for a in actions if isinstance(a, SendCall)], "no re-issue: it would start three more grants"
     (resolve,) = [a for a in actions if isinstance(a, Resolve)]
     assert resolve.call == key
     assert isinstance(resolve.outcome, Failure) and resolve.outcome.kind is FailureKind.AUTHORIZATION

@@ -105,7 +105,7 @@ def test_a_limit_must_be_a_positive_number(bad: object) -> None:
 
 @given(running=st.integers(0, 5000), cap=st.integers(1, 5000))
 def test_tasks_are_refused_from_the_cap_on_with_a_retry_after(running: int, cap: int) -> None:
-    verdict = verdicts.new_task(Limits(running_tasks=cap), running)
+    verdict = verdicts.new_running_task(Limits(running_tasks=cap), running)
     assert (verdict is None) == (running < cap)
     if verdict is not None:
         _names_its_limit(verdict, "running_tasks", cap)

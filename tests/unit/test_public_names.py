@@ -1,6 +1,8 @@
-"""One name, one thing: no two public classes share a name, and every type a public signature names is exported.
+"""One name, one thing: no two modules define the same public name (class, function or constant) for different
+things, a constant of the protocol has one home, and every type a public signature names is exported.
 
-A reader who meets ``Session`` in two packages takes a detour through the imports; a store or verifier written
+A reader who meets ``Session`` (or ``SUPPORTED``) in two packages takes a detour through the imports, and two
+copies of one constant drift apart; a store or verifier written
 from the public names alone must find every type its signatures need in some package's ``__all__``. Types
 defined in ``mcp_lossless.core`` count as exported by their module: the core has no package-level surface,
 each of its modules is public. Both checkers are tested on planted sources.
@@ -70,6 +72,125 @@ def test_the_name_checker_finds_a_planted_collision() -> None:
         ("pkg.client.session", "class Session:\n    pass\nclass _Private:\n    pass\ndef Session2():\n    pass"),
     ]
     assert collisions(planted) == {"Session": ["pkg.server.sessions", "pkg.client.session"]}
+
+
+# ---- public functions and constants ---------------------------------------------------------------
+
+SAME_THING = {
+    "run": "each subcommand module's entry point: the interface cli.py dispatches to",
+    "add_arguments": "each subcommand module's options: the interface cli.py builds its parser from",
+    "EPILOG": "each subcommand module's help epilog, beside its add_arguments",
+    "log": "each module's logger, logging.getLogger(its name)",
+    "EXIT_USAGE": "exit status 2 of a usage error, in the audit's and the call's exit-status tables",
+}
+"""Names several modules define for the same role; each entry is checked to still be shared."""
+
+
+def public_definitions(modules: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """Module-level public names (classes, functions, assigned constants and aliases) and where each is defined.
+
+    Imports define nothing (a re-export is the same thing); nor does a type variable, a placeholder."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for module, source in modules:
+        for node in ast.parse(source).body:
+            for name in _defined(node):
+                if not name.startswith("_"):
+                    where[name].append(module)
+    return where
+
+
+def _defined(node: ast.stmt) -> list[str]:
+    if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+        return [node.name]
+    if isinstance(node, ast.Assign | ast.AnnAssign) and not _is_type_variable(node.value):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return [target.id for target in targets if isinstance(target, ast.Name)]
+    return []
+
+
+def _is_type_variable(value: ast.expr | None) -> bool:
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "TypeVar"
+
+
+def name_collisions(modules: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    return {
+        name: places
+        for name, places in public_definitions(modules).items()
+        if len(places) > 1 and name not in SAME_THING
+    }
+
+
+def test_no_two_modules_define_a_public_name_for_different_things() -> None:
+    assert name_collisions(package_sources()) == {}
+
+
+@pytest.mark.parametrize("name", sorted(SAME_THING))
+def test_every_shared_name_is_still_shared(name: str) -> None:
+    assert len(public_definitions(package_sources())[name]) > 1, f"{name} has one home now: drop it from SAME_THING"
+
+
+def test_the_definition_checker_finds_planted_collisions() -> None:
+    planted = [
+        ("pkg.core.limits", "def new_task():\n    pass\nT = TypeVar('T')\nfrom .x import y\n_HIDDEN = 1"),
+        ("pkg.core.tasks", "async def new_task():\n    pass\nT = TypeVar('T')\ny = 2\n_HIDDEN = 1"),
+        ("pkg.core.protocol", "SUPPORTED = ('a',)\nrun = 1"),
+        ("pkg.server.modern", "SUPPORTED: tuple[str, ...] = ('b', 'a')\nrun = 2"),
+    ]
+    assert name_collisions(planted) == {
+        "new_task": ["pkg.core.limits", "pkg.core.tasks"],
+        "SUPPORTED": ["pkg.core.protocol", "pkg.server.modern"],
+    }
+
+
+PROTOCOL_NAMESPACE = "io.modelcontextprotocol/"
+JSON_RPC_CODES = range(-32768, -31000)
+"""The JSON-RPC reserved range and the project's codes below it (core/errors.py)."""
+
+
+def constant_homes(modules: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """Where each protocol constant is written: a module-level text or JSON-RPC error code assigned to a name, and
+    any text of the protocol's ``io.modelcontextprotocol/`` namespace written anywhere; only those written twice."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for module, source in modules:
+        tree = ast.parse(source)
+        written: set[object] = set()
+        for node in tree.body:
+            if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant | ast.UnaryOp):
+                try:
+                    value = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+                if isinstance(value, str) or (type(value) is int and value in JSON_RPC_CODES):
+                    written.add(value)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith(PROTOCOL_NAMESPACE)
+            ):
+                written.add(node.value)
+        for value in written:
+            where[repr(value)].append(module)
+    return {value: sorted(places) for value, places in where.items() if len(places) > 1}
+
+
+def test_every_protocol_constant_has_one_home() -> None:
+    assert constant_homes(package_sources()) == {}
+
+
+def test_the_constant_checker_finds_planted_copies() -> None:
+    planted = [
+        ("pkg.core.protocol", 'LATEST = "2025-11-25"\nMETA = "io.modelcontextprotocol/logLevel"\nCODE = -32002'),
+        ("pkg.gateway.era", 'LEGACY_VERSION = "2025-11-25"\nPAGE = 100\nDEFAULT = None'),
+        ("pkg.client.modern", 'def meta():\n    return {"io.modelcontextprotocol/logLevel": "info"}\nN = -32002'),
+        ("pkg.server.modern", "PAGE = 100\nSECONDS = 5.0"),
+        ("pkg.audit.wire", "SECONDS = 5.0"),
+    ]
+    assert constant_homes(planted) == {
+        "'2025-11-25'": ["pkg.core.protocol", "pkg.gateway.era"],
+        "'io.modelcontextprotocol/logLevel'": ["pkg.client.modern", "pkg.core.protocol"],
+        "-32002": ["pkg.client.modern", "pkg.core.protocol"],
+    }
 
 
 # ---- types in public signatures -------------------------------------------------------------------

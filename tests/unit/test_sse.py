@@ -16,12 +16,12 @@ def decode(raw: bytes) -> tuple[list[SseEvent], SseDecoder]:
 
 def test_data_lines_join_with_newlines_and_default_type_is_message() -> None:
     events, _ = decode(b"data: first\ndata: second\ndata\n\n")
-    assert events == [SseEvent("message", "first\nsecond\n", None, None)]
+    assert events == [SseEvent("message", "first\nsecond\n", None)]
 
 
 def test_event_type_and_single_leading_space_removed() -> None:
     events, _ = decode(b"event: progress\ndata:  two spaces\n\n")
-    assert events == [SseEvent("progress", " two spaces", None, None)]
+    assert events == [SseEvent("progress", " two spaces", None)]
 
 
 @pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
@@ -35,9 +35,9 @@ def test_every_line_ending(eol: bytes) -> None:
 def test_crlf_split_across_chunks_is_one_line_ending() -> None:
     decoder = SseDecoder()
     assert decoder.feed(b"data: a\r") == []
-    assert decoder.feed(b"\n\r") == [SseEvent("message", "a", None, None)]
+    assert decoder.feed(b"\n\r") == [SseEvent("message", "a", None)]
     # The CR just fed ended an empty line (dispatching nothing); the next LF must not count again.
-    assert decoder.feed(b"\ndata: b\n\n") == [SseEvent("message", "b", None, None)]
+    assert decoder.feed(b"\ndata: b\n\n") == [SseEvent("message", "b", None)]
 
 
 def test_id_persists_across_events_until_changed() -> None:
@@ -59,13 +59,13 @@ def test_event_without_data_dispatches_nothing_but_moves_the_id() -> None:
 
 def test_priming_event_has_empty_data_and_carries_retry() -> None:
     events, decoder = decode(b"id: p1\r\ndata: \r\nretry: 500\r\n\r\n")
-    assert events == [SseEvent("message", "", "p1", 500)]
+    assert events == [SseEvent("message", "", "p1")]
     assert decoder.reconnection_ms == 500
 
 
 def test_retry_must_be_digits_only() -> None:
     events, decoder = decode(b"retry: 10x\ndata: a\n\nretry: -5\ndata: b\n\nretry:\ndata: c\n\n")
-    assert [e.retry for e in events] == [None, None, None]
+    assert [e.data for e in events] == ["a", "b", "c"]
     assert decoder.reconnection_ms is None
 
 
@@ -77,18 +77,18 @@ def test_retry_without_data_still_sets_reconnection_time() -> None:
 
 def test_comments_and_unknown_fields_are_ignored() -> None:
     events, _ = decode(b": keep-alive\nfoo: bar\ndata: x\n:\n\n")
-    assert events == [SseEvent("message", "x", None, None)]
+    assert events == [SseEvent("message", "x", None)]
 
 
 def test_field_without_colon_has_empty_value() -> None:
     events, _ = decode(b"data\ndata\n\n")
-    assert events == [SseEvent("message", "\n", None, None)]
+    assert events == [SseEvent("message", "\n", None)]
 
 
 def test_bom_stripped_only_at_start_even_split() -> None:
     decoder = SseDecoder()
     assert decoder.feed(b"\xef\xbb") == []
-    assert decoder.feed(b"\xbfdata: a\n\n") == [SseEvent("message", "a", None, None)]
+    assert decoder.feed(b"\xbfdata: a\n\n") == [SseEvent("message", "a", None)]
     # A BOM later in the stream is part of a line: here it makes the field name unknown.
     assert decoder.feed(b"\xef\xbb\xbfdata: b\n\n") == []
 
@@ -101,14 +101,14 @@ def test_incomplete_event_at_end_is_not_dispatched_and_keeps_id() -> None:
 
 def test_invalid_utf8_is_replaced_not_raised() -> None:
     events, _ = decode(b"data: \xff\xfe\n\n")
-    assert events == [SseEvent("message", "\ufffd\ufffd", None, None)]
+    assert events == [SseEvent("message", "\ufffd\ufffd", None)]
 
 
 def test_multibyte_character_split_between_chunks() -> None:
     decoder = SseDecoder()
     encoded = "data: é€\n\n".encode()
     assert decoder.feed(encoded[:7]) == []
-    assert decoder.feed(encoded[7:]) == [SseEvent("message", "é€", None, None)]
+    assert decoder.feed(encoded[7:]) == [SseEvent("message", "é€", None)]
 
 
 def test_event_size_bound() -> None:

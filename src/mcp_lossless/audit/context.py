@@ -8,7 +8,7 @@ from typing import Any
 
 from ..core import protocol
 from .tokens import Tokens, TokenUnavailable, audience
-from .wire import Credential, Exchange, HandshakeFailed, Wire, WireSession, answered, call_message
+from .wire import Credential, Exchange, HandshakeFailed, Wire, WireSession, all_answered, call_message
 
 DEFAULT_VERSION = protocol.LATEST
 BATCH_VERSION = protocol.BATCHING
@@ -133,7 +133,7 @@ class Audit:
     async def complete_call(self, session: WireSession, label: str) -> tuple[Sent, Exchange]:
         """Run the call to its answer, reading everything; it must be resumable (its events carry ids)."""
         sent = self.new_call()
-        exchange = await self.wire.post(session, sent.message, label=label, stop=answered(sent.request_id))
+        exchange = await self.wire.post(session, sent.message, label=label, stop=all_answered(sent.request_id))
         answer = exchange.terminal_for(sent.request_id)
         if answer is None:
             raise NotRun(f"the call got no answer (HTTP {exchange.status}, stream {exchange.end})", [exchange])

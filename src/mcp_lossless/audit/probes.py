@@ -18,7 +18,7 @@ from .redact import truncate
 from .report import CheckResult
 from .task_probes import task_denial_unknown_alike, task_leak_narrowed, task_other_principal
 from .tokens import TokenUnavailable, audience, unverified_claims
-from .wire import Credential, Exchange, HandshakeFailed, answered, progressed
+from .wire import Credential, Exchange, HandshakeFailed, all_answered, progressed
 
 STATUS_DETAIL_CHARS = 100
 
@@ -117,10 +117,10 @@ async def _drop_and_resume_narrowed(audit: Audit) -> NarrowedResume:
         cursor,
         credential=narrowed,
         label="resume with the narrowed token (does not cover the call)",
-        stop=answered(sent.request_id),
+        stop=all_answered(sent.request_id),
     )
     control = await audit.wire.resume(
-        session, cursor, label="control: resume with the wide token", stop=answered(sent.request_id)
+        session, cursor, label="control: resume with the wide token", stop=all_answered(sent.request_id)
     )
     return NarrowedResume(sent, dropped, resumed, control)
 
@@ -240,7 +240,7 @@ async def cross_session_replay(audit: Audit) -> CheckResult:
         session_b,
         cursor,
         label="session B resumes from session A's first event id",
-        stop=answered(sent.request_id),
+        stop=all_answered(sent.request_id),
     )
     evidence = [done, session_b.initialize, replay]
     stolen = [m for m in replay.messages() if sent.owns(m)]
@@ -266,7 +266,7 @@ async def cross_stream_replay(audit: Audit) -> CheckResult:
 
     async def run(sent: Sent, label: str) -> None:
         exchanges[sent.request_id] = await audit.wire.post(
-            session, sent.message, label=label, stop=answered(sent.request_id)
+            session, sent.message, label=label, stop=all_answered(sent.request_id)
         )
 
     async with anyio.create_task_group() as group:
@@ -285,7 +285,7 @@ async def cross_stream_replay(audit: Audit) -> CheckResult:
         session,
         _first_event_id(x),
         label="resume stream X from its first event id",
-        stop=answered(first.request_id),
+        stop=all_answered(first.request_id),
     )
     evidence = [x, y, replay]
     foreign = [m for m in replay.messages() if second.owns(m)]
@@ -329,7 +329,7 @@ async def session_other_principal(audit: Audit) -> CheckResult:
         {"jsonrpc": "2.0", "id": request_id, "method": "tools/list"},
         credential=other,
         label="tools/list on the first principal's session with the second principal's token",
-        stop=answered(request_id),
+        stop=all_answered(request_id),
     )
     evidence = [session.initialize, attempt]
     answer = attempt.terminal_for(request_id)
@@ -391,7 +391,7 @@ async def wrong_audience_accepted(audit: Audit) -> CheckResult:
         session,
         {"jsonrpc": "2.0", "id": request_id, "method": "tools/list"},
         label="tools/list with the token",
-        stop=answered(request_id),
+        stop=all_answered(request_id),
     )
     return CheckResult(
         "wrong_audience_accepted",
@@ -436,10 +436,10 @@ async def batch_multiplexing(audit: Audit) -> CheckResult:
     except NotRun as exc:
         raise NotRun(f"the batch was accepted, but {exc.reason}", [batch]) from None
     resumed = await audit.wire.resume(
-        session, cursor, credential=narrowed, label="resume the batch with the narrowed token", stop=answered(*ids)
+        session, cursor, credential=narrowed, label="resume the batch with the narrowed token", stop=all_answered(*ids)
     )
     control = await audit.wire.resume(
-        session, cursor, label="control: resume the batch with the wide token", stop=answered(*ids)
+        session, cursor, label="control: resume the batch with the wide token", stop=all_answered(*ids)
     )
     evidence = [batch, resumed, control]
     leaked = [m for c in calls for m in c.leaked_in(resumed)]

@@ -18,7 +18,7 @@ from rich.text import Text
 from .redact import Redactor, truncate
 from .wire import Exchange
 
-Outcome = Literal["finding", "ok", "not_run"]
+CheckOutcome = Literal["finding", "ok", "not_run"]
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
@@ -43,8 +43,8 @@ CHECKS: dict[str, str] = {
 }
 """Every check the audit runs, in order, with the finding it looks for."""
 
-OUTCOME_TEXT: dict[Outcome, str] = {"finding": "FINDING", "ok": "ok", "not_run": "not run"}
-OUTCOME_STYLE: dict[Outcome, str] = {"finding": "bold red", "ok": "green", "not_run": "yellow"}
+OUTCOME_TEXT: dict[CheckOutcome, str] = {"finding": "FINDING", "ok": "ok", "not_run": "not run"}
+OUTCOME_STYLE: dict[CheckOutcome, str] = {"finding": "bold red", "ok": "green", "not_run": "yellow"}
 
 END_TEXT = {
     "closed": "closed by the server",
@@ -61,7 +61,7 @@ EVENTS_KEPT = 12
 @dataclass(slots=True)
 class CheckResult:
     name: str
-    outcome: Outcome
+    outcome: CheckOutcome
     summary: str
     evidence: list[Exchange] = field(default_factory=list)
 
@@ -189,7 +189,7 @@ def render_table(document: dict[str, Any], console: Console) -> None:
     table.add_column("result", no_wrap=True)
     table.add_column("summary")
     for check in document["checks"]:
-        outcome: Outcome = check["outcome"]
+        outcome: CheckOutcome = check["outcome"]
         table.add_row(
             Text(check["name"]), Text(OUTCOME_TEXT[outcome], style=OUTCOME_STYLE[outcome]), Text(check["summary"])
         )

@@ -13,7 +13,7 @@ from .probes import PROBES
 from .redact import Redactor
 from .report import AuditReport, CheckResult
 from .tokens import Tokens, TokenSource, TokenUnavailable
-from .wire import Exchange, HandshakeFailed, Wire, answered
+from .wire import Exchange, HandshakeFailed, Wire, all_answered
 
 
 class AuditError(Exception):
@@ -52,7 +52,7 @@ async def _discover_resource(wire: Wire, settings: AuditSettings, principal: Tok
     else:
         request_id = wire.next_id()
         message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/list"}
-        listing = await wire.post(session, message, label="tools/list", stop=answered(request_id))
+        listing = await wire.post(session, message, label="tools/list", stop=all_answered(request_id))
     answer = listing.terminal_for(request_id) or {}
     result = answer.get("result")
     tools = result.get("tools", []) if isinstance(result, dict) else []

@@ -21,14 +21,14 @@ from typing import Any
 import anyio
 import orjson
 
+from ..core.tasks import TERMINAL
 from .context import Audit, NotRun
 from .report import CheckResult
 from .tokens import TokenUnavailable
 from .wire import Credential, Exchange
 
-POLL_FLOOR_SECONDS = 0.05
-POLL_CEILING_SECONDS = 2.0
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
+PROBE_POLL_FLOOR_SECONDS = 0.05
+PROBE_POLL_CEILING_SECONDS = 2.0
 
 
 def _answer(exchange: Exchange, request_id: object = None) -> dict[str, Any]:
@@ -150,16 +150,16 @@ async def _create_and_settle(audit: Audit) -> SettledTask:
             state = _result(polled)
             if state is None:
                 raise NotRun(f"the wide token's poll of its own task was refused ({_shape(polled)})", [created, polled])
-            if state.get("status") in TERMINAL:
+            if any(state.get("status") == status.value for status in TERMINAL):
                 return SettledTask(task_id, created, polled)
-            interval = min(POLL_CEILING_SECONDS, max(interval, _interval(state)))
+            interval = min(PROBE_POLL_CEILING_SECONDS, max(interval, _interval(state)))
     raise NotRun(f"the task did not finish within --read-seconds {audit.settings.read_seconds:g}", [created])
 
 
 def _interval(state: dict[str, Any]) -> float:
     served = state.get("pollIntervalMs")
     seconds = served / 1000 if isinstance(served, int) and served > 0 else 0.5
-    return min(POLL_CEILING_SECONDS, max(POLL_FLOOR_SECONDS, seconds))
+    return min(PROBE_POLL_CEILING_SECONDS, max(PROBE_POLL_FLOOR_SECONDS, seconds))
 
 
 async def _poll(audit: Audit, task_id: str, credential: Credential | None, label: str) -> Exchange:

@@ -19,14 +19,12 @@ import anyio
 import httpx
 import orjson
 
-from ..core.protocol import STATELESS
+from ..core import protocol
+from ..core.protocol import ACCEPT_POST, STATELESS
 from ..core.sse import SseDecoder, SseTooLarge
 from ..core.tasks import EXTENSION
 
-ACCEPT_BOTH = "application/json, text/event-stream"
 KEPT_RESPONSE_HEADERS = ("content-type", "mcp-session-id", "www-authenticate", "retry-after", "location")
-MODERN_NAMED = {"tools/call": "name", "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
-"""The 2026-07-28 requests whose ``Mcp-Name`` header mirrors a parameter, and which one."""
 
 End = Literal["closed", "dropped", "deadline", "error"]
 """How a read ended: the server closed it, the audit dropped it on purpose, it was still open when the
@@ -163,7 +161,7 @@ class Wire:
         return f"audit-{secrets.token_hex(6)}"
 
     def _headers(self, credential: Credential | None, session: WireSession | None, version: str) -> dict[str, str]:
-        headers = {"accept": ACCEPT_BOTH, "content-type": "application/json", "mcp-protocol-version": version}
+        headers = {"accept": ACCEPT_POST, "content-type": "application/json", "mcp-protocol-version": version}
         if credential is not None:
             headers["authorization"] = f"Bearer {credential.token}"
         if session is not None and session.id is not None:
@@ -183,7 +181,7 @@ class Wire:
             },
         }
         headers = self._headers(credential, None, version)
-        exchange = await self.send("POST", headers, message, label=label, stop=answered(message["id"]))
+        exchange = await self.send("POST", headers, message, label=label, stop=all_answered(message["id"]))
         answer = exchange.terminal_for(message["id"])
         if not exchange.ok or answer is None or "result" not in answer:
             raise HandshakeFailed(exchange)
@@ -208,16 +206,16 @@ class Wire:
         """
         rid = self.next_id() if request_id is None else request_id
         meta = {
-            "io.modelcontextprotocol/protocolVersion": STATELESS,
-            "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXTENSION: {}}},
-            "io.modelcontextprotocol/clientInfo": {"name": "mcp-lossless-audit", "version": "1"},
+            protocol.VERSION_META_KEY: STATELESS,
+            protocol.CAPABILITIES_META_KEY: {"extensions": {EXTENSION: {}}},
+            protocol.CLIENT_INFO_META_KEY: {"name": "mcp-lossless-audit", "version": "1"},
         }
         message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": {**params, "_meta": meta}}
         headers = self._headers(credential, None, STATELESS)
         headers["mcp-method"] = method
-        if (field_name := MODERN_NAMED.get(method)) is not None:
+        if (field_name := protocol.NAME_PARAMS.get(method)) is not None:
             headers["mcp-name"] = str(params[field_name])
-        return await self.send("POST", headers, message, label=label, stop=answered(rid))
+        return await self.send("POST", headers, message, label=label, stop=all_answered(rid))
 
     async def post(
         self,
@@ -295,7 +293,7 @@ class Wire:
             return "error"
 
 
-def answered(*request_ids: object) -> Stop:
+def all_answered(*request_ids: object) -> Stop:
     """Stop once every one of ``request_ids`` has its response or error."""
     return lambda exchange: all(exchange.terminal_for(i) is not None for i in request_ids)
 

@@ -126,10 +126,9 @@ class Client(CatalogReads):
         input_handlers: Mapping[str, InputHandler] | None = None,
         input_methods: Collection[str] = (),
     ) -> None:
-        if protocol_version not in protocol.SUPPORTED:
-            raise ValueError(
-                f"protocol version {protocol_version!r} is not one this client speaks ({', '.join(protocol.SUPPORTED)})"
-            )
+        if protocol_version not in protocol.HANDSHAKE_VERSIONS:
+            spoken = ", ".join(protocol.HANDSHAKE_VERSIONS)
+            raise ValueError(f"protocol version {protocol_version!r} is not one this client speaks ({spoken})")
         self.url = url
         self.protocol_version = protocol_version
         self.timeout = timeout
@@ -261,7 +260,7 @@ class Client(CatalogReads):
                 raise RequestRejected(f"no standalone stream: HTTP {response.status_code} on GET {transport.url}")
             if on_open is not None:
                 on_open()
-            async for events, _ in transport.events(response):
+            async for events, _, _ in transport.events(response):
                 for event in events:
                     try:
                         message = orjson.loads(event.data) if event.data else None

@@ -116,7 +116,7 @@ class ClientClosed(McpClientError):
     kind = "closed"
 
 
-def describe(exc: BaseException) -> str:
+def describe_failure(exc: BaseException) -> str:
     """What a failed request or handler met, in words for the person reading the error (an exception's repr
     names our library's classes, not what happened). Logs may keep the repr."""
     causes = _causes(exc)
@@ -146,7 +146,9 @@ def describe(exc: BaseException) -> str:
 
 def unreachable(url: str, exc: BaseException) -> ConnectionFailed:
     """The one sentence for a server that could not be reached, with what to check."""
-    return ConnectionFailed(f"cannot reach {url}: {describe(exc)}; check that the server is running at that URL")
+    return ConnectionFailed(
+        f"cannot reach {url}: {describe_failure(exc)}; check that the server is running at that URL"
+    )
 
 
 _WORDS: tuple[tuple[type[BaseException], str], ...] = (

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
-from .errors import InputUnanswered, ProtocolViolation, describe
+from .errors import InputUnanswered, ProtocolViolation, describe_failure
 
 InputHandler = Callable[[dict[str, Any]], Awaitable[Mapping[str, Any]]]
 """Answers one request for client input: its ``params`` in, its result out."""
@@ -99,7 +99,7 @@ async def answer_input(
         try:
             result = await handler(params)
         except Exception as exc:
-            raise InputUnanswered(f"{what}: the {method} handler failed: {describe(exc)}") from exc
+            raise InputUnanswered(f"{what}: the {method} handler failed: {describe_failure(exc)}") from exc
         if not isinstance(result, Mapping):
             raise InputUnanswered(f"{what}: the {method} handler returned {type(result).__name__}, not an object")
         answers[key] = dict(result)

@@ -51,18 +51,16 @@ from .errors import (
     ProtocolViolation,
     RemoteError,
     RequestRejected,
-    describe,
+    describe_failure,
     unreachable,
 )
 from .handlers import MAX_INPUT_ROUNDS, InputHandler, answer_input, capabilities, checked, for_call
 from .oauth import Auth, parse_challenge
 from .paging import collect_pages
 from .session import NOT_SENT_ERRORS, MessageCallback, ProgressCallback, ProgressUpdate
-from .transport import ACCEPT_POST, VERSION_HEADER, HttpPool, Response, media_type
+from .transport import VERSION_HEADER, HttpPool, Response, media_type
 
 MODERN = protocol.STATELESS
-NAMED = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
-NAMED |= dict.fromkeys(("tasks/get", "tasks/update", "tasks/cancel"), "taskId")
 MAX_AUTHORIZATIONS = 2
 """Fresh grants per request before the refusal is final (the server may name more on a second try)."""
 MAX_REISSUES = 3
@@ -97,9 +95,9 @@ def _origin(url: str) -> str:
 
 def _headers(message: Mapping[str, Any], token: str | None) -> dict[str, str]:
     """The headers of a POST of ``message``: the revision and the mirrored method and name (SEP-2243)."""
-    headers = {"accept": ACCEPT_POST, "content-type": "application/json", VERSION_HEADER: MODERN}
+    headers = {"accept": protocol.ACCEPT_POST, "content-type": "application/json", VERSION_HEADER: MODERN}
     headers["mcp-method"] = message["method"]
-    field = NAMED.get(message["method"])
+    field = protocol.NAME_PARAMS.get(message["method"])
     if field is not None:
         headers["mcp-name"] = header_safe(str(message["params"][field]))
     if token is not None:
@@ -124,9 +122,9 @@ def request_meta(capabilities: Mapping[str, Any], client_info: Mapping[str, Any]
     """The ``_meta`` every 2026-07-28 request carries, on any transport: the revision, the client's capabilities
     and its identity (there is no handshake to say them once)."""
     return {
-        "io.modelcontextprotocol/protocolVersion": MODERN,
-        "io.modelcontextprotocol/clientCapabilities": capabilities,
-        "io.modelcontextprotocol/clientInfo": client_info,
+        protocol.VERSION_META_KEY: MODERN,
+        protocol.CAPABILITIES_META_KEY: capabilities,
+        protocol.CLIENT_INFO_META_KEY: client_info,
     }
 
 
@@ -159,8 +157,6 @@ def _version_refused(answer: Mapping[str, Any] | None) -> bool:
 
 NoteCallback = Callable[[dict[str, Any]], None]
 """Called with each notification on a request's own stream."""
-LOG_LEVEL_META = "io.modelcontextprotocol/logLevel"
-"""The ``_meta`` key asking a server for a request's log messages from that level up."""
 
 
 def _notes(on_progress: ProgressCallback | None, on_message: MessageCallback | None) -> NoteCallback:
@@ -328,7 +324,7 @@ class ModernClient(CatalogReads):
         except NOT_SENT_ERRORS as exc:
             raise unreachable(self.url, exc) from exc
         except httpx.HTTPError as exc:
-            raise ProtocolViolation(f"server/discover to {self.url} failed: {describe(exc)}") from exc
+            raise ProtocolViolation(f"server/discover to {self.url} failed: {describe_failure(exc)}") from exc
         except RemoteError as exc:
             if modern_refusal(exc.code, exc.data):
                 raise  # a modern server that will not speak this revision: an error, not a fallback
@@ -422,7 +418,7 @@ class ModernClient(CatalogReads):
                     return result
                 except httpx.TransportError as exc:
                     if attempt == MAX_REISSUES:
-                        raise ConnectionFailed(f"{method} to {self.url} failed: {describe(exc)}") from None
+                        raise ConnectionFailed(f"{method} to {self.url} failed: {describe_failure(exc)}") from None
             raise AssertionError("unreachable: the last attempt returns or raises")
 
         return send
@@ -486,7 +482,7 @@ class ModernClient(CatalogReads):
         if on_progress is not None:
             meta["progressToken"] = f"p-{next(self._ids)}"
         if log_level is not None:
-            meta[LOG_LEVEL_META] = log_level
+            meta[protocol.LOG_LEVEL_META_KEY] = log_level
         if meta:
             params["_meta"] = meta
         on_note = _notes(on_progress, on_message) if on_progress or on_message else None
@@ -536,7 +532,7 @@ class ModernClient(CatalogReads):
                     raise unreachable(self.url, exc) from None
             except httpx.TransportError as exc:
                 if not may_reissue or attempt == MAX_REISSUES:
-                    why = f"the response of {name} broke ({describe(exc)}); the call may have run"
+                    why = f"the response of {name} broke ({describe_failure(exc)}); the call may have run"
                     raise CallMayHaveRun(why) from None
             except RemoteError as exc:
                 if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:

@@ -47,7 +47,7 @@ import orjson
 from anyio.abc import ByteStream, SocketAttribute, SocketListener
 
 from ..core.resources import InvalidResource, audience_of, canonical_resource
-from .errors import AuthorizationFailed, describe, unreachable
+from .errors import AuthorizationFailed, describe_failure, unreachable
 from .registration import ClientCredentials, ClientRegistration, choose_auth_method, json_object, register_client
 from .scopes import ScopeSelection
 
@@ -490,7 +490,7 @@ class OAuth(Auth):
                 # the server did consume is then refused (invalid_grant), explicitly; it is never used twice.
                 response = await self._client().post(endpoint, content=body_bytes, headers=headers)
         except httpx.HTTPError as exc:
-            raise AuthorizationFailed(f"cannot reach the token endpoint {endpoint}: {describe(exc)}") from exc
+            raise AuthorizationFailed(f"cannot reach the token endpoint {endpoint}: {describe_failure(exc)}") from exc
         body = json_object(response.content)
         if response.status_code != 200 or not isinstance(body.get("access_token"), str):
             error = str(body.get("error") or f"HTTP {response.status_code}")

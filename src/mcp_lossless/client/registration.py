@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from .errors import AuthorizationFailed, describe
+from .errors import AuthorizationFailed, describe_failure
 
 log = logging.getLogger("mcp_lossless.client.registration")
 
@@ -103,7 +103,9 @@ async def register_client(
     try:
         response = await http.post(endpoint, content=orjson.dumps(body), headers=headers)
     except httpx.HTTPError as exc:
-        raise AuthorizationFailed(f"cannot reach the registration endpoint {endpoint}: {describe(exc)}") from exc
+        raise AuthorizationFailed(
+            f"cannot reach the registration endpoint {endpoint}: {describe_failure(exc)}"
+        ) from exc
     answer = json_object(response.content)
     client_id = answer.get("client_id")
     if response.status_code not in (200, 201) or not isinstance(client_id, str) or not client_id:

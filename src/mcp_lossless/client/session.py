@@ -27,6 +27,7 @@ from ..core.actions import (
     Action,
     Answered,
     CallKey,
+    CallOutcome,
     CallSpec,
     CancelOnServer,
     CloseStream,
@@ -34,15 +35,14 @@ from ..core.actions import (
     FailureKind,
     Incoming,
     Link,
-    Outcome,
     Progress,
     Reauthorize,
     RecoveryPolicy,
     Report,
     Resolve,
     Resume,
-    Send,
     SendBatch,
+    SendCall,
     StreamKey,
 )
 from ..core.ledger import Ledger
@@ -58,7 +58,7 @@ from .errors import (
     RemoteError,
     RequestRejected,
     SessionLost,
-    describe,
+    describe_failure,
     unreachable,
 )
 from .handlers import InputHandler, InputRefused, answer_input, checked, for_call, offered
@@ -68,7 +68,6 @@ from .transport import Backoff, HttpTransport, Response, ResponseTooLarge, media
 log = logging.getLogger("mcp_lossless.client")
 
 NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
-HANDSHAKE_VERSIONS = protocol.SUPPORTED
 """The revisions this client speaks. It offers one (the newest unless told otherwise) and accepts any of these
 in the server's answer (lifecycle version negotiation). 2026-07-28 is not among them: the client never sends it."""
 
@@ -110,7 +109,7 @@ class _Waiter:
         self.on_message = on_message
         self.handlers = handlers
         """The call's own input handlers (merged over the session's), or ``None``: the session's answer."""
-        self.outcome: Outcome | None = None
+        self.outcome: CallOutcome | None = None
 
 
 class Session:
@@ -129,8 +128,10 @@ class Session:
         input_handlers: Mapping[str, InputHandler] | None = None,
         input_methods: Collection[str] = (),
     ) -> None:
-        if protocol_version not in HANDSHAKE_VERSIONS:
-            raise ValueError(f"protocol version {protocol_version!r} is not one of {', '.join(HANDSHAKE_VERSIONS)}")
+        if protocol_version not in protocol.HANDSHAKE_VERSIONS:
+            raise ValueError(
+                f"protocol version {protocol_version!r} is not one of {', '.join(protocol.HANDSHAKE_VERSIONS)}"
+            )
         self.offered_version = protocol_version
         self.transport = transport
         self.auth = auth
@@ -198,10 +199,10 @@ class Session:
         if not isinstance(result, dict):
             raise ProtocolViolation("initialize answered without a result object")
         version = result.get("protocolVersion")
-        if version not in HANDSHAKE_VERSIONS:
+        if version not in protocol.HANDSHAKE_VERSIONS:
             raise ProtocolViolation(
                 f"offered protocol {self.offered_version}, the server answered {version!r}; "
-                f"this client speaks {', '.join(HANDSHAKE_VERSIONS)} (for a 2026-07-28 server use open_client)"
+                f"this client speaks {', '.join(protocol.HANDSHAKE_VERSIONS)} (for a 2026-07-28 server use open_client)"
             )
         transport.session_id = session_id
         transport.protocol_version = str(version)
@@ -240,7 +241,9 @@ class Session:
             except NOT_SENT_ERRORS as exc:
                 raise unreachable(self.transport.url, exc) from exc
             except (httpx.HTTPError, ResponseTooLarge, SseTooLarge) as exc:
-                raise ProtocolViolation(f"{message['method']} to {self.transport.url} failed: {describe(exc)}") from exc
+                raise ProtocolViolation(
+                    f"{message['method']} to {self.transport.url} failed: {describe_failure(exc)}"
+                ) from exc
         raise AuthorizationFailed(f"{message['method']}: the server kept refusing new tokens")
 
     async def _single_response(self, response: Response, wire_id: object) -> dict[str, Any]:
@@ -250,7 +253,7 @@ class Session:
             if isinstance(parsed, dict) and parsed.get("id") == wire_id:
                 return parsed
         elif kind == "text/event-stream":
-            async for events, _ in self.transport.events(response):
+            async for events, _, _ in self.transport.events(response):
                 for event in events:
                     parsed = _json(event.data.encode()) if event.data else None
                     if isinstance(parsed, dict) and parsed.get("id") == wire_id and "method" not in parsed:
@@ -352,7 +355,7 @@ class Session:
         for action in actions:
             self._log(action)
             match action:
-                case Send() | SendBatch():
+                case SendCall() | SendBatch():
                     self._require_tg().start_soon(self._send, action, self._connection_scope(action.link.stream))
                 case Resume():
                     self._require_tg().start_soon(self._resume, action, self._connection_scope(action.link.stream))
@@ -395,9 +398,9 @@ class Session:
             del self._scopes[stream]
 
     def _log(self, action: Action) -> None:
-        if isinstance(action, Send) and action.reissue_of is not None:
+        if isinstance(action, SendCall) and action.reissue_of is not None:
             log.warning("re-issuing %r as %r: %s", action.reissue_of, action.message["id"], action.reason)
-        elif isinstance(action, Send) and action.reason != "new call":
+        elif isinstance(action, SendCall) and action.reason != "new call":
             log.info("sending %r again: %s", action.message["id"], action.reason)
         elif isinstance(action, SendBatch):
             log.info("sending a batch of %s: %s", ", ".join(repr(m["id"]) for m in action.messages), action.reason)
@@ -487,11 +490,11 @@ class Session:
 
     # ---- connections --------------------------------------------------------------------------------
 
-    async def _send(self, action: Send | SendBatch, scope: anyio.CancelScope) -> None:
+    async def _send(self, action: SendCall | SendBatch, scope: anyio.CancelScope) -> None:
         link = action.link
-        body = action.message if isinstance(action, Send) else list(action.messages)
+        body = action.message if isinstance(action, SendCall) else list(action.messages)
         with scope:
-            if isinstance(action, Send) and action.attempt > 0:
+            if isinstance(action, SendCall) and action.attempt > 0:
                 # A re-issue follows a failure (a drop, a restart): do not hammer a server that is coming back.
                 await anyio.sleep(self.backoff.delay(action.attempt - 1, None, self._rng.random()))
             try:
@@ -503,9 +506,9 @@ class Session:
             except AuthorizationFailed as exc:
                 self._apply(self.ledger.unauthorized(link, action.resources, exc.reason))
             except NOT_SENT_ERRORS as exc:
-                self._apply(self.ledger.not_sent(link, describe(exc)))
+                self._apply(self.ledger.not_sent(link, describe_failure(exc)))
             except (httpx.HTTPError, ResponseTooLarge) as exc:
-                self._apply(self.ledger.lost(link, describe(exc)))
+                self._apply(self.ledger.lost(link, describe_failure(exc)))
         self._release(link.stream, scope)
 
     async def _resume(self, action: Resume, scope: anyio.CancelScope) -> None:
@@ -521,7 +524,7 @@ class Session:
             except AuthorizationFailed as exc:
                 self._apply(self.ledger.unauthorized(link, action.resources, exc.reason))
             except (httpx.HTTPError, ResponseTooLarge) as exc:
-                self._apply(self.ledger.lost(link, describe(exc)))
+                self._apply(self.ledger.lost(link, describe_failure(exc)))
         self._release(link.stream, scope)
 
     async def _consume(self, link: Link, response: Response, sent_on: str | None, resuming: bool) -> None:
@@ -568,14 +571,14 @@ class Session:
 
     async def _read_stream(self, link: Link, response: Response) -> None:
         try:
-            async for events, last_event_id in self.transport.events(response):
+            async for events, last_event_id, reconnection_ms in self.transport.events(response):
                 if not self.ledger.is_current(link):
                     return  # superseded or finished; its cancellation just has not landed yet
-                self._apply(self.ledger.received(link, events, last_event_id))
+                self._apply(self.ledger.received(link, events, last_event_id, reconnection_ms))
         except SseTooLarge as exc:
             self._apply(self.ledger.ended(link, str(exc)))
         except httpx.HTTPError as exc:
-            self._apply(self.ledger.ended(link, f"connection dropped: {describe(exc)}"))
+            self._apply(self.ledger.ended(link, f"connection dropped: {describe_failure(exc)}"))
         else:
             self._apply(self.ledger.ended(link, "the server closed the stream"))
 
@@ -658,7 +661,7 @@ _FAILURES: dict[FailureKind, type[McpClientError]] = {
 }
 
 
-def _unwrap(outcome: Outcome) -> dict[str, Any]:
+def _unwrap(outcome: CallOutcome) -> dict[str, Any]:
     """The ``result`` of an answered call, or the typed exception for everything else."""
     if isinstance(outcome, Answered):
         message = outcome.message

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
+from ..core.protocol import ACCEPT_POST
 from ..core.sse import DEFAULT_MAX_EVENT_BYTES, SseDecoder, SseEvent
 
-ACCEPT_POST = "application/json, text/event-stream"
 ACCEPT_SSE = "text/event-stream"
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
@@ -154,11 +154,12 @@ class HttpTransport:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def events(self, response: Response) -> AsyncIterator[tuple[list[SseEvent], str | None]]:
-        """Decoded events per received chunk, with the id buffer after them (a fresh decoder per connection)."""
+    async def events(self, response: Response) -> AsyncIterator[tuple[list[SseEvent], str | None, int | None]]:
+        """Decoded events per received chunk, with the id buffer and the reconnection time after them (a fresh
+        decoder per connection): an id or a ``retry:`` in a block that dispatches no event counts too."""
         decoder = SseDecoder(self.max_event_bytes)
         async for chunk in response.aiter_bytes():
-            before = decoder.last_event_id
+            before = decoder.last_event_id, decoder.reconnection_ms
             events = decoder.feed(chunk)
-            if events or decoder.last_event_id != before:
-                yield events, decoder.last_event_id
+            if events or (decoder.last_event_id, decoder.reconnection_ms) != before:
+                yield events, decoder.last_event_id, decoder.reconnection_ms

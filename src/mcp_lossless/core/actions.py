@@ -55,7 +55,7 @@ class Answered:
     message: Mapping[str, Any]
 
 
-Outcome = Answered | Failure
+CallOutcome = Answered | Failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +97,7 @@ class Link:
 
 
 @dataclass(frozen=True, slots=True)
-class Send:
+class SendCall:
     """POST ``message``; its response (JSON or SSE) is ``link``. ``reissue_of`` names the abandoned id."""
 
     link: Link
@@ -150,7 +150,7 @@ class Reauthorize:
 class Resolve:
     call: CallKey
     wire_id: str | int
-    outcome: Outcome
+    outcome: CallOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,4 +194,6 @@ class Report:
     detail: str
 
 
-Action = Send | SendBatch | Resume | Reauthorize | Resolve | Progress | CancelOnServer | CloseStream | Incoming | Report
+Action = (
+    SendCall | SendBatch | Resume | Reauthorize | Resolve | Progress | CancelOnServer | CloseStream | Incoming | Report
+)

@@ -8,6 +8,9 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 REQUEST_CANCELLED = -32800
+RESOURCE_NOT_FOUND = -32002
+"""MCP's code (to 2025-11-25) for a ``resources/read`` of a URI the server does not have; 2026-07-28 forbids it
+and answers with ``INVALID_PARAMS``."""
 
 DELIVERY_REFUSED = -32041
 """An event of this request could not be delivered to the stream's token; re-authorize and resume."""
@@ -34,7 +37,9 @@ UPSTREAM_FAILED = -32045
 """A gateway's upstream gave no answer: unreachable, refused, broke the protocol, or passed the deadline."""
 
 # 2026-07-28 reserves -32020..-32099 for the specification and asks implementations to allocate codes outside
-# the JSON-RPC range (-32768..-32000): the modern leg's project codes live at -31xxx.
+# the JSON-RPC range (-32768..-32000): the codes only the modern leg sends live at -31xxx, below. Two legacy codes
+# inside the reserved range reach 2026-07-28 clients too, so that one condition has one code in both eras:
+# LIMIT_EXCEEDED (a limit, docs/limits.md) and UPSTREAM_FAILED (a gateway's upstream gave no answer).
 TASK_DENIED = -31041
 """The owner's task, whose tool the poll's token no longer covers: re-authorize and poll the same id (HTTP 403)."""
 

@@ -54,6 +54,7 @@ from .actions import (
     Action,
     Answered,
     CallKey,
+    CallOutcome,
     CallSpec,
     CancelOnServer,
     CloseStream,
@@ -61,15 +62,14 @@ from .actions import (
     FailureKind,
     Incoming,
     Link,
-    Outcome,
     Progress,
     Reauthorize,
     RecoveryPolicy,
     Report,
     Resolve,
     Resume,
-    Send,
     SendBatch,
+    SendCall,
     StreamKey,
 )
 from .errors import DELIVERY_REFUSED, EXECUTION_LOST
@@ -151,7 +151,7 @@ class Ledger:
     # ---- starting calls -----------------------------------------------------------------------------
 
     def begin(self, spec: CallSpec) -> tuple[CallKey, list[Action]]:
-        """Register a call and return the :class:`Send` that puts it on the wire."""
+        """Register a call and return the :class:`SendCall` that puts it on the wire."""
         key = self._next_key
         self._next_key += 1
         wire = self._new_wire_id()
@@ -159,7 +159,7 @@ class Ledger:
         call = _Call(key, spec, wire, stream.key)
         self._calls[key] = call
         self._by_wire[wire] = key
-        return key, [Send(self._link(stream), key, self._message(call), spec.resources, "new call")]
+        return key, [SendCall(self._link(stream), key, self._message(call), spec.resources, "new call")]
 
     def begin_batch(self, specs: Sequence[CallSpec]) -> tuple[list[CallKey], list[Action]]:
         """Register several calls on one stream and return the :class:`SendBatch` that sends them together.
@@ -180,17 +180,21 @@ class Ledger:
 
     # ---- what arrived -------------------------------------------------------------------------------
 
-    def received(self, link: Link, events: Sequence[SseEvent], last_event_id: str | None) -> list[Action]:
-        """Events decoded from ``link``; ``last_event_id`` is the decoder's id after them."""
+    def received(
+        self, link: Link, events: Sequence[SseEvent], last_event_id: str | None, reconnection_ms: int | None = None
+    ) -> list[Action]:
+        """Events decoded from ``link``; ``last_event_id`` and ``reconnection_ms`` are the decoder's id and
+        ``retry:`` after them: the server's reconnection time is the wait before the next resume (the spec's
+        client MUST respect it), sent in an event's block or in a block of its own."""
         stream = self._live(link)
         if stream is None:
             return [Report(link.stream, "stale_events", f"{len(events)} event(s) from a superseded connection")]
+        if reconnection_ms is not None:
+            stream.retry_ms = reconnection_ms
         out: list[Action] = []
         for event in events:
             if not self._note_id(stream, event.id, out):
                 continue
-            if event.retry is not None:
-                stream.retry_ms = event.retry
             if event.event != "message":
                 self._violation(stream, f"unknown SSE event type {event.event!r}", out)
                 continue
@@ -552,7 +556,7 @@ class Ledger:
         if old.state is _State.CLOSED:
             out.append(CloseStream(old.key, why))
         message = self._message(call)
-        out.append(Send(self._link(stream), call.key, message, call.spec.resources, why, old_wire, call.reissues))
+        out.append(SendCall(self._link(stream), call.key, message, call.spec.resources, why, old_wire, call.reissues))
         return out
 
     def _split(self, old: _Stream, why: str) -> list[Action]:
@@ -562,15 +566,15 @@ class Ledger:
             self._detach(call, old)
             stream = self._new_stream(call.key)
             call.stream = stream.key
-            out.append(Send(self._link(stream), call.key, self._message(call), call.spec.resources, why))
+            out.append(SendCall(self._link(stream), call.key, self._message(call), call.spec.resources, why))
         return [CloseStream(old.key, why), *out]
 
-    def _send_all(self, stream: _Stream, link: Link, why: str) -> Send | SendBatch:
+    def _send_all(self, stream: _Stream, link: Link, why: str) -> SendCall | SendBatch:
         """Put every call of a stream that has not reached the server (yet) on the wire: one POST on ``link``."""
         calls = self._calls_on(stream)
         if len(calls) == 1:
             (call,) = calls
-            return Send(link, call.key, self._message(call), call.spec.resources, why)
+            return SendCall(link, call.key, self._message(call), call.spec.resources, why)
         resources = frozenset[str]().union(*(c.spec.resources for c in calls))
         return SendBatch(link, tuple(c.key for c in calls), tuple(self._message(c) for c in calls), resources, why)
 
@@ -579,7 +583,7 @@ class Ledger:
     ) -> list[Action]:
         return self._resolve(call, Failure(kind, reason, error))
 
-    def _resolve(self, call: _Call, outcome: Outcome) -> list[Action]:
+    def _resolve(self, call: _Call, outcome: CallOutcome) -> list[Action]:
         stream = self._streams[call.stream]
         self._detach(call, stream)
         del self._calls[call.key]

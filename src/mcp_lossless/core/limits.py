@@ -200,7 +200,7 @@ def new_post_stream(limits: Limits, open_streams: int, running: int, calls: int)
 TASK_RETRY_SECONDS = 5
 
 
-def new_task(limits: Limits, running: int) -> LimitExceeded | None:
+def new_running_task(limits: Limits, running: int) -> LimitExceeded | None:
     """A process running ``running`` tasks creates another."""
     cap = limits.running_tasks
     if running < cap:

@@ -26,13 +26,13 @@ class SseEvent:
     """One dispatched event.
 
     ``id`` is the last event ID buffer after this event (``None`` while no id, or an empty one, is
-    set); ``retry`` is the reconnection time a ``retry:`` field inside this event set, if any.
+    set). A ``retry:`` field is no part of the event: it sets the stream's :attr:`SseDecoder.reconnection_ms`,
+    dispatched or not (a block of ``retry:`` alone is never dispatched).
     """
 
     event: str
     data: str
     id: str | None
-    retry: int | None
 
 
 class SseDecoder:
@@ -47,7 +47,6 @@ class SseDecoder:
         "_id_buffer",
         "_max",
         "_pending",
-        "_retry_in_event",
         "_skip_lf",
         "last_event_id",
         "reconnection_ms",
@@ -63,11 +62,11 @@ class SseDecoder:
         self._event_type = ""
         self._event_bytes = 0
         self._id_buffer = ""
-        self._retry_in_event: int | None = None
         self.last_event_id: str | None = None
         """The id buffer as of the last dispatch: what a ``Last-Event-ID`` header should carry."""
         self.reconnection_ms: int | None = None
-        """The latest ``retry:`` value seen on this stream, kept across events."""
+        """The latest ``retry:`` value seen on this stream, kept across events: how long the client waits before
+        it reconnects (the client's transport hands it to the ledger beside :attr:`last_event_id`)."""
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         """Consume ``chunk`` and return the events it completed, in order."""
@@ -119,7 +118,7 @@ class SseDecoder:
         elif name == "id" and "\x00" not in value:
             self._id_buffer = value
         elif name == "retry" and value.isascii() and value.isdigit():
-            self._retry_in_event = self.reconnection_ms = int(value)
+            self.reconnection_ms = int(value)
         return None
 
     def _dispatch(self) -> SseEvent | None:
@@ -130,11 +129,9 @@ class SseDecoder:
                 event=self._event_type or "message",
                 data="\n".join(self._data),
                 id=self.last_event_id,
-                retry=self._retry_in_event,
             )
         self._data = []
         self._data_seen = False
         self._event_type = ""
         self._event_bytes = 0
-        self._retry_in_event = None
         return event

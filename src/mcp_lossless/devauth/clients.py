@@ -30,7 +30,6 @@ import orjson
 
 from .grants import OAuthError
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 MAX_REGISTRATIONS = 100
 REGISTRATION_TTL = 24 * 3600.0
 MAX_DOCUMENTS = 100
@@ -50,7 +49,7 @@ _REDIRECT = re.compile(
 """An absolute http(s) URI on a loopback host with only RFC 3986 characters: no userinfo, no fragment."""
 
 GRANT_TYPES = frozenset({"authorization_code", "refresh_token", "client_credentials"})
-AUTH_METHODS = frozenset({"none", "client_secret_basic", "client_secret_post"})
+TOKEN_AUTH_METHODS = frozenset({"none", "client_secret_basic", "client_secret_post"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +193,9 @@ class ClientRegistry:
         if not isinstance(metadata, dict):
             raise OAuthError("invalid_client_metadata", "the registration request must be a JSON object")
         method = metadata.get("token_endpoint_auth_method", "client_secret_basic")
-        if method not in AUTH_METHODS:
+        if method not in TOKEN_AUTH_METHODS:
             raise OAuthError(
-                "invalid_client_metadata", f"token_endpoint_auth_method must be one of {sorted(AUTH_METHODS)}"
+                "invalid_client_metadata", f"token_endpoint_auth_method must be one of {sorted(TOKEN_AUTH_METHODS)}"
             )
         grant_types = _string_list(metadata, "grant_types", ["authorization_code", "refresh_token"])
         unknown = set(grant_types) - GRANT_TYPES

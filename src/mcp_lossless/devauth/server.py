@@ -24,7 +24,7 @@ import orjson
 from joserfc.jwk import KeySet
 
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, respond, respond_json
-from .clients import ClientRegistry, KnownClient
+from .clients import GRANT_TYPES, ClientRegistry, KnownClient
 from .consent import BROWSER_COOKIE, PAGE_HEADERS, PendingConsents, consent_page, error_page
 from .forms import MAX_BODY, Params, form_params, optional, query_params, required
 from .grants import GrantStore, Issue, OAuthError, ResourceRules
@@ -33,7 +33,6 @@ from .keys import SigningKeys
 NO_STORE = ((b"cache-control", b"no-store"), (b"pragma", b"no-cache"))
 HTML = b"text/html; charset=utf-8"
 S256_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{43}")
-GRANT_TYPES = ("authorization_code", "client_credentials", "refresh_token")
 MAX_SUBJECT = 200
 _COOKIE_VALUE = re.compile(r"[A-Za-z0-9_-]{20,64}")
 
@@ -98,7 +97,7 @@ class DevAuthServer:
             "authorization_endpoint": f"{self._base}/authorize",
             "token_endpoint": f"{self._base}/token",
             "jwks_uri": f"{self._base}/jwks",
-            "grant_types_supported": list(GRANT_TYPES),
+            "grant_types_supported": sorted(GRANT_TYPES),
             "response_types_supported": ["code"],
             "code_challenge_methods_supported": ["S256"],
             "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none"],

@@ -30,8 +30,6 @@ from .upstream import LIST_METHODS, CatalogKind, CatalogRead, ListKind, Upstream
 from .uri_template import MAX_URI
 
 log = logging.getLogger("mcp_lossless.gateway")
-RESOURCE_NOT_FOUND = -32002
-"""MCP's code for a ``resources/read`` of a URI the server does not have (2026-07-28 clients get -32602)."""
 
 
 def _rule(config: UpstreamConfig, kind: CatalogKind) -> CatalogRule:
@@ -181,7 +179,7 @@ class Catalog:
         if listed is None:
             upstream = await self._template_route(uri)
             if upstream is None:
-                raise MethodError(RESOURCE_NOT_FOUND, f"unknown resource {uri!r}", {"uri": uri})
+                raise MethodError(errors.RESOURCE_NOT_FOUND, f"unknown resource {uri!r}", {"uri": uri})
             listed = Listed(uri, upstream, uri, {})
         return await self._read(ctx, listed, "resources/read", {"uri": uri}, "resources")
 

@@ -7,7 +7,7 @@ import tomllib
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import STARTUP_FAILURE, UsageError, build_config
+    from ..serve import STARTUP_FAILURE, UsageError, build_config
     from ..server.observability import configure_logging
     from ..server.serving import lossless_server
     from .config import GatewayConfigError, parse_upstreams

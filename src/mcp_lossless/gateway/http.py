@@ -46,7 +46,7 @@ from ..client import (
     ToolFailed,
     ToolResult,
 )
-from ..client.errors import InputUnanswered, describe
+from ..client.errors import InputUnanswered, describe_failure
 from ..client.handlers import InputHandler, InputRefused
 from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
@@ -129,11 +129,11 @@ def _failure(exc: McpClientError) -> UpstreamFailure:
     return UpstreamFailure(reason, exc.reason, may_have_run=ran)
 
 
-Ask = tuple[str, dict[str, Any], "asyncio.Future[dict[str, Any]]"]
+InputAsk = tuple[str, dict[str, Any], "asyncio.Future[dict[str, Any]]"]
 """One request for input an upstream made during a call: its method, params, and where its answer goes."""
 
 
-def _handlers(methods: frozenset[str], asks: asyncio.Queue[Ask]) -> dict[str, InputHandler]:
+def _handlers(methods: frozenset[str], asks: asyncio.Queue[InputAsk]) -> dict[str, InputHandler]:
     """A call's input handlers: each request is queued for the call's own task, which asks the call's client
     (the session's tasks, where the client runs a handler, must not end the gateway's call themselves)."""
 
@@ -148,7 +148,7 @@ def _handlers(methods: frozenset[str], asks: asyncio.Queue[Ask]) -> dict[str, In
     return {method: handler_of(method) for method in sorted(methods)}
 
 
-async def _forward(reporter: Reporter, ask: Ask) -> None:
+async def _forward(reporter: Reporter, ask: InputAsk) -> None:
     """One request for input, asked of the call's client in its era; its answer (or refusal) goes back. What ends
     the gateway's call instead (a round for a 2026-07-28 client, a cancel) is raised here, after the upstream's
     request is refused, so nothing waits for it."""
@@ -166,7 +166,7 @@ async def _forward(reporter: Reporter, ask: Ask) -> None:
             answer.set_result(result)
 
 
-async def _asking(call: Awaitable[ToolResult], asks: asyncio.Queue[Ask], reporter: Reporter) -> ToolResult:
+async def _asking(call: Awaitable[ToolResult], asks: asyncio.Queue[InputAsk], reporter: Reporter) -> ToolResult:
     """``call``'s result, serving the requests for input it makes meanwhile from this (the gateway call's) task;
     when this task ends first, the upstream call is cancelled (the client tells the upstream)."""
     running = asyncio.ensure_future(call)
@@ -204,7 +204,7 @@ def _catalog_errors() -> Iterator[None]:
     except McpClientError as exc:
         raise _failure(exc) from None
     except httpx.TransportError as exc:
-        raise UpstreamFailure("protocol", describe(exc), may_have_run=False) from None
+        raise UpstreamFailure("protocol", describe_failure(exc), may_have_run=False) from None
 
 
 def _announces_list_changes(discovered: Mapping[str, Any]) -> bool:
@@ -281,7 +281,7 @@ class HttpUpstream:
                 ready.set_exception(_failure(exc))
         except httpx.TransportError as exc:  # the modern client's discovery and listing pass these on
             if not ready.done():
-                ready.set_exception(UpstreamFailure("unreachable", describe(exc), may_have_run=False))
+                ready.set_exception(UpstreamFailure("unreachable", describe_failure(exc), may_have_run=False))
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
@@ -356,7 +356,7 @@ class HttpUpstream:
                     await client.listen(message, opened)
                 detail = "the upstream ended it"
             except (McpClientError, httpx.TransportError) as exc:
-                detail = describe(exc)
+                detail = describe_failure(exc)
             attempt += 1
             pause = min(WATCH_MAX_SECONDS, 0.25 * 2**attempt)
             log.info("upstream %s: list-change stream closed (%s); again in %.2g s", self.name, detail, pause)
@@ -427,7 +427,7 @@ class HttpUpstream:
 
         on_progress = progress if reporter.wants_progress else None
         on_task_update = task_progress if reporter.wants_progress else None
-        asks: asyncio.Queue[Ask] = asyncio.Queue()
+        asks: asyncio.Queue[InputAsk] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeout
         for attempt in itertools.count():
@@ -479,7 +479,7 @@ class HttpUpstream:
             except McpClientError as exc:
                 raise _failure(exc) from None
             except httpx.TransportError as exc:  # the modern client passes on what it cannot classify
-                raise UpstreamFailure("protocol", describe(exc), may_have_run=True) from None
+                raise UpstreamFailure("protocol", describe_failure(exc), may_have_run=True) from None
             return dict(result.raw)
         raise AssertionError("unreachable")
 

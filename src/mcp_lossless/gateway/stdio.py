@@ -37,12 +37,12 @@ from typing import Any
 
 import orjson
 
-from ..client.errors import ProtocolViolation, describe
+from ..client.errors import ProtocolViolation, describe_failure
 from ..client.handlers import MAX_INPUT_ROUNDS, InputRefused
 from ..client.paging import collect_pages
 from ..core import errors
 from .config import UpstreamConfig
-from .stdio_era import LEGACY_INPUT_METHODS, SpokenEra, complete, enveloped, input_requests, negotiate
+from .stdio_era import LEGACY_INPUT_METHODS, SpokenEra, complete, enveloped, input_requests, negotiate_era
 from .upstream import (
     LIST_METHODS,
     CatalogRead,
@@ -166,7 +166,7 @@ class StdioUpstream:
         stderr = self._stderr = asyncio.create_task(self._drain_stderr(proc))
         try:
             async with asyncio.timeout(HANDSHAKE_SECONDS):
-                handshake = await negotiate(self._request, self._notify, config.era, self.era)
+                handshake = await negotiate_era(self._request, self._notify, config.era, self.era)
                 self.era = handshake.era
                 if handshake.era == "modern" and handshake.announces_list_changes:
                     self._spawn_task(self._listen())  # before the listing: a change after it is announced
@@ -347,7 +347,7 @@ class StdioUpstream:
             proc.stdin.write(orjson.dumps(message) + b"\n")
             await proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
-            raise _ChildExited(f"upstream {self.name}: its stdin is closed ({describe(exc)})") from exc
+            raise _ChildExited(f"upstream {self.name}: its stdin is closed ({describe_failure(exc)})") from exc
 
     async def _notify(self, method: str) -> None:
         await self._write({"jsonrpc": "2.0", "method": method})

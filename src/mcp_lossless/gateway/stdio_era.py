@@ -29,12 +29,12 @@ from typing import Any, Literal
 
 from ..client.handlers import CAPABILITIES
 from ..client.modern import NotModern, modern_discovery, modern_refusal, request_meta
+from ..core import protocol
 from .config import Era
 from .upstream import CLIENT_INFO, UpstreamFailure, UpstreamRpcError
 
 PROBE_SECONDS = 10.0
 """How long the ``server/discover`` probe waits before the child is taken for a legacy server."""
-LEGACY_VERSION = "2025-11-25"
 INPUT_METHODS = frozenset(CAPABILITIES)
 """The requests for input a child may make of the gateway's client (what a server may ask of a client)."""
 SpokenEra = Literal["modern", "legacy"]
@@ -104,7 +104,7 @@ def _capabilities(result: Mapping[str, Any]) -> Mapping[str, Any]:
     return capabilities if isinstance(capabilities, Mapping) else {}
 
 
-async def negotiate(request: Request, notify: Notify, era: Era, last: SpokenEra | None) -> Handshake:
+async def negotiate_era(request: Request, notify: Notify, era: Era, last: SpokenEra | None) -> Handshake:
     """The era to speak to a freshly spawned child: ``era`` from the config, ``last`` what its predecessor spoke.
 
     ``request`` sends one request and returns its result (raising :class:`UpstreamRpcError` for an error
@@ -146,7 +146,7 @@ async def _fallback(
 async def _initialize(
     request: Request, notify: Notify, how: str, late_probe: asyncio.Future[dict[str, Any]] | None = None
 ) -> Handshake:
-    params = {"protocolVersion": LEGACY_VERSION, "capabilities": LEGACY_INPUT_CAPABILITIES, "clientInfo": CLIENT_INFO}
+    params = {"protocolVersion": protocol.LATEST, "capabilities": LEGACY_INPUT_CAPABILITIES, "clientInfo": CLIENT_INFO}
     try:
         init = await request("initialize", params)
     except UpstreamRpcError:

@@ -69,9 +69,7 @@ class LosslessApp:
     says so.
     """
 
-    def __init__(
-        self, state: ServerState, dev_as: DevAuthServer | None = None, modern: ModernLeg | None = None
-    ) -> None:
+    def __init__(self, state: ServerState, dev_as: DevAuthServer | None, modern: ModernLeg) -> None:
         self.state = state
         self.config = state.config
         self.modern = modern
@@ -102,8 +100,7 @@ class LosslessApp:
         self.state.index_tools()
         self._prm = {metadata.metadata_path(r): r for r in self.state.resources()}
         if self.started and self.state.capabilities.get("tools", {}).get("listChanged") is True:
-            if self.modern is not None:
-                self.modern.tools_changed()
+            self.modern.tools_changed()
             task = asyncio.get_running_loop().create_task(self.transport.announce("notifications/tools/list_changed"))
             self._announcing.add(task)
             task.add_done_callback(self._announcing.discard)
@@ -217,8 +214,7 @@ class LosslessApp:
         state = self.state
         await state.start()
         await state.store.register_instance(state.instance)  # replicas see this process alive by its lease
-        if self.modern is not None:
-            await self.modern.open()
+        await self.modern.open()
         issuer = self.config.issuer
         if state.verifier is None and issuer is not None and issuer != "dev":
             self._http = httpx.AsyncClient(timeout=10)
@@ -268,8 +264,7 @@ class LosslessApp:
                 await self._sweeper
         for session in self.state.sessions.all():
             await session.close("shutdown")
-        if self.modern is not None:
-            await self.modern.close()
+        await self.modern.close()
         await self.state.store.close()
         if self._http is not None:
             await self._http.aclose()
@@ -301,7 +296,7 @@ def create_app(
     ``method_tags``: what a token needs for a request of one of ``methods`` (:data:`.tools.MethodTags`);
     ``method_scopes``: the scopes those may name, published in the server's protected resource metadata.
 
-    Tasks (2026-07-28) are kept beside the events (:func:`~mcp_lossless.stores.tasks.task_store_beside`)
+    Tasks (2026-07-28) are kept beside the events (:func:`~mcp_lossless.stores.open.task_store_beside`)
     unless ``task_store`` says otherwise.
     """
     if config.token_profile not in PROFILES:

@@ -97,14 +97,14 @@ def protocol_version(scope: Scope, messages: list[dict[str, Any]]) -> str | None
         meta = params.get("_meta") if isinstance(params, dict) else None
         value = meta.get(protocol.VERSION_META_KEY) if isinstance(meta, dict) else None
         requested = value if isinstance(value, str) else None
-    if requested is None or requested in protocol.SUPPORTED:
+    if requested is None or requested in protocol.HANDSHAKE_VERSIONS:
         return requested
     request_id = messages[0].get("id") if len(messages) == 1 and "method" in messages[0] else None
     raise unsupported_version(requested, request_id)
 
 
 def unsupported_version(requested: str, request_id: RequestId | None = None) -> Refused:
-    supported = ", ".join(protocol.SUPPORTED)
+    supported = ", ".join(protocol.HANDSHAKE_VERSIONS)
     if requested == protocol.STATELESS:
         message = (
             f"protocol {requested} is served statelessly (per-request _meta, no session), not on a session; "
@@ -112,7 +112,7 @@ def unsupported_version(requested: str, request_id: RequestId | None = None) -> 
         )
     else:
         message = f"unsupported MCP-Protocol-Version {requested!r}; supported: {supported}"
-    data = {"supported": list(protocol.SUPPORTED), "requested": requested}
+    data = {"supported": list(protocol.HANDSHAKE_VERSIONS), "requested": requested}
     return Refused.rpc(400, errors.UNSUPPORTED_PROTOCOL_VERSION, message, data=data, request_id=request_id)
 
 

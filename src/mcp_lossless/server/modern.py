@@ -22,14 +22,13 @@ import re
 import secrets
 from base64 import b64decode
 from collections.abc import Callable, Coroutine, Generator, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..asgi import Receive, Send, respond
 from ..core import errors, frames, mrtr, param_headers, protocol
 from ..core.events import RequestId
-from ..core.limits import LimitExceeded
-from ..core.limits import new_task as task_limit
+from ..core.limits import LimitExceeded, new_running_task
 from ..core.principal import Grant
 from ..core.resources import describe, requirement, resources_in, scopes_in
 from ..core.tasks import (
@@ -77,12 +76,6 @@ from .writer import SSE_HEADERS
 
 log = logging.getLogger("mcp_lossless.modern")
 
-META_VERSION = "io.modelcontextprotocol/protocolVersion"
-META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
-META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
-SUPPORTED = (protocol.STATELESS, *protocol.SUPPORTED)
-"""Every revision this endpoint serves, for ``server/discover`` and ``-32022``: the modern one first."""
-NAMED = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
 TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
 REMOVED = frozenset(
     {
@@ -100,12 +93,7 @@ CACHEABLE = frozenset({"tools/list", "prompts/list", "resources/list", "resource
 """Results that carry the caching hints ``ttlMs`` and ``cacheScope`` (SEP-2549; ``server/discover`` too)."""
 CACHE_HINTS = {"ttlMs": 0, "cacheScope": "private"}
 """Never reuse without asking again, never share: what a principal may see depends on its token."""
-LEGACY_RESOURCE_NOT_FOUND = -32002
-"""2025-11-25's resource-not-found code, which 2026-07-28 forbids (it uses -32602); mapped on this leg."""
 PURGE_EVERY_SECONDS = 60.0
-META_LOG_LEVEL = "io.modelcontextprotocol/logLevel"
-META_SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
-LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 INPUT_CAPABILITY = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
 """The client capability each server-to-client request needs."""
 KEEPALIVE_SECONDS = 15.0
@@ -123,6 +111,10 @@ INPUT_POLL_SECONDS = 1.0
 """A task waiting for input looks at the store this often besides being woken: ``tasks/update`` may reach
 another replica, which can only leave the answers in the store."""
 DESCRIBE_EVERY_SECONDS = 0.1
+CLOSE_STREAM_REFUSED = (
+    f"close_stream: a {protocol.STATELESS} response cannot be resumed; a tool that frees its connection while it "
+    "works runs as a task there (task=True), which the client polls"
+)
 """A running task's progress is stored as its status message at most this often (a store write each time)."""
 
 
@@ -133,12 +125,12 @@ def is_modern(message: Any, index: dict[bytes, bytes]) -> bool:
         return False
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
-    if isinstance(meta, dict) and META_VERSION in meta:
+    if isinstance(meta, dict) and protocol.VERSION_META_KEY in meta:
         return True
     version = index.get(b"mcp-protocol-version")
     if version is None or b"mcp-session-id" in index:
         return False
-    return version.decode("latin-1") not in protocol.SUPPORTED
+    return version.decode("latin-1") not in protocol.HANDSHAKE_VERSIONS
 
 
 def _refused(
@@ -192,7 +184,7 @@ class _RequestChannel:
         binding: Callable[[], mrtr.Binding] | None = None,
     ) -> None:
         self.capabilities = capabilities
-        self.min_level = LOG_LEVELS.index(log_level) if log_level in LOG_LEVELS else None
+        self.min_level = protocol.LOGGING_LEVELS.index(log_level) if log_level in protocol.LOGGING_LEVELS else None
         self._queue: asyncio.Queue[bytes] | None = None
         self.answers = answers
         self.binding = binding
@@ -213,7 +205,11 @@ class _RequestChannel:
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         if method == "notifications/message":
             level = params.get("level")
-            if self.min_level is None or level not in LOG_LEVELS or LOG_LEVELS.index(level) < self.min_level:
+            if (
+                self.min_level is None
+                or level not in protocol.LOGGING_LEVELS
+                or protocol.LOGGING_LEVELS.index(level) < self.min_level
+            ):
                 return
         self.queue.put_nowait(frames.notification(method, params))
 
@@ -250,7 +246,9 @@ class _RequestChannel:
         return got
 
     def close_stream(self) -> None:
-        return None  # nothing to resume on this leg
+        """Refused: a 2026-07-28 response cannot be resumed, so closing it would lose the answer, and keeping it
+        open would hold the connection the tool meant to free (docs/decisions/0024)."""
+        raise MethodError(errors.INTERNAL_ERROR, CLOSE_STREAM_REFUSED)
 
 
 class _TaskChannel(_RequestChannel):
@@ -265,6 +263,10 @@ class _TaskChannel(_RequestChannel):
         self.leg = leg
         self.task_id = ""
         self.described_at = float("-inf")
+
+    def close_stream(self) -> None:
+        """Done already: a task holds no connection, its client polls (what the close asks a client to do)."""
+        return None
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         if method != "notifications/progress":
@@ -403,7 +405,9 @@ class ModernLeg:
         if method in mrtr.MRTR_METHODS:
 
             def binding() -> mrtr.Binding:
-                return mrtr.Binding(grant.principal, method, params[NAMED[method]], params.get("arguments"))
+                return mrtr.Binding(
+                    grant.principal, method, params[protocol.NAME_PARAMS[method]], params.get("arguments")
+                )
 
             answers, bound = {}, binding
             if "requestState" in params or "inputResponses" in params:  # a first round pays for no state
@@ -412,7 +416,7 @@ class ModernLeg:
                 except mrtr.BadInput as exc:
                     await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, str(exc)), b"application/json")
                     return
-        channel = _RequestChannel(capabilities, params["_meta"].get(META_LOG_LEVEL), answers, bound)
+        channel = _RequestChannel(capabilities, params["_meta"].get(protocol.LOG_LEVEL_META_KEY), answers, bound)
         if method == "server/discover":
             await self._answer(send, rid, self._discover())
         elif method == "tools/list":
@@ -433,7 +437,7 @@ class ModernLeg:
                 try:
                     result = await handler(ctx, params)
                 except MethodError as exc:
-                    if exc.code == LEGACY_RESOURCE_NOT_FOUND:
+                    if exc.code == errors.RESOURCE_NOT_FOUND:
                         raise MethodError(errors.INVALID_PARAMS, exc.message, exc.data) from None
                     raise
                 return {**result, **CACHE_HINTS} if method in CACHEABLE else result
@@ -445,32 +449,35 @@ class ModernLeg:
     def _validate(self, index: dict[bytes, bytes], method: str, params: dict[str, Any]) -> dict[str, Any]:
         """The per-request fields (``-32602``), the mirrored headers (``-32020``), the version (``-32022``)."""
         meta = params.get("_meta")
-        version = meta.get(META_VERSION) if isinstance(meta, dict) else None
-        capabilities = meta.get(META_CAPABILITIES) if isinstance(meta, dict) else None
+        version = meta.get(protocol.VERSION_META_KEY) if isinstance(meta, dict) else None
+        capabilities = meta.get(protocol.CAPABILITIES_META_KEY) if isinstance(meta, dict) else None
         if not isinstance(version, str) or not isinstance(capabilities, dict):
             raise _refused(
                 400,
                 errors.INVALID_PARAMS,
-                f"params._meta must carry {META_VERSION} (a string) and {META_CAPABILITIES} (an object)",
+                f"params._meta must carry {protocol.VERSION_META_KEY} (a string) and "
+                f"{protocol.CAPABILITIES_META_KEY} (an object)",
             )
         header = index.get(b"mcp-protocol-version")
         if header is None:
             raise _refused(400, errors.HEADER_MISMATCH, "MCP-Protocol-Version header required")
         if header.decode("latin-1").strip(" \t") != version:
             raise _refused(
-                400, errors.HEADER_MISMATCH, f"MCP-Protocol-Version header does not match {META_VERSION} {version!r}"
+                400,
+                errors.HEADER_MISMATCH,
+                f"MCP-Protocol-Version header does not match {protocol.VERSION_META_KEY} {version!r}",
             )
         if version != protocol.STATELESS:
             raise _refused(
                 400,
                 errors.UNSUPPORTED_PROTOCOL_VERSION,
                 "Unsupported protocol version",
-                {"supported": list(SUPPORTED), "requested": version},
+                {"supported": list(protocol.SERVED_VERSIONS), "requested": version},
             )
         named = index.get(b"mcp-method")
         if named is None or _header_value(named) != method:
             raise _refused(400, errors.HEADER_MISMATCH, f"Mcp-Method header must be present and equal {method!r}")
-        field = "taskId" if method in TASK_METHODS else NAMED.get(method)
+        field = protocol.NAME_PARAMS.get(method)
         if field is not None:
             name = index.get(b"mcp-name")
             value = params.get(field)
@@ -480,10 +487,10 @@ class ModernLeg:
 
     def _discover(self) -> dict[str, Any]:
         return {
-            "supportedVersions": list(SUPPORTED),
+            "supportedVersions": list(protocol.SERVED_VERSIONS),
             "capabilities": self.capabilities,
             "instructions": "Tool results are never lost or leaked: long or non-idempotent tools run as tasks.",
-            "_meta": {META_SERVER_INFO: self.server_info},
+            "_meta": {protocol.SERVER_INFO_META_KEY: self.server_info},
             **CACHE_HINTS,
         }
 
@@ -696,7 +703,7 @@ class ModernLeg:
             raise _refused(400, errors.INVALID_PARAMS, "notifications.taskIds must be a list of task id strings")
         if self.listeners >= MAX_LISTENERS:
             raise _refused(503, errors.INTERNAL_ERROR, f"{MAX_LISTENERS} listen streams are open, the limit")
-        meta = {META_SUBSCRIPTION: rid}
+        meta = {protocol.SUBSCRIPTION_META_KEY: rid}
         tools = self.capabilities.get("tools", {}).get("listChanged") is True
         tools = tools and isinstance(wanted, dict) and wanted.get("toolsListChanged") is True
         watched: dict[str, tuple[object, ...] | None] = {}
@@ -802,7 +809,7 @@ class ModernLeg:
         channel: _TaskChannel,
     ) -> None:
         s = self.s
-        exceeded = task_limit(s.config.limits, len(self.running))
+        exceeded = new_running_task(s.config.limits, len(self.running))
         if exceeded is not None:  # a running task holds this process's memory, whatever the store
             s.metrics.limit_refusals.labels(exceeded.limit).inc()
             raise _over_limit(exceeded)
@@ -945,7 +952,6 @@ class ModernLeg:
         await self.tasks.touch(task_id, at)  # the owner asked: its TTL restarts, denied or not
         if isinstance(verdict, Denied):
             self._deny(verdict, record)
-        assert isinstance(verdict, Deliver)
         record = await self._settle_if_lost(seen(verdict.record, at), at)
         if method == "tasks/get":
             await self._answer(send, rid, detailed_task(record, self.poll_ms))
@@ -974,7 +980,7 @@ class ModernLeg:
             extension_required(),
         )
 
-    def _deny(self, denied: Denied, record: TaskRecord | None) -> None:
+    def _deny(self, denied: Denied, record: TaskRecord | None) -> NoReturn:
         self.s.metrics.refusals.labels("insufficient_audience", "task").inc()
         log_decision("task_denied", task=denied.task_id[:8], missing=list(denied.missing_resources))
         error = denial_error(denied)
@@ -1050,7 +1056,7 @@ def _input_before_task(tool: RegisteredTool, params: dict[str, Any], ctx: ToolCo
         coro.send(None)
     except InputRequired as asked:
         return asked
-    except (StopIteration, Exception):
+    except Exception:  # StopIteration among them
         return None  # it finished (or failed) without awaiting anything: the task runs it, and reports that
     finally:
         with contextlib.suppress(RuntimeError):

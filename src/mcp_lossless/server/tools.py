@@ -119,7 +119,11 @@ class ToolContext:
         return await self._channel.ask(requests)
 
     def close_stream(self) -> None:
-        """Close the SSE connection now (SEP-1699 polling); the client resumes with GET + Last-Event-ID."""
+        """Close the SSE connection now (SEP-1699 polling); the client resumes with GET + Last-Event-ID.
+
+        On 2026-07-28, which has no resumption, a task needs nothing (its client polls) and a request answered
+        in its own response is refused with ``MethodError`` (-32603): declare the tool ``task=True`` there
+        (docs/decisions/0024)."""
         self._channel.close_stream()
 
 

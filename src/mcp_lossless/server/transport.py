@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from time import perf_counter
-from typing import Any
+from typing import Any, Protocol
 
 from .. import __version__
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
@@ -80,7 +80,7 @@ class Transport:
     are run by the :class:`.dispatch.Dispatcher` and written by an :class:`.writer.SseWriter`.
     """
 
-    def __init__(self, state: ServerState, modern: ModernLeg | None = None) -> None:
+    def __init__(self, state: ServerState, modern: ModernLeg) -> None:
         self.state = state
         self.dispatcher = Dispatcher(state)
         self.producers = Producers(state.store, state.instance, state.metrics.lost.inc)
@@ -152,7 +152,7 @@ class Transport:
         if too_long is not None:  # before any of its messages is looked at
             raise self._over(too_long)
         messages = checks.check_messages(values)
-        if self.modern is not None and not batch:
+        if not batch:
             index = headers(scope)
             if is_modern(messages[0], index):
                 await self.modern.serve(receive, send, grant, index, messages[0])
@@ -617,6 +617,13 @@ class _InlineRun:
             await self._writer
 
 
+class _Clock(Protocol):
+    """What the graces read of time: now, and a callback at a moment (an event loop is one)."""
+
+    def time(self) -> float: ...
+    def call_at(self, when: float, callback: Callable[[], object], /) -> object: ...
+
+
 class _AnswerGraces:
     """The answer graces of a loop's inline runs (:class:`_InlineRun`) on one timer.
 
@@ -624,23 +631,25 @@ class _AnswerGraces:
     timer for the earliest end (:data:`GRACE_SLACK_SECONDS` late, so that one firing ends the graces that ended
     meanwhile), armed again for the next one when it fires, instead of a timer armed and cancelled per call (some
     5,000 instructions a call with uvloop). A run that finished in time is dropped when its grace ends, with
-    nothing to do.
+    nothing to do. Time comes from ``clock``, the loop unless given: a test moves it by hand instead of sleeping
+    against the graces.
     """
 
-    __slots__ = ("_runs", "_timer", "loop")
+    __slots__ = ("_runs", "_timer", "clock", "loop")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: _Clock | None = None) -> None:
         self.loop = loop
+        self.clock: _Clock = loop if clock is None else clock
         self._runs: deque[tuple[float, _InlineRun]] = deque()
-        """Runs in their grace with its end (loop time), in order."""
-        self._timer: asyncio.TimerHandle | None = None
+        """Runs in their grace with its end (clock time), in order."""
+        self._timer: object | None = None
 
     def add(self, run: _InlineRun) -> None:
-        loop = self.loop
-        ends = loop.time() + ANSWER_GRACE_SECONDS
+        clock = self.clock
+        ends = clock.time() + ANSWER_GRACE_SECONDS
         self._runs.append((ends, run))
         if self._timer is None:
-            self._timer = loop.call_at(ends + GRACE_SLACK_SECONDS, self._expire)
+            self._timer = clock.call_at(ends + GRACE_SLACK_SECONDS, self._expire)
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -648,12 +657,12 @@ class _AnswerGraces:
     def _expire(self) -> None:
         self._timer = None
         runs = self._runs
-        loop = self.loop
-        now = loop.time()
+        clock = self.clock
+        now = clock.time()
         while runs:
             ends, run = runs[0]
             if ends > now:
-                self._timer = loop.call_at(ends + GRACE_SLACK_SECONDS, self._expire)
+                self._timer = clock.call_at(ends + GRACE_SLACK_SECONDS, self._expire)
                 return
             runs.popleft()
             run.grace_over()

@@ -5,8 +5,8 @@ keeps tasks where an event store keeps events.
 """
 
 from .base import EventsEvicted, EventsLost, EventStore, SessionRecord, StoreUnavailable, StreamTakenOver
-from .open import open_store
-from .tasks import TaskLimitReached, TaskStore, task_store_beside
+from .open import open_store, task_store_beside
+from .tasks import TaskLimitReached, TaskStore
 
 __all__ = [
     "EventStore",

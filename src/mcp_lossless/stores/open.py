@@ -1,8 +1,13 @@
-"""Building a store from its ``--store`` spec; kept apart from the interface, which no backend imports back."""
+"""The store factories: an event store from its ``--store`` spec, the task store beside an event store.
+
+Kept apart from the interfaces (``base``, ``tasks``), which the backends import: a factory imports every backend,
+so a factory in an interface module would close an import circle through each of them.
+"""
 
 from __future__ import annotations
 
 from .base import EventStore
+from .tasks import TaskStore
 
 
 def open_store(spec: str) -> EventStore:
@@ -27,3 +32,22 @@ def open_store(spec: str) -> EventStore:
         f"unknown store {spec!r}: use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?S=V] or "
         "redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB][?S=V]"
     )
+
+
+def task_store_beside(events: EventStore) -> TaskStore:
+    """The task store that keeps tasks where ``events`` keeps events: the same SQLite file, the same Redis and
+    prefix, process memory for the memory store (and for any other event store: pass a task store for it)."""
+    from .redis import RedisStore
+    from .sqlite import SqliteStore
+
+    if isinstance(events, SqliteStore):
+        from .tasks_sqlite import SqliteTaskStore
+
+        return SqliteTaskStore(events.path)
+    if isinstance(events, RedisStore):
+        from .tasks_redis import RedisTaskStore
+
+        return RedisTaskStore(events.url, prefix=events.prefix)
+    from .tasks_memory import MemoryTaskStore
+
+    return MemoryTaskStore()

@@ -1,4 +1,4 @@
-"""The task-store interface (the tasks extension's durable state) and how a CLI store spec picks one.
+"""The task-store interface: the tasks extension's durable state (the factory is ``open.task_store_beside``).
 
 A task store keeps :class:`~mcp_lossless.core.tasks.TaskRecord` s in the one serialized form of the core
 (:func:`~mcp_lossless.core.tasks.encode_task`). It decides nothing about tasks but two atomic rules the
@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..core.tasks import TaskRecord
-from .base import EventStore
 
 
 class TaskLimitReached(Exception):
@@ -43,22 +42,3 @@ class TaskStore(Protocol):
     async def purge_expired(self, now: float) -> int:
         """Delete the tasks whose TTL has run out; return how many."""
         ...
-
-
-def task_store_beside(events: EventStore) -> TaskStore:
-    """The task store that keeps tasks where ``events`` keeps events: the same SQLite file, the same Redis and
-    prefix, process memory for the memory store (and for any other event store: pass a task store for it)."""
-    from .redis import RedisStore
-    from .sqlite import SqliteStore
-
-    if isinstance(events, SqliteStore):
-        from .tasks_sqlite import SqliteTaskStore
-
-        return SqliteTaskStore(events.path)
-    if isinstance(events, RedisStore):
-        from .tasks_redis import RedisTaskStore
-
-        return RedisTaskStore(events.url, prefix=events.prefix)
-    from .tasks_memory import MemoryTaskStore
-
-    return MemoryTaskStore()

@@ -3,7 +3,9 @@
 Names and payloads follow the scenario descriptions of ``@modelcontextprotocol/conformance``: tools
 ``test_*`` (text, image, audio, embedded resource, logging, progress, errors, sampling, elicitation, SEP-1699
 stream close), resources under ``test://``, four prompts and argument completion. Everything is built on the
-public server API: tools on a :class:`ToolRegistry`, the other methods as ``methods=`` handlers.
+public server API: tools on a :class:`ToolRegistry`, the other methods as ``methods=`` handlers. Outside the
+server package: they are a test suite's fixtures, no part of the server a deployment runs, and nothing in the
+server imports them (only ``serve --conformance`` and the tests do).
 """
 
 from __future__ import annotations
@@ -20,15 +22,12 @@ from typing import Any, Literal
 
 import orjson
 
-from ..core import errors
-from .app import LosslessApp, create_app
-from .config import ServerConfig
-from .tools import MethodError, MethodHandler, ToolContext, ToolError, ToolRegistry
+from .core import errors
+from .server.app import LosslessApp, create_app
+from .server.config import ServerConfig
+from .server.tools import MethodError, MethodHandler, ToolContext, ToolError, ToolRegistry
 
-RESOURCE_NOT_FOUND = -32002
-"""MCP's code for ``resources/read`` of a URI the server does not have."""
-
-CAPABILITIES: dict[str, Any] = {
+FIXTURE_CAPABILITIES: dict[str, Any] = {
     "resources": {"subscribe": True, "listChanged": False},
     "prompts": {"listChanged": False},
     "completions": {},
@@ -485,7 +484,7 @@ def _read(uri: str) -> dict[str, Any]:
         item = match.group(1)
         data = {"id": item, "templateTest": True, "data": f"Data for ID: {item}"}
         return {"uri": uri, "mimeType": "application/json", "text": orjson.dumps(data).decode()}
-    raise MethodError(RESOURCE_NOT_FOUND, f"resource {uri} not found", {"uri": uri})
+    raise MethodError(errors.RESOURCE_NOT_FOUND, f"resource {uri} not found", {"uri": uri})
 
 
 def _string_param(params: dict[str, Any], name: str) -> str:
@@ -618,7 +617,7 @@ async def prompts_get(ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any
     return {"description": description, "messages": build(given)}
 
 
-async def complete(ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
+async def completion(ctx: ToolContext, params: dict[str, Any]) -> dict[str, Any]:
     ref = params.get("ref")
     argument = params.get("argument")
     if not isinstance(ref, dict) or not isinstance(argument, dict):
@@ -642,10 +641,10 @@ def conformance_methods() -> dict[str, MethodHandler]:
         "resources/unsubscribe": subscriptions.unsubscribe,
         "prompts/list": prompts_list,
         "prompts/get": prompts_get,
-        "completion/complete": complete,
+        "completion/complete": completion,
     }
 
 
 def conformance_app(config: ServerConfig) -> LosslessApp:
     """The server with the conformance fixtures; the caller keeps auth off and the host on loopback."""
-    return create_app(config, conformance_tools(), methods=conformance_methods(), capabilities=CAPABILITIES)
+    return create_app(config, conformance_tools(), methods=conformance_methods(), capabilities=FIXTURE_CAPABILITIES)
