@@ -211,6 +211,10 @@ async def test_cross_replica_hijacks_are_refused_on_every_replica(
         spliced = await on(replica, victim).resume(foreign.ids[0])
         assert spliced.status == 409
         assert spliced.json()["error"] == "foreign_session"
+        mallory = Peer(http, replica.base, mallory_token)
+        await mallory.initialize()  # the victim's real id on mallory's own session: as unknown as a made-up one
+        stolen = await mallory.resume(done.ids[0])
+        assert (stolen.status, stolen.json()["error"], stolen.events) == (400, "unknown", [])
 
         assert (await on(replica, victim).resume(done.ids[0])).ids == done.ids[1:], "the owner is unaffected"
 

@@ -144,6 +144,10 @@ async def test_cursor_problems_are_explicit_4xx_never_an_empty_200(server_url: s
         assert read.events == []
 
     mallory = Peer(http, server_url, await dev_token(http, server_url, mcp, client=("mallory", "mallory-secret")))
+    await mallory.initialize()  # alice's real id on mallory's own session reads exactly as a made-up one
+    stolen, made_up = await mallory.resume(a1.ids[0]), await mallory.resume(cases["unknown"][0])
+    assert (stolen.status, stolen.events) == (made_up.status, made_up.events) == (400, [])
+    assert {**stolen.json(), "lastEventId": None} == {**made_up.json(), "lastEventId": None}
     mallory.session_id = alice.session_id
     hijack = await mallory.resume(a1.ids[0])
     assert hijack.status == 404 and hijack.events == []

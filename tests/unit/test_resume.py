@@ -24,6 +24,7 @@ from mcp_lossless.core.resume import (
     Lookup,
     NeedEvents,
     NeedOwner,
+    NeedSessionPrincipal,
     NeedStream,
     Question,
     ReplayPlan,
@@ -68,6 +69,8 @@ class World:
     """Other processes whose lease holds."""
     log: dict[str, list[StoredEvent]] = field(default_factory=dict)
     evicted: set[str] = field(default_factory=set)
+    ours: bool = True
+    """Whether the other session (``OTHER_SESSION``) belongs to the resuming principal."""
 
     def settle(self, record: StreamRecord) -> StreamRecord:
         """What the transport's orphan settlement does (ADR 0025): the stream ends as lost by its owner, completed,
@@ -92,6 +95,9 @@ def run(world: World, grant: Grant) -> tuple[CursorRejected | Refusal | ReplayPl
         if isinstance(step, NeedStream):
             facts.live = step.stream in world.live
             facts.record = world.records.get(step.stream) or Lookup.ABSENT
+        elif isinstance(step, NeedSessionPrincipal):
+            assert step.session_id == OTHER_SESSION
+            facts.same_principal = world.ours
         elif isinstance(step, NeedOwner):
             # as the transport answers: a stream of this process that it no longer produces is orphaned
             facts.owner_alive = step.owner != OWNERS[0] and step.owner in world.alive
@@ -161,6 +167,7 @@ def worlds(draw: st.DrawFn) -> World:
         if STREAM not in world.live and draw(st.booleans()):
             world.evicted.add(STREAM)
     world.alive = draw(st.sets(st.sampled_from(OWNERS[1:])))
+    world.ours = draw(st.booleans())
     return world
 
 
@@ -174,7 +181,10 @@ def expected(world: World, grant: Grant) -> CursorProblem | Refusal | tuple[list
     if isinstance(decoded, Unverified):
         if record is None:
             return CursorProblem.UNKNOWN
-        return CursorProblem.FOREIGN_STREAM if record.session_id == SESSION else CursorProblem.FOREIGN_SESSION
+        if record.session_id == SESSION:
+            return CursorProblem.FOREIGN_STREAM
+        # invariant 4: another principal's id reads exactly as an unknown one
+        return CursorProblem.FOREIGN_SESSION if world.ours else CursorProblem.UNKNOWN
     if record is None:
         return CursorProblem.EVICTED
     if decoded.seq > record.last_seq:  # an id we sent that the store does not hold: it lost events
@@ -242,8 +252,8 @@ def test_questions_are_asked_only_when_their_answer_matters(world: World, audien
     kinds = [type(q) for q in asked]
     if isinstance(world.decoded, CursorProblem):
         assert asked == []  # a malformed id costs no lookup
-    elif isinstance(world.decoded, Unverified):
-        assert asked == [NeedStream(STREAM)]  # whose stream it is, and nothing of its events
+    elif isinstance(world.decoded, Unverified):  # whose stream it is (whose session), and nothing of its events
+        assert asked in ([NeedStream(STREAM)], [NeedStream(STREAM), NeedSessionPrincipal(OTHER_SESSION)])
     if STREAM in world.live:
         assert NeedOwner not in kinds and SettleOrphan not in kinds  # this process produces it
     if SettleOrphan in kinds:

@@ -59,6 +59,8 @@ class ResumeFacts:
     """:meth:`~.eventids.EventIdCodec.decode` of ``cursor`` for ``session_id``."""
     record: StreamRecord | Lookup = Lookup.PENDING
     """The stream the cursor names: this process's live record, else the store's."""
+    same_principal: bool | None = None
+    """Whether ``record``'s session (another session) belongs to the resuming principal (``None``: not asked)."""
     live: bool = False
     """``record`` is a stream this process is producing (and can still end normally)."""
     owner_alive: bool | None = None
@@ -74,6 +76,13 @@ class NeedStream:
     """Look up stream ``stream``: among the session's live streams (one that is not broken), else in the store."""
 
     stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class NeedSessionPrincipal:
+    """Tell whether session ``session_id`` (not the resuming one) belongs to the resuming principal."""
+
+    session_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +148,7 @@ class ReplayPlan:
     """The token covers every tag set the stream can carry: live delivery need only check expiry."""
 
 
-Question = NeedStream | NeedOwner | SettleOrphan | NeedEvents
+Question = NeedStream | NeedSessionPrincipal | NeedOwner | SettleOrphan | NeedEvents
 Outcome = CursorRejected | Refusal | ReplayPlan
 
 
@@ -166,8 +175,12 @@ def decide_resume(facts: ResumeFacts, grant: Grant, policy: AudiencePolicy) -> Q
             return NeedStream(decoded.stream)
         if record is Lookup.ABSENT:
             return CursorRejected(CursorProblem.UNKNOWN, facts.cursor)
-        same_session = record.session_id == facts.session_id
-        problem = CursorProblem.FOREIGN_STREAM if same_session else CursorProblem.FOREIGN_SESSION
+        if record.session_id == facts.session_id:
+            return CursorRejected(CursorProblem.FOREIGN_STREAM, facts.cursor)
+        if facts.same_principal is None:
+            return NeedSessionPrincipal(record.session_id)
+        # Another principal's id is answered as an unknown one: the answer must not tell that it exists (invariant 4)
+        problem = CursorProblem.FOREIGN_SESSION if facts.same_principal else CursorProblem.UNKNOWN
         return CursorRejected(problem, facts.cursor)
     if record is Lookup.PENDING:
         return NeedStream(decoded.stream)

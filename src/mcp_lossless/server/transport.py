@@ -29,6 +29,7 @@ from ..core.resume import (
     Lookup,
     NeedEvents,
     NeedOwner,
+    NeedSessionPrincipal,
     NeedStream,
     ReplayPlan,
     ResumeFacts,
@@ -379,6 +380,9 @@ class Transport:
                 facts.record = (
                     live.snapshot() if live is not None else await state.store.get_stream(step.stream) or Lookup.ABSENT
                 )
+            elif isinstance(step, NeedSessionPrincipal):
+                other = await state.store.get_session(step.session_id)
+                facts.same_principal = other is not None and other.principal == grant.principal
             elif isinstance(step, NeedOwner):
                 facts.owner_alive = await self.producers.owner_alive(step.owner)
             elif isinstance(step, SettleOrphan):
