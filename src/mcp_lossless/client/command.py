@@ -143,8 +143,10 @@ def run(args: argparse.Namespace) -> int:
     except (McpClientError, TimeoutError) as exc:
         return _failed(args, exc, err)
     if args.json:
-        print(orjson.dumps({"outcome": "result", "result": result.raw}).decode())
+        print(orjson.dumps({"outcome": "result", "result": result.raw, "replayed": result.replayed}).decode())
     else:
+        if result.replayed:  # stderr: stdout is the outcome's
+            err.print("mcp-lossless call: outcome replayed: the tool ran once, for an earlier try", markup=False)
         print(result.text if result.text else orjson.dumps(result.raw.get("content", [])).decode())
     return EXIT_RESULT
 

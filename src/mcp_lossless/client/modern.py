@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import logging
 import math
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ import anyio
 import httpx
 import orjson
 
-from ..core import errors, protocol
+from ..core import errors, idempotency, protocol
+from ..core.actions import RecoveryPolicy
 from ..core.param_headers import InvalidAnnotation, Mirrored, header_safe, mirrored_params, param_headers
 from ..core.sse import SseDecoder
 from ..core.tasks import EXTENSION
@@ -210,6 +212,8 @@ class ModernClient(CatalogReads):
         """Each listed tool's ``x-mcp-header`` parameters, mirrored on each of its calls (SEP-2243)."""
         self._excluded: dict[str, str] = {}
         """Listed tools left out for a malformed ``x-mcp-header``, with the reason: never called."""
+        self._keyed = False
+        """The server's ``server/discover`` declared ``tools.idempotency``: each call carries a key (SEP-3182)."""
 
     async def __aenter__(self) -> ModernClient:
         stack = AsyncExitStack()
@@ -331,7 +335,10 @@ class ModernClient(CatalogReads):
             raise NotModern(exc.reason) from None
         except RequestRejected as exc:
             raise NotModern(exc.reason) from None
-        return modern_discovery(result)
+        discovered = modern_discovery(result)
+        capabilities = discovered.get("capabilities")
+        self._keyed = idempotency.declared(capabilities if isinstance(capabilities, dict) else {})
+        return discovered
 
     async def listen(
         self,
@@ -459,8 +466,15 @@ class ModernClient(CatalogReads):
         on_message: MessageCallback | None = None,
         log_level: str | None = None,
         input_handlers: Mapping[str, InputHandler] | None = None,
+        idempotency_key: str | None = None,
     ) -> ToolResult:
         """Call ``name``: its result, :class:`~mcp_lossless.client.ToolFailed`, or another typed outcome.
+
+        Once :meth:`discover` found ``tools.idempotency`` (as :func:`open_client` does), the call carries
+        ``idempotency_key`` (a fresh UUID 4 unless given: one kept by an earlier process re-issues its call), and a
+        broken response is sent again under it whatever the tool: the server runs the key once, answers "in
+        progress" while it runs (sent again after ``retryAfter``) and then replays its outcome; a call that became a
+        task gets the same task.
 
         ``reissue`` as for :meth:`Client.call_tool`: ``None`` re-issues a call whose response broke only for
         idempotent tools. ``on_progress`` gets the progress of a call that runs within its request;
@@ -478,6 +492,8 @@ class ModernClient(CatalogReads):
         resources = frozenset({tool.resource}) if tool is not None and tool.resource else frozenset()
         may_reissue = reissue if reissue is not None else tool is not None and tool.idempotent
         params: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
+        if self._keyed:
+            params[idempotency.KEY_PARAM] = idempotency_key or str(uuid.uuid4())
         meta: dict[str, Any] = {}
         if on_progress is not None:
             meta["progressToken"] = f"p-{next(self._ids)}"
@@ -523,20 +539,34 @@ class ModernClient(CatalogReads):
         may_reissue: bool,
         declared: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], frozenset[str]]:
-        """One ``tools/call`` (one round of it), sent again while it could not have run or may run twice."""
-        for attempt in range(MAX_REISSUES + 1):
+        """One ``tools/call`` (one round of it), sent again while it could not have run or may run twice.
+
+        A round carrying an idempotency key (not a continuation: the SEP leaves those out) is sent again under it
+        for every tool, up to ``max_keyed_reissues`` times within the deadline; "in progress" after its
+        ``retryAfter``. An execution-lost naming the key is final: the server never runs that key again."""
+        keyed = idempotency.key_of(params) is not None
+        bound = RecoveryPolicy().max_keyed_reissues if keyed else MAX_REISSUES
+        for attempt in range(bound + 1):
             try:
                 return await self._request("tools/call", params, resources, on_note, declared)
             except httpx.ConnectError as exc:
-                if attempt == MAX_REISSUES:
+                if attempt == bound:
                     raise unreachable(self.url, exc) from None
             except httpx.TransportError as exc:
-                if not may_reissue or attempt == MAX_REISSUES:
+                if not (may_reissue or keyed) or attempt == bound:
                     why = f"the response of {name} broke ({describe_failure(exc)}); the call may have run"
                     raise CallMayHaveRun(why) from None
             except RemoteError as exc:
                 if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
                     raise _unanswered(name, exc.data) from None
+                data = exc.data if isinstance(exc.data, dict) else {}
+                if keyed and exc.code == errors.IDEMPOTENCY_IN_PROGRESS and attempt < bound:
+                    wait = data.get("retryAfter")
+                    await anyio.sleep(wait if isinstance(wait, int | float) and not isinstance(wait, bool) else 1)
+                    continue
+                if keyed and exc.code == errors.EXECUTION_LOST and idempotency.KEY_PARAM in data:
+                    error = {"code": exc.code, "message": exc.message, "data": data}
+                    raise CallMayHaveRun(f"{name}: {exc.reason}", error) from None
                 raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 

@@ -496,7 +496,7 @@ class Session:
         with scope:
             if isinstance(action, SendCall) and action.attempt > 0:
                 # A re-issue follows a failure (a drop, a restart): do not hammer a server that is coming back.
-                await anyio.sleep(self.backoff.delay(action.attempt - 1, None, self._rng.random()))
+                await anyio.sleep(self.backoff.delay(action.attempt - 1, action.retry_ms, self._rng.random()))
             try:
                 await self._ready.wait()
                 sent_on = self.transport.session_id

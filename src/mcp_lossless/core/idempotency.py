@@ -49,8 +49,18 @@ MAX_KEY_CHARS = 255
 """Stripe's bound: a UUID fits many times over, and a key record stays small enough to bound per principal."""
 RETRY_AFTER_SECONDS = 1
 """What an in-progress answer asks the client to wait: a call answering at once is done within it."""
+REPLAYED_META_KEY = "io.github.mcp-lossless/replayed"
+"""Set (``true``) in the ``_meta`` of a result this server replayed for a key rather than ran: the SEP replays the
+outcome unchanged, and this says so, so that a client can tell its user the tool did not run again."""
 CONTINUATION_PARAMS = ("requestState", "inputResponses")
 """A ``tools/call`` carrying these continues a multi round-trip call (SEP-2322): out of the SEP's scope."""
+
+
+def declared(capabilities: Mapping[str, Any]) -> bool:
+    """Whether a server's capabilities (``server/discover``'s, or the legacy ``initialize`` result's) declare
+    ``tools.idempotency``: only then does a client rely on a key (the SEP: sending one elsewhere guarantees nothing)."""
+    tools = capabilities.get("tools")
+    return isinstance(tools, dict) and isinstance(tools.get(CAPABILITY), dict)
 
 
 class InvalidKey(ValueError):

@@ -15,8 +15,11 @@ Rules it enforces (invariant 3):
   delivered twice.
 * ``DELIVERY_REFUSED`` with ``resumable: true`` is not terminal: the stream waits for re-authorization
   and resumes from the same cursor. ``EXECUTION_LOST`` is terminal unless the call may be re-issued.
-* A call may be re-issued (with a new id) only when its tool is idempotent or the caller opted in;
-  otherwise it fails with "may have run, result not received".
+* A call may be re-issued (with a new id) only when its tool is idempotent, the caller opted in, or it carries
+  an idempotency key (SEP-3182: the server runs a key once, so a re-issue is safe for every tool); otherwise it
+  fails with "may have run, result not received". A keyed call answered "in progress" is sent again, same key,
+  after the server's ``retryAfter``; one answered execution-lost *naming its key* is final (the key is never run
+  again, so sending it again cannot help).
 
 The types it takes and returns live in :mod:`mcp_lossless.core.actions`. Each stream (one POST and its
 resumptions) is in one of three states; every state change goes through ``_enter`` and every new
@@ -72,7 +75,8 @@ from .actions import (
     SendCall,
     StreamKey,
 )
-from .errors import DELIVERY_REFUSED, EXECUTION_LOST
+from .errors import DELIVERY_REFUSED, EXECUTION_LOST, IDEMPOTENCY_IN_PROGRESS
+from .idempotency import KEY_PARAM
 from .sse import SseEvent
 
 # ---- state -----------------------------------------------------------------------------------------
@@ -417,10 +421,23 @@ class Ledger:
             resumable = isinstance(data, dict) and data.get("resumable") is True
             if code == DELIVERY_REFUSED and resumable:
                 return self._refused(stream, call, data if isinstance(data, dict) else {})
+            keyed = call.spec.idempotency_key is not None
+            if code == IDEMPOTENCY_IN_PROGRESS and keyed and isinstance(data, dict):
+                return self._in_progress(stream, call, data.get("retryAfter"))
             if code == EXECUTION_LOST:
                 reason = f"the server lost the execution of {wire!r}: {error.get('message', '')}"
+                if keyed and isinstance(data, dict) and data.get(KEY_PARAM) == call.spec.idempotency_key:
+                    return self._fail(call, FailureKind.MAY_HAVE_RUN, f"{reason}; the key is not run again", error)
                 return self._recover_calls(stream, [call], FailureKind.MAY_HAVE_RUN, reason, error)
         return self._resolve(call, Answered(msg))
+
+    def _in_progress(self, stream: _Stream, call: _Call, retry_after: object) -> list[Action]:
+        """The key's first use still runs: the same key again after ``retryAfter`` (the server's wait, in seconds),
+        on a stream of its own; not a failure, so it counts as a re-issue only against the keyed bound."""
+        seconds = retry_after if isinstance(retry_after, int | float) and not isinstance(retry_after, bool) else 1
+        if call.reissues >= self.policy.max_keyed_reissues:
+            return self._fail(call, FailureKind.MAY_HAVE_RUN, "the key's first use was still running at the last try")
+        return self._reissue(call, stream, "the key's first use is still running", max(0, int(seconds * 1000)))
 
     def _refused(self, stream: _Stream, call: _Call, data: Mapping[str, Any]) -> list[Action]:
         if stream.cursor is None:
@@ -526,7 +543,8 @@ class Ledger:
         out: list[Action] = []
         for call in calls:
             if self._may_reissue(call):
-                out += self._reissue(call, stream, f"{reason}; re-issuing with a new id")
+                same = " under the same idempotency key" if call.spec.idempotency_key is not None else ""
+                out += self._reissue(call, stream, f"{reason}; re-issuing with a new id{same}")
             else:
                 why = reason
                 if kind in (FailureKind.MAY_HAVE_RUN, FailureKind.SESSION_LOST):
@@ -535,13 +553,15 @@ class Ledger:
         return out
 
     def _may_reissue(self, call: _Call) -> bool:
+        if call.spec.idempotency_key is not None and call.spec.reissue is not False:
+            return call.reissues < self.policy.max_keyed_reissues
         if call.reissues >= self.policy.max_reissues:
             return False
         if call.spec.reissue is not None:
             return call.spec.reissue
         return call.spec.idempotent and self.policy.reissue_idempotent
 
-    def _reissue(self, call: _Call, old: _Stream, why: str) -> list[Action]:
+    def _reissue(self, call: _Call, old: _Stream, why: str, retry_ms: int | None = None) -> list[Action]:
         old_wire = call.wire_id
         self._detach(call, old)
         del self._by_wire[old_wire]
@@ -552,11 +572,15 @@ class Ledger:
         stream = self._new_stream(call.key)
         call.stream = stream.key
         self._by_wire[call.wire_id] = call.key
-        out: list[Action] = [CancelOnServer(old_wire, "re-issued under a new id")]
+        # A keyed call's re-issue is to reach the same execution (its outcome, or "in progress"): cancelling the
+        # old id would cancel that execution and make "cancelled" the outcome the key replays.
+        keyed = call.spec.idempotency_key is not None
+        out: list[Action] = [] if keyed else [CancelOnServer(old_wire, "re-issued under a new id")]
         if old.state is _State.CLOSED:
             out.append(CloseStream(old.key, why))
         message = self._message(call)
-        out.append(SendCall(self._link(stream), call.key, message, call.spec.resources, why, old_wire, call.reissues))
+        link = self._link(stream)
+        out.append(SendCall(link, call.key, message, call.spec.resources, why, old_wire, call.reissues, retry_ms))
         return out
 
     def _split(self, old: _Stream, why: str) -> list[Action]:
