@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -120,3 +120,21 @@ def started_cli_server(
                 proc.kill()
                 proc.wait(5)
         proc.stderr.close()
+
+
+def call_killed_midway(kill: Callable[[], None], args: list[str], started: str) -> subprocess.CompletedProcess[str]:
+    """``mcp-lossless call ARGS``, and ``kill`` run once its stderr shows a line containing ``started`` (the call's
+    first progress: the tool runs): the finished command, stderr whole."""
+    proc = subprocess.Popen([*CLI, "call", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if started in line:
+            break
+    else:
+        proc.wait(30)
+        raise AssertionError(f"the call never got to {started!r}: {''.join(seen)}")
+    kill()
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)
