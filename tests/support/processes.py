@@ -79,14 +79,20 @@ def cli_server(
 
 @contextlib.contextmanager
 def started_cli_server(
-    args: list[str], *, nofile: int | None = None, env: dict[str, str] | None = None, timeout: float = 30
+    args: list[str],
+    *,
+    nofile: int | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
+    command_name: str = "serve",
 ) -> Iterator[tuple[subprocess.Popen[str], dict[str, object]]]:
-    """``mcp-lossless serve ARGS`` as a child process, yielded with its ``started`` log entry once it has logged it
-    (``started`` comes after the socket is bound: the line is the readiness signal, nothing to poll). ``nofile``
-    sets its open-file limit, soft and hard, as ``ulimit -n`` would."""
+    """``mcp-lossless serve ARGS`` (or ``command_name``: ``gateway``) as a child process, yielded with its
+    ``started`` log entry once it has logged it (``started`` comes after the socket is bound: the line is the
+    readiness signal, nothing to poll). ``nofile`` sets its open-file limit, soft and hard, as ``ulimit -n``
+    would (``serve`` only)."""
     import json
 
-    command = [*CLI, "serve", *args]
+    command = [*CLI, command_name, *args]
     if nofile is not None:  # set in the child itself: preexec_fn is unsafe in a process with threads
         command = [
             sys.executable,

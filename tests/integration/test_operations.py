@@ -1,0 +1,64 @@
+"""What an operator meets around the protocol, on real ``serve`` and ``gateway`` processes: ``--version``, and a
+SIGHUP that is logged as unsupported instead of ending the process without a word."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from mcp_lossless import __version__
+from tests.support.processes import CLI, free_port, started_cli_server
+
+UPSTREAM = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio"]
+GATEWAY_STARTUP = 90
+"""The gateway's start includes its stdio child's: on a box shared by several test runs that takes a while."""
+
+
+def gateway_config(path: Path) -> Path:
+    """A gateway on the memory store in front of the SDK's stdio test upstream."""
+    command = "[" + ", ".join(orjson.dumps(part).decode() for part in UPSTREAM) + "]"
+    path.write_text(f'store = "memory"\n\n[[upstream]]\nname = "py"\ncommand = {command}\n')
+    return path
+
+
+def test_version_is_printed_and_exits_0() -> None:
+    done = subprocess.run([*CLI, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"mcp-lossless {__version__}\n"
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_sighup_is_logged_as_unsupported_and_the_process_serves_on(command: str, tmp_path: Path) -> None:
+    """The default action of SIGHUP ends a process silently; ``serve`` and ``gateway`` log one JSON line saying
+    reloading is not supported, and go on serving until SIGTERM stops them as usual."""
+    port = free_port()
+    args = ["--port", str(port)]
+    args += ["--store", "memory"] if command == "serve" else ["--config", str(gateway_config(tmp_path / "gw.toml"))]
+    with started_cli_server(args, command_name=command, timeout=GATEWAY_STARTUP) as (proc, _):
+        assert proc.stderr is not None
+        for attempt in range(2):  # and a second one is ignored as the first
+            proc.send_signal(signal.SIGHUP)
+            entry = next_event(proc, "signal_ignored")
+            assert entry["signal"] == "SIGHUP" and entry["level"] == "warning"
+            assert "not supported" in entry["msg"] and "restart" in entry["msg"]
+            metadata = httpx.get(f"http://127.0.0.1:{port}/.well-known/oauth-protected-resource/mcp", timeout=10)
+            assert metadata.status_code == 200, f"still serving after SIGHUP {attempt + 1}"
+        proc.terminate()
+        assert proc.wait(30) == -signal.SIGTERM, "SIGTERM still stops it (uvicorn raises it again once shut down)"
+
+
+def next_event(proc: subprocess.Popen[str], event: str) -> dict[str, object]:
+    """The next JSON log line of ``proc`` logging ``event``: waits for it, line by line."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("{") and json.loads(line).get("event") == event:
+            entry: dict[str, object] = json.loads(line)
+            return entry
+    raise AssertionError(f"the process ended with {proc.wait(10)} before logging {event}")
