@@ -4,6 +4,7 @@ SIGHUP that is logged as unsupported instead of ending the process without a wor
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,9 @@ from mcp_lossless import __version__
 from tests.support.processes import CLI, free_port, started_cli_server
 
 UPSTREAM = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio"]
+LABELS = ("MCP endpoint", "metadata", "upstream", "dev issuer", "issuer", "token URL", "dev clients", "registration",
+          "authorization")  # fmt: skip
+"""What the banners of ``serve`` and ``gateway`` name, each line a label and a value."""
 GATEWAY_STARTUP = 90
 """The gateway's start includes its stdio child's: on a box shared by several test runs that takes a while."""
 
@@ -62,3 +66,38 @@ def next_event(proc: subprocess.Popen[str], event: str) -> dict[str, object]:
             entry: dict[str, object] = json.loads(line)
             return entry
     raise AssertionError(f"the process ended with {proc.wait(10)} before logging {event}")
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_the_banner_prints_the_issuer_beside_the_token_url_and_both_answer(command: str, tmp_path: Path) -> None:
+    """A client's OAuth settings (the Inspector's, say) ask for the issuer; the banner prints it just before the
+    token URL, and the issuer's metadata names itself and that token endpoint."""
+    port = free_port()
+    args = ["--port", str(port), "--auto-approve"]
+    args += ["--store", "memory"] if command == "serve" else ["--config", str(gateway_config(tmp_path / "gw.toml"))]
+    proc = subprocess.Popen([*CLI, command, *args], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    try:
+        banner = {}
+        for line in proc.stderr:
+            if line.startswith("{"):  # the log: the upstreams' start, then started
+                if json.loads(line).get("event") == "started":
+                    break
+                continue
+            shown = re.fullmatch(rf"mcp-lossless(?: gateway)?: ({'|'.join(LABELS)})\s+(.*)", line.strip())
+            assert shown is not None, f"a banner line: {line!r}"
+            banner[shown[1]] = shown[2]
+        else:
+            raise AssertionError(f"{command} ended with {proc.wait(10)} before it started")
+        issuer = f"http://127.0.0.1:{port}/dev-as"
+        labels = list(banner)
+        assert banner["dev issuer"] == issuer and labels[labels.index("dev issuer") + 1] == "token URL", banner
+        assert banner["authorization"] == "auto-approved (--auto-approve)", banner
+        assert "dev-public (public, PKCE)" in banner["dev clients"], banner
+        metadata = httpx.get(f"http://127.0.0.1:{port}/.well-known/oauth-authorization-server/dev-as", timeout=10)
+        assert metadata.json()["issuer"] == issuer
+        assert metadata.json()["token_endpoint"] == banner["token URL"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stderr.close()
