@@ -1,5 +1,6 @@
-"""What an operator meets around the protocol, on real ``serve`` and ``gateway`` processes: ``--version``, and a
-SIGHUP that is logged as unsupported instead of ending the process without a word."""
+"""What an operator meets around the protocol, on real ``serve`` and ``gateway`` processes: ``--version``, a SIGHUP
+logged as unsupported instead of ending the process without a word, the issuer in the banner, ``/healthz`` and
+``/readyz``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import orjson
 import pytest
 
 from mcp_lossless import __version__
-from tests.support.processes import CLI, free_port, started_cli_server
+from tests.support.processes import CLI, cli_server, free_port, started_cli_server
+from tests.support.redis_server import redis_server
 
 UPSTREAM = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio"]
 LABELS = ("MCP endpoint", "metadata", "upstream", "dev issuer", "issuer", "token URL", "dev clients", "registration",
@@ -101,3 +103,44 @@ def test_the_banner_prints_the_issuer_beside_the_token_url_and_both_answer(comma
         proc.terminate()
         proc.wait(30)
         proc.stderr.close()
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_healthz_and_readyz_on_the_memory_store_under_the_metrics_host_and_origin_rule(
+    command: str, tmp_path: Path
+) -> None:
+    args = ["--store", "memory"] if command == "serve" else ["--config", str(gateway_config(tmp_path / "gw.toml"))]
+    with (
+        cli_server(args, tmp_path / "server.log", command=command, timeout=GATEWAY_STARTUP) as server,
+        httpx.Client(base_url=server.base, timeout=10) as http,
+    ):
+        health = http.get("/healthz")
+        assert (health.status_code, health.json()) == (200, {"status": "ok"})
+        ready = http.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        assert ready.json() == {"status": "ready", "checks": {"store": "ok", "keys": "ok"}}
+        assert http.head("/readyz").status_code == 200
+        for path in ("/healthz", "/readyz", "/metrics"):  # one rule for the three (DNS rebinding)
+            assert http.get(path, headers={"host": "evil.example"}).status_code == 403, path
+            assert http.get(path, headers={"origin": "https://evil.example"}).status_code == 403, path
+            assert http.get(path, headers={"origin": f"http://localhost:{server.port}"}).status_code == 200
+
+
+def test_readyz_follows_the_redis_store(tmp_path: Path) -> None:
+    """503 naming the store while its redis-server is stopped, 200 again once it is back (the process stays up:
+    ``/healthz`` answers 200 throughout)."""
+    with (
+        redis_server() as redis,
+        cli_server(["--store", redis.url], tmp_path / "serve.log") as server,
+        httpx.Client(base_url=server.base, timeout=10) as http,
+    ):
+        assert http.get("/readyz").status_code == 200
+        redis.stop()
+        down = http.get("/readyz")
+        assert down.status_code == 503, down.text
+        assert down.json()["status"] == "not_ready" and down.json()["checks"]["keys"] == "ok"
+        assert f"redis store at 127.0.0.1:{redis.port} unavailable" in down.json()["checks"]["store"], down.text
+        assert http.get("/healthz").status_code == 200, "alive, only not ready"
+        redis.start()  # returns once it answers PING, on the same port and data
+        back = http.get("/readyz")
+        assert back.status_code == 200, back.text
