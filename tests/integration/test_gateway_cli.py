@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from mcp_lossless.client.command import EXIT_MAY_HAVE_RUN
+from mcp_lossless.client.command import EXIT_MAY_HAVE_RUN, EXIT_UNREACHED
 from mcp_lossless.core.errors import EXECUTION_LOST
 from tests.support.mcp_http import Peer, call, dev_token
 from tests.support.processes import CLI, ServerProcess, call_killed_midway, cli_server, free_port
@@ -180,3 +180,29 @@ def test_call_whose_upstream_is_killed_mid_call_may_have_run(tmp_path: Path) -> 
     assert done.returncode == EXIT_MAY_HAVE_RUN, done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
     assert "execution lost upstream (py)" in done.stderr.splitlines()[-1], done.stderr
+
+
+def test_call_whose_http_upstream_is_down_is_unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example's HTTP upstream SIGKILLed between calls: the gateway answers UPSTREAM_FAILED ``unreachable`` (the
+    call did not run) once the upstream's timeout passed, which ``call`` exits as unreachable (5), not as a
+    refusal (6)."""
+    upstream = free_port()
+    config = tmp_path / "gateway.toml"
+    text = EXAMPLE.read_text().replace("127.0.0.1:9001", f"127.0.0.1:{upstream}").replace("timeout = 30", "timeout = 3")
+    config.write_text(text)
+    monkeypatch.setenv("UPSTREAM_SECRET", "dev-secret")
+    with (
+        cli_server(["--store", "memory"], tmp_path / "upstream.log", port=upstream) as demo,
+        cli_server(["--config", str(config)], tmp_path / "gw.log", command="gateway", timeout=STARTUP) as gw,
+    ):
+        demo.kill()
+        done = subprocess.run(
+            [*CLI, "call", f"{gw.base}/mcp", "demo_search", "query=x", *CREDENTIALS, "--timeout", "20"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == EXIT_UNREACHED, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert "upstream demo: unreachable" in done.stderr.splitlines()[-1], done.stderr
