@@ -26,7 +26,7 @@ from .observability import log_decision
 FD_LIMIT_WITHOUT_HARD_CAP = 1 << 16
 HANGUP_IGNORED = (
     "SIGHUP ignored: reloading the configuration (upstreams, limits) is not supported; restart the process to "
-    "apply a change (replicas sharing a store hand their calls over)"
+    "apply a change"
 )
 log = logging.getLogger("mcp_lossless.server.serving")
 
