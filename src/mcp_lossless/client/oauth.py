@@ -598,10 +598,11 @@ class OAuth(Auth):
     async def _get_json(self, url: str) -> dict[str, Any] | None:
         try:
             response = await self._client().get(url, headers={"Accept": "application/json"})
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        except (httpx.NetworkError, httpx.TimeoutException) as exc:
             if self._issuer_url is None and urlsplit(url).netloc == urlsplit(self._server_url).netloc:
-                # First contact (the handshake's discovery) and the MCP server's own origin is down: no token can
-                # help, and saying so is the honest outcome. Later rediscoveries keep the metadata they knew.
+                # First contact (the handshake's discovery) and the MCP server's own origin is down, resets or is
+                # silent: no token can help, and saying so is the honest outcome. Later rediscoveries keep the
+                # metadata they knew.
                 raise unreachable(self._server_url, exc) from exc
             log.info("metadata at %s unreachable: %r", url, exc)
             return None

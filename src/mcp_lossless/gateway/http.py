@@ -120,6 +120,10 @@ def _failure(exc: McpClientError) -> UpstreamFailure:
         reason, ran = "unreachable", False
     elif isinstance(exc, RequestRejected):
         reason, ran = "rejected", False
+    elif isinstance(exc, AuthorizationFailed) and isinstance(
+        exc.__cause__, httpx.NetworkError | httpx.TimeoutException
+    ):
+        reason, ran = "unreachable", False  # its token endpoint could not be reached (the upstream's own AS, down too)
     elif isinstance(exc, AuthorizationFailed):
         reason, ran = "unauthorized", False
     elif isinstance(exc, ClientClosed):

@@ -82,6 +82,11 @@ class ServerState:
         return self._codec
 
     @property
+    def keys_loaded(self) -> bool:
+        """The event-id secret is read from the store and tokens can be verified (no verifier without auth)."""
+        return self._codec is not None and (self.verifier is not None or self.config.issuer is None)
+
+    @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The loop the server runs on. Asking asyncio for it costs a ``getpid`` system call each time."""
         if self._loop is None:
