@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import binascii
 import hashlib
+import hmac
 import math
 import warnings
 from base64 import urlsafe_b64decode, urlsafe_b64encode
-from collections.abc import Collection, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -257,3 +259,47 @@ def bound_key(claims: Mapping[str, Any]) -> str | ProofRefusal | None:
     if not isinstance(jkt, str) or len(jkt) != 43:
         return _refuse("jkt", "claim 'cnf.jkt' is not a SHA-256 JWK thumbprint", "invalid_token")
     return jkt
+
+
+def server_nonce(key: bytes, period: float, now: float, back: int = 0) -> str:
+    """The nonce a server hands out (RFC 9449 §8-9) in the ``period`` holding ``now`` (``back`` periods earlier):
+    a MAC of the period's number, so every replica holding ``key`` issues and accepts the same nonces and none
+    has to remember one. Unguessable without ``key``; it changes every ``period`` seconds."""
+    number = math.floor(now / period) - back
+    return b64url(hmac.new(key, number.to_bytes(8, "big", signed=True), hashlib.sha256).digest()[:18])
+
+
+def accepted_nonces(key: bytes, period: float, now: float) -> frozenset[str]:
+    """The current period's nonce and the previous one's: a nonce handed out just before a change stays good."""
+    return frozenset({server_nonce(key, period, now), server_nonce(key, period, now, 1)})
+
+
+class ReplayCache:
+    """Proof identities seen, each until its proof's ``iat`` leaves the window; least recently added evicted past
+    ``size`` (expired entries first). Memory stays bounded whatever clients send; past the bound the oldest
+    identity is forgotten, which a replay can use only while that proof's ``iat`` is still in the window."""
+
+    def __init__(self, size: int, clock: Callable[[], float]) -> None:
+        self._size = size
+        self._clock = clock
+        self._entries: OrderedDict[bytes, float] = OrderedDict()
+
+    def first_use(self, key: bytes, until: float) -> bool:
+        now = self._clock()
+        entries = self._entries
+        seen = entries.get(key)
+        if seen is not None and seen > now:
+            return False
+        entries[key] = until
+        entries.move_to_end(key)
+        while len(entries) > self._size:
+            entries.popitem(last=False)
+        while entries:  # expired entries at the front go as new ones arrive: no sweeper needed
+            oldest_key, oldest_until = next(iter(entries.items()))
+            if oldest_until > now:
+                break
+            del entries[oldest_key]
+        return True
+
+    def __len__(self) -> int:
+        return len(self._entries)
