@@ -25,7 +25,7 @@ from joserfc import jws
 from joserfc.jwk import ECKey
 
 from mcp_lossless.client import Client, OAuth
-from mcp_lossless.client.dpop import DpopKey
+from mcp_lossless.client.dpop import DpopFlow, DpopKey
 from mcp_lossless.client.modern import ModernClient
 from mcp_lossless.client.oauth import parse_challenges
 from mcp_lossless.core.dpop import access_token_hash
@@ -319,14 +319,14 @@ async def test_our_client_gets_and_presents_bound_tokens(
     if era == "legacy":
         assert progress == [1, 2, 3]
     assert auth.dpop_key is not None
-    tokens = auth._tokens  # noqa: SLF001 - the token the client holds, to prove it is bound to its key
+    tokens = auth._tokens
     assert tokens and all(t.dpop for t in tokens)
     assert all(claims_of(t.value)["cnf"]["jkt"] == auth.dpop_key.thumbprint for t in tokens)
     flow = auth.request_auth()
     assert flow is not None
     if nonces:
-        assert auth._token_flow is not None and auth._token_flow.nonce_retries >= 1  # noqa: SLF001
-        assert flow.nonce_retries >= 1  # type: ignore[attr-defined]
+        assert auth._token_flow is not None and auth._token_flow.nonce_retries >= 1
+        assert isinstance(flow, DpopFlow) and flow.nonce_retries >= 1
 
 
 async def test_a_client_told_not_to_use_dpop_gets_bearer_tokens(server_url: str) -> None:
@@ -334,7 +334,7 @@ async def test_a_client_told_not_to_use_dpop_gets_bearer_tokens(server_url: str)
     async with Client(f"{server_url}/mcp", auth=auth) as client:
         await client.call_tool("search", {"query": "q"})
     assert auth.dpop_key is None and auth.request_auth() is None
-    assert all("cnf" not in claims_of(t.value) for t in auth._tokens)  # noqa: SLF001
+    assert all("cnf" not in claims_of(t.value) for t in auth._tokens)
 
 
 def test_a_given_key_is_used() -> None:
