@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 import time
+import uuid
 from base64 import urlsafe_b64decode
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +33,7 @@ from mcp_lossless.core.dpop import access_token_hash
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
 from tests.support.mcp_http import Peer, StreamRead, call
+from tests.support.processes import free_port
 from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio
@@ -341,3 +343,57 @@ def test_a_given_key_is_used() -> None:
     key = ECKey.generate_key("P-256")
     auth = OAuth("c", "s", dpop=DpopKey(key))
     assert auth.dpop_key is not None and auth.dpop_key.thumbprint == key.thumbprint()
+
+
+@pytest.fixture(scope="module")
+def replicas(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """Two servers on one redis-server (one prefix), one dev-keys file and one public URL: (canonical, a, b)."""
+    store = f"{redis_url}?prefix=dpop-{uuid.uuid4().hex[:12]}"
+    keys = str(tmp_path_factory.mktemp("dpop") / "dev-keys.json")
+    canonical = f"http://127.0.0.1:{free_port()}/mcp"
+
+    def make(port: int) -> object:
+        config = ServerConfig(port=port, store=store, dev_clients=CLIENTS, dev_keys=keys, public_url=canonical)
+        return create_app(config)
+
+    with lossless_server(make) as a, lossless_server(make) as b:
+        yield canonical, a, b
+
+
+async def test_a_proof_replayed_to_another_redis_replica_is_refused(
+    replicas: tuple[str, str, str], http: httpx.AsyncClient
+) -> None:
+    canonical, a, b = replicas
+    key = ECKey.generate_key("P-256")
+    form = [("grant_type", "client_credentials"), ("client_id", "dev-client"), ("client_secret", "dev-secret")]
+    endpoint = f"{canonical.removesuffix('/mcp')}/dev-as/token"  # the AS's issuer is the canonical origin
+    headers = {"content-type": "application/x-www-form-urlencoded", "dpop": proof(key, "POST", endpoint)}
+    issued = await http.post(f"{a}/dev-as/token", content=urlencode(form), headers=headers)
+    assert issued.status_code == 200 and issued.json()["token_type"] == "DPoP", issued.text
+    token = issued.json()["access_token"]
+    message = orjson.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "0"},
+            },
+        }
+    )
+    sent = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "authorization": f"DPoP {token}",
+        "dpop": proof(key, "POST", canonical, token),
+    }
+    first = await http.post(f"{a}/mcp", content=message, headers=sent)
+    assert first.status_code == 200, first.text
+    replayed = await http.post(f"{b}/mcp", content=message, headers=sent)
+    assert replayed.status_code == 401
+    challenge = dpop_challenge(replayed)
+    assert challenge.error == "invalid_dpop_proof" and "used before" in (challenge.description or "")
+    fresh = {**sent, "dpop": proof(key, "POST", canonical, token)}
+    assert (await http.post(f"{b}/mcp", content=message, headers=fresh)).status_code == 200
