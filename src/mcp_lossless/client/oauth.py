@@ -280,6 +280,10 @@ class OAuth(Auth):
     its audience covers what a request needs and it is not about to expire (``leeway`` seconds).
     ``client_id=None`` (``authorization_code`` only) registers as ``registration`` says; ``token_auth``
     (``client_secret_basic``, ``client_secret_post`` or ``none``) defaults to what the server supports.
+    ``dpop``: ``None`` asks for DPoP-bound tokens when the authorization server advertises ES256 proofs (or the
+    resource requires bound tokens), ``True`` or a :class:`~.dpop.DpopKey` always, ``False`` never. Proofs are
+    added by httpx (:meth:`request_auth`): a client sending through a ``pool`` (the gateway's aiohttp pool)
+    cannot add them and must say ``dpop=False``.
     """
 
     def __init__(
