@@ -195,6 +195,18 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
         metavar="SECRET",
         help="/metrics requires 'Authorization: Bearer SECRET' (default: none; the Host/Origin check always applies)",
     )
+    p.add_argument(
+        "--require-dpop",
+        action="store_true",
+        default=None,
+        help="honour DPoP-bound tokens only, with a proof on every request (RFC 9449; default: bearer tokens too)",
+    )
+    p.add_argument(
+        "--dpop-nonce",
+        action="store_true",
+        default=None,
+        help="every DPoP proof must carry a current server nonce (DPoP-Nonce; default: off)",
+    )
     for name, (kind, text) in LIMIT_FLAGS.items():
         p.add_argument(
             "--" + name.replace("_", "-"),

@@ -246,6 +246,9 @@ class ModernClient(CatalogReads):
         if self._pool is not None:
             return self._pool.stream("POST", self.url, content=content, headers=headers)
         assert self._http is not None, "use the client inside 'async with'"
+        flow = self._auth.request_auth()  # DPoP: a fresh proof on every request with a bound token
+        if flow is not None:
+            return self._http.stream("POST", self.url, content=content, headers=headers, auth=flow)
         return self._http.stream("POST", self.url, content=content, headers=headers)
 
     async def _post(

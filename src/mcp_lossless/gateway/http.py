@@ -106,7 +106,8 @@ def client_auth(config: UpstreamConfig) -> Auth:
     if isinstance(auth, BearerFromEnv):
         return BearerToken(auth.token())
     if isinstance(auth, ClientCredentialsFromEnv):
-        return OAuth(auth.client_id, auth.secret(), scope=auth.scope)
+        # No DPoP: upstream requests go through the aiohttp pool, which cannot add a proof to each request.
+        return OAuth(auth.client_id, auth.secret(), scope=auth.scope, dpop=False)
     return _NoUpstreamAuth(config.name)
 
 

@@ -145,6 +145,7 @@ class LosslessApp:
                     self.state.authorization_servers,
                     f"mcp-lossless {resource}",
                     self.state.scopes_for.get(resource, ()),
+                    self.state.dpop_metadata,
                 ),
                 [(b"access-control-allow-origin", b"*")],
             )
@@ -157,6 +158,7 @@ class LosslessApp:
                     self.state.authorization_servers,
                     "mcp-lossless",
                     self.state.scopes_for[self.state.canonical],
+                    self.state.dpop_metadata,
                 ),
             )
         elif path == "/metrics":
@@ -362,6 +364,8 @@ def create_app(
             single_audience=config.single_audience,
             token_ttl=config.token_ttl,
             signing=SigningKeys.shared(config.dev_keys) if config.dev_keys else None,
+            dpop_nonce=config.dpop_nonce,
+            dpop_window=config.dpop_window_seconds,
         )
         if verifier is None:
             verifier = JwtVerifier(config.dev_issuer, StaticJwks(dev_as.keys), leeway=config.leeway_seconds)

@@ -610,6 +610,12 @@ class RedisStore:
             self._secret = value
         return self._secret
 
+    async def claim_once(self, name: str, ttl_ms: int) -> bool:
+        """True the first time ``name`` is claimed within ``ttl_ms`` (``SET NX PX``): every replica sees one
+        claim. The DPoP replay cache uses it so a proof replayed to another replica is refused too."""
+        with self._guard():
+            return bool(await self._r.set(f"{self.prefix}:once:{name}", b"1", nx=True, px=ttl_ms))
+
     # -- sessions ------------------------------------------------------------------------------------
 
     async def put_session(self, record: SessionRecord) -> None:
