@@ -500,6 +500,17 @@ class RedisStore:
             raise RuntimeError("RedisStore used before open()")
         return self._redis
 
+    @property
+    def client(self) -> Redis:
+        """The open store's client of the master, its pool and its Sentinel discovery included: what the facets
+        keeping keys beside the store's own use (:mod:`.tasks_redis`), so they fail over with it."""
+        return self._r
+
+    @property
+    def where(self) -> str:
+        """The store's address for messages (never the URL, which may carry a password)."""
+        return self._where
+
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
         """Turn "Redis cannot serve now" into :class:`StoreUnavailable`; let real bugs through."""
