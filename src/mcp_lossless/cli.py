@@ -7,6 +7,8 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
+from . import __version__
+
 # Everything else is imported inside main (the server's modules take half a second): the console script imports
 # this module before main can catch a Ctrl-C, so a Ctrl-C at start-up must find main already running.
 
@@ -193,6 +195,18 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
         metavar="SECRET",
         help="/metrics requires 'Authorization: Bearer SECRET' (default: none; the Host/Origin check always applies)",
     )
+    p.add_argument(
+        "--require-dpop",
+        action="store_true",
+        default=None,
+        help="honour DPoP-bound tokens only, with a proof on every request (RFC 9449; default: bearer tokens too)",
+    )
+    p.add_argument(
+        "--dpop-nonce",
+        action="store_true",
+        default=None,
+        help="every DPoP proof must carry a current server nonce (DPoP-Nonce; default: off)",
+    )
     for name, (kind, text) in LIMIT_FLAGS.items():
         p.add_argument(
             "--" + name.replace("_", "-"),
@@ -251,6 +265,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         description="serve the lossless MCP server, put other MCP servers behind it (gateway), audit any MCP server "
         "for lost or leaked tool results, or call one tool",
     )
+    parser.add_argument("--version", action="version", version=f"mcp-lossless {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _serve_parser(sub, "gateway")

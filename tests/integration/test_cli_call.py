@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
+import struct
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,8 +37,9 @@ from mcp_lossless.client.errors import (
     ToolFailed,
 )
 from mcp_lossless.core.arguments import ArgumentError, parse_tool_arguments
+from mcp_lossless.core.errors import UPSTREAM_FAILED
 from tests.interop.peers.sdk_modern_server import MODERN, modern_only_sdk_server
-from tests.support.processes import CLI, ServerProcess, cli_server, free_port
+from tests.support.processes import CLI, ServerProcess, call_killed_midway, cli_server, free_port
 
 CREDENTIALS = ["--client-id", "dev-client", "--client-secret", "dev-secret"]
 COMMAND_TIMEOUT = 30
@@ -267,6 +271,93 @@ def test_unreachable_server_is_a_connection_error_with_or_without_credentials(cr
     assert not re.search(r"\w+Error\(", done.stderr), f"a sentence, not an exception's repr: {done.stderr}"
 
 
+def test_a_server_killed_mid_task_may_have_run(tmp_path: Path) -> None:
+    """SIGKILL the server while the CLI polls the task it runs: no traceback, the call may have run (3), said in
+    one line once the deadline passes with the server still gone; never "the tool reported an error" (1)."""
+    with cli_server(["--store", "memory"], tmp_path / "serve.log") as server:
+        url = f"{server.base}/mcp"
+        args = [url, "fetch", "url=u", "steps:=600", "delay_ms:=100", *CREDENTIALS, "--timeout", "4"]
+        done = call_killed_midway(server.kill, args, " working: fetch step ")
+    assert done.returncode == EXIT_MAY_HAVE_RUN, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("mcp-lossless call: the call may have run, but its result was not received (may_have_run)")
+    assert "the server stopped answering its polls (connection refused)" in last and "it may have run" in last, last
+
+
+def test_a_server_killed_mid_stream_of_an_idempotent_tool_is_unreachable(tmp_path: Path) -> None:
+    """``search`` (idempotent) streams within its request: its broken stream is sent again, which finds no server:
+    5, one line naming the refused connection."""
+    with cli_server(["--store", "memory"], tmp_path / "serve.log") as server:
+        url = f"{server.base}/mcp"
+        args = [url, "search", "query=q", "steps:=600", "delay_ms:=100", *CREDENTIALS, "--timeout", "20"]
+        done = call_killed_midway(server.kill, args, "progress 1/600 ")
+    assert done.returncode == EXIT_UNREACHED, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert done.stderr.splitlines()[-1] == (
+        f"mcp-lossless call: no outcome (connection): cannot reach {url}: connection refused; check that the server "
+        "is running at that URL"
+    )
+
+
+@pytest.fixture
+def resetting_listener() -> Iterator[int]:
+    """A loopback port whose every connection is reset (RST) as soon as the request arrives: a network failure
+    after connecting, as a crashing server or a middlebox gives."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize("credentials", [[], CREDENTIALS], ids=["none", "client-credentials"])
+def test_a_connection_reset_is_unreachable_not_a_protocol_breach(
+    resetting_listener: int, credentials: list[str]
+) -> None:
+    url = f"http://127.0.0.1:{resetting_listener}/mcp"
+    done = call(url, "search", "query=x", "--timeout", "5", *credentials)
+    assert done.returncode == EXIT_UNREACHED, done.stderr
+    assert done.stderr.strip() == (
+        f"mcp-lossless call: no outcome (connection): cannot reach {url}: the connection broke while reading the "
+        "response; check that the server is running at that URL"
+    )
+
+
+def test_a_host_name_that_does_not_resolve_is_unreachable() -> None:
+    url = "http://mcp-lossless-test.invalid/mcp"  # .invalid never resolves (RFC 6761)
+    done = call(url, "search", "query=x", "--timeout", "5")
+    assert done.returncode == EXIT_UNREACHED, done.stderr
+    assert done.stderr.strip() == (
+        f"mcp-lossless call: no outcome (connection): cannot reach {url}: the host name did not resolve; check that "
+        "the server is running at that URL"
+    )
+
+
+def test_a_tool_reporting_an_error_exits_1(tmp_path: Path) -> None:
+    with cli_server(["--conformance"], tmp_path / "serve.log") as server:
+        done = call(f"{server.base}/mcp", "test_error_handling")
+    assert done.returncode == EXIT_TOOL_ERROR, done.stderr
+    assert done.stdout.strip() == "This tool intentionally returns an error for testing"
+    assert done.stderr.strip().startswith("mcp-lossless call: the tool reported an error (tool_error)")
+
+
 def test_https_to_a_plain_http_server_says_so(open_server: ServerProcess) -> None:
     url = f"https://127.0.0.1:{open_server.port}/mcp"
     done = call(url, "search", "query=x")
@@ -342,3 +433,21 @@ def test_exit_status_per_outcome() -> None:
     assert exit_status(TimeoutError()) == EXIT_UNREACHED
     assert exit_status(RemoteError(-32602, "bad")) == EXIT_SERVER
     assert exit_status(ProtocolViolation("bad frames")) == EXIT_SERVER
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        ({"reason": "unreachable", "upstream": "u", "mayHaveRun": False}, EXIT_UNREACHED),
+        ({"reason": "deadline", "upstream": "u", "mayHaveRun": False}, EXIT_UNREACHED),
+        ({"reason": "deadline", "upstream": "u", "mayHaveRun": True}, EXIT_MAY_HAVE_RUN),
+        ({"reason": "closed", "upstream": "u", "mayHaveRun": True}, EXIT_MAY_HAVE_RUN),
+        ({"reason": "rejected", "upstream": "u", "mayHaveRun": False}, EXIT_SERVER),
+        ({"reason": "protocol", "upstream": "u", "mayHaveRun": False}, EXIT_SERVER),
+        (None, EXIT_SERVER),
+    ],
+)
+def test_a_gateways_upstream_failure_exits_as_the_same_outcome_would(data: object, status: int) -> None:
+    """``UPSTREAM_FAILED`` (docs/gateway.md): unreachable or past its deadline without running is 5, may have run 3,
+    refused or broken 6."""
+    assert exit_status(RemoteError(UPSTREAM_FAILED, "upstream u failed", data)) == status

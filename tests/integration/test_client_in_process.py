@@ -32,8 +32,8 @@ class Tokens(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         auth = request.headers.get("authorization", "")
-        if request.url.path == "/mcp" and auth.startswith("Bearer "):
-            self.bearers.append(auth.removeprefix("Bearer "))
+        if request.url.path == "/mcp" and auth.startswith(("Bearer ", "DPoP ")):  # DPoP: our dev AS offers it
+            self.bearers.append(auth.partition(" ")[2])
         return await self.inner.handle_async_request(request)
 
 

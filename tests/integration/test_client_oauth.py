@@ -48,7 +48,7 @@ class Recorder:
             await self.app(scope, receive, send)
             return
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        token = headers.get("authorization", "").removeprefix("Bearer ") or None
+        token = headers.get("authorization", "").removeprefix("Bearer ").removeprefix("DPoP ") or None
         if scope["method"] == "GET":
             with self._lock:
                 self.resumes.append((headers.get("last-event-id"), token))

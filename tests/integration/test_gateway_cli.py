@@ -3,7 +3,9 @@ called with ``mcp-lossless call``; its metrics count the upstream's calls; a wro
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,9 +15,10 @@ import httpx
 import orjson
 import pytest
 
+from mcp_lossless.client.command import EXIT_MAY_HAVE_RUN, EXIT_UNREACHED
 from mcp_lossless.core.errors import EXECUTION_LOST
 from tests.support.mcp_http import Peer, call, dev_token
-from tests.support.processes import CLI, ServerProcess, cli_server, free_port
+from tests.support.processes import CLI, ServerProcess, call_killed_midway, cli_server, free_port
 
 CREDENTIALS = ["--client-id", "dev-client", "--client-secret", "dev-secret"]
 UPSTREAM = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "stdio"]
@@ -150,3 +153,56 @@ async def test_a_killed_gateway_restarts_with_the_calls_events_resumable_then_ex
     final = replay.messages[-1]
     assert final["id"] == 5 and final["error"]["code"] == EXECUTION_LOST
     assert final["error"]["data"] == {"reason": "execution_lost", "requestId": 5, "resumable": False}
+
+
+def test_call_through_a_gateway_killed_mid_call_may_have_run(tmp_path: Path) -> None:
+    """SIGKILL the gateway while ``call`` waits for a non-idempotent upstream tool: no traceback, the documented
+    may-have-run status (3) in one line, not "the tool reported an error" (1)."""
+    config = write_config(tmp_path / "gateway.toml", "memory")
+    with cli_server(["--config", str(config)], tmp_path / "gateway.log", command="gateway", timeout=STARTUP) as gw:
+        args = [f"{gw.base}/mcp", "py_work", "label=k", "steps:=600", "delay_ms:=100", *CREDENTIALS, "--timeout", "5"]
+        done = call_killed_midway(gw.kill, args, "work k")
+    assert done.returncode == EXIT_MAY_HAVE_RUN, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert done.stderr.splitlines()[-1].startswith("mcp-lossless call: the call may have run"), done.stderr
+
+
+def test_call_whose_upstream_is_killed_mid_call_may_have_run(tmp_path: Path) -> None:
+    """SIGKILL the gateway's stdio upstream mid-call: the gateway answers EXECUTION_LOST, which ``call`` exits as
+    may-have-run (3), as the server's own would, not as a refusal (6)."""
+    config = write_config(tmp_path / "gateway.toml", "memory")
+    with cli_server(["--config", str(config)], tmp_path / "gateway.log", command="gateway", timeout=STARTUP) as gw:
+        assert gw.proc is not None
+        children = Path(f"/proc/{gw.proc.pid}/task/{gw.proc.pid}/children").read_text().split()
+        assert len(children) == 1, f"the gateway's one stdio child: {children}"
+        args = [f"{gw.base}/mcp", "py_work", "label=k", "steps:=600", "delay_ms:=100", *CREDENTIALS, "--timeout", "20"]
+        done = call_killed_midway(lambda: os.kill(int(children[0]), signal.SIGKILL), args, "work k")
+    assert done.returncode == EXIT_MAY_HAVE_RUN, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert "execution lost upstream (py)" in done.stderr.splitlines()[-1], done.stderr
+
+
+def test_call_whose_http_upstream_is_down_is_unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example's HTTP upstream SIGKILLed between calls: the gateway answers UPSTREAM_FAILED ``unreachable`` (the
+    call did not run) once the upstream's timeout passed, which ``call`` exits as unreachable (5), not as a
+    refusal (6)."""
+    upstream = free_port()
+    config = tmp_path / "gateway.toml"
+    text = EXAMPLE.read_text().replace("127.0.0.1:9001", f"127.0.0.1:{upstream}").replace("timeout = 30", "timeout = 3")
+    config.write_text(text)
+    monkeypatch.setenv("UPSTREAM_SECRET", "dev-secret")
+    with (
+        cli_server(["--store", "memory"], tmp_path / "upstream.log", port=upstream) as demo,
+        cli_server(["--config", str(config)], tmp_path / "gw.log", command="gateway", timeout=STARTUP) as gw,
+    ):
+        demo.kill()
+        done = subprocess.run(
+            [*CLI, "call", f"{gw.base}/mcp", "demo_search", "query=x", *CREDENTIALS, "--timeout", "20"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == EXIT_UNREACHED, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert "upstream demo: unreachable" in done.stderr.splitlines()[-1], done.stderr

@@ -1,9 +1,13 @@
-"""The TaskStore contract against every backend (Redis: a real redis-server), and SQLite across a restart."""
+"""The TaskStore contract against every backend (Redis: a real redis-server), each a facet of its event store
+(ADR 0028); SQLite across a restart and from the files of schema 5."""
 
 from __future__ import annotations
 
+import sqlite3
+import subprocess
+import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from mcp_lossless.core.principal import Principal
-from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, advance, lost, new_task
+from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, advance, encode_task, lost, new_task
 from mcp_lossless.stores.base import EventStore
 from mcp_lossless.stores.memory import MemoryStore
 from mcp_lossless.stores.open import task_store_beside
@@ -19,6 +23,8 @@ from mcp_lossless.stores.redis import RedisStore
 from mcp_lossless.stores.sqlite import SqliteStore
 from mcp_lossless.stores.tasks import TaskLimitReached, TaskStore
 from mcp_lossless.stores.tasks_memory import MemoryTaskStore
+from mcp_lossless.stores.tasks_redis import RedisTaskStore
+from mcp_lossless.stores.tasks_sqlite import SqliteTaskStore
 
 pytestmark = pytest.mark.anyio
 
@@ -31,19 +37,48 @@ def task(task_id: str = "t-1", ttl: float | None = 30.0) -> TaskRecord:
     return new_task(task_id, ALICE, "fetch", FETCH, "instance-a", T0, ttl)
 
 
+OpenTasks = Callable[[int | None], Awaitable[TaskStore]]
+"""Opens a task store on a fresh event store (opened first, as the server does); the argument is ``max_tasks``."""
+
+
 @pytest.fixture(params=["memory", "sqlite", "redis"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[TaskStore]:
-    events: EventStore
-    if request.param == "memory":
-        events = MemoryStore()
-    elif request.param == "sqlite":
-        events = SqliteStore(str(tmp_path / "tasks.db"))
-    else:
-        events = RedisStore(request.getfixturevalue("redis_url"), prefix=f"tasks-{uuid.uuid4().hex}")
-    opened = task_store_beside(events)
-    await opened.open()
-    yield opened
-    await opened.close()
+async def open_tasks(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OpenTasks]:
+    opened: list[tuple[EventStore, TaskStore]] = []
+
+    async def factory(max_tasks: int | None = None) -> TaskStore:
+        events: EventStore
+        if request.param == "memory":
+            events = MemoryStore()
+        elif request.param == "sqlite":
+            events = SqliteStore(str(tmp_path / f"tasks{len(opened)}.db"))
+        else:
+            events = RedisStore(request.getfixturevalue("redis_url"), prefix=f"tasks-{uuid.uuid4().hex}")
+        await events.open()
+        tasks = task_store_beside(events)
+        if max_tasks is not None:
+            tasks = _bounded(events, max_tasks)
+        await tasks.open()
+        opened.append((events, tasks))
+        return tasks
+
+    yield factory
+    for events, tasks in opened:
+        await tasks.close()
+        await events.close()
+
+
+def _bounded(events: EventStore, max_tasks: int) -> TaskStore:
+    """The facet ``task_store_beside`` makes for ``events``, holding at most ``max_tasks``."""
+    if isinstance(events, SqliteStore):
+        return SqliteTaskStore(events, max_tasks)
+    if isinstance(events, RedisStore):
+        return RedisTaskStore(events, max_tasks)
+    return MemoryTaskStore(max_tasks)
+
+
+@pytest.fixture
+async def store(open_tasks: OpenTasks) -> TaskStore:
+    return await open_tasks(None)
 
 
 async def test_a_created_task_is_found_whole(store: TaskStore) -> None:
@@ -78,33 +113,42 @@ async def test_a_poll_only_moves_seen_forward_and_restarts_the_ttl(store: TaskSt
     await store.touch("t-404", T0)  # a poll of a purged task is no error
 
 
-async def test_expired_tasks_are_purged_or_expire(store: TaskStore, request: pytest.FixtureRequest) -> None:
+async def test_expired_tasks_are_purged_alike_in_every_store(store: TaskStore, request: pytest.FixtureRequest) -> None:
     await store.create(task("short", ttl=10))
+    await store.create(task("polled", ttl=10))
     await store.create(task("forever", ttl=None))
-    if request.node.callspec.params["store"] != "redis":
-        assert await store.purge_expired(T0 + 5) == 0
-        assert await store.purge_expired(T0 + 11) == 1
-        assert await store.get("short") is None
-    else:
+    await store.touch("polled", T0 + 8)  # its TTL restarts: it expires at T0 + 18
+    assert await store.purge_expired(T0 + 5) == 0
+    assert await store.purge_expired(T0 + 11) == 1
+    assert await store.get("short") is None and await store.get("polled") is not None
+    assert await store.purge_expired(T0 + 11) == 0, "purged once"
+    assert await store.purge_expired(T0 + 19) == 1
+    assert await store.get("polled") is None and await store.get("forever") is not None
+    if request.node.callspec.params["open_tasks"] == "redis":  # and Redis drops what nobody purges by itself
+        await store.create(task("abandoned", ttl=10))
         redis = Redis.from_url(request.getfixturevalue("redis_url"))
         try:
             prefix = store.prefix  # type: ignore[attr-defined]
             assert await redis.pttl(f"{prefix}:task:forever") == -1, "an unlimited task never expires"
-            expiry = await redis.pexpiretime(f"{prefix}:task:short")
+            expiry = await redis.pexpiretime(f"{prefix}:task:abandoned")
             assert abs(expiry - (T0 + 10 + 60) * 1000) < 2, "Redis drops the task a grace period after its TTL"
         finally:
             await redis.aclose()
-    assert await store.get("forever") is not None
 
 
-async def test_the_memory_store_is_bounded() -> None:
-    store = MemoryTaskStore(max_tasks=2)
+async def test_every_store_is_bounded_and_makes_room_from_what_expired(open_tasks: OpenTasks) -> None:
+    store = await open_tasks(2)
     await store.create(task("a", ttl=10))
     await store.create(task("b", ttl=None))
-    with pytest.raises(TaskLimitReached):
+    with pytest.raises(TaskLimitReached, match="holds 2 tasks, its limit"):
         await store.create(replace(task("c"), created_at=T0 + 1))
+    assert await store.get("c") is None, "nothing is created past the limit"
     await store.create(replace(task("c"), created_at=T0 + 11))  # "a" expired by then and made room
     assert await store.get("a") is None and await store.get("c") is not None
+    with pytest.raises(TaskLimitReached):
+        await store.create(replace(task("d"), created_at=T0 + 12))
+    assert await store.purge_expired(T0 + 50) == 1  # "c": the count goes down with a purge too
+    await store.create(replace(task("d"), created_at=T0 + 50))
 
 
 async def test_sqlite_tasks_share_the_event_store_file_and_survive_a_restart(tmp_path: Path) -> None:
@@ -117,10 +161,67 @@ async def test_sqlite_tasks_share_the_event_store_file_and_survive_a_restart(tmp
     await first.touch("t-1", T0 + 7)
     await first.close()
     await events.close()
-    again = task_store_beside(SqliteStore(str(path)))
-    await again.open()
+    events = SqliteStore(str(path))
+    await events.open()
+    again = task_store_beside(events)
     try:
         found = await again.get("t-1")
         assert found is not None and found.status is TaskStatus.WORKING and found.seen_at == T0 + 7
     finally:
-        await again.close()
+        await events.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+
+
+SCHEMA_5_TASKS = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    terminal INTEGER NOT NULL,
+    record BLOB NOT NULL,
+    seen_at REAL NOT NULL,
+    ttl REAL,
+    expires_at REAL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at);
+"""
+"""The table the task store of schema 5 created in the event store's file, with its own connection."""
+
+
+@pytest.mark.parametrize("had_tasks", [True, False])
+async def test_a_schema_5_file_opens_and_keeps_its_tasks(tmp_path: Path, had_tasks: bool) -> None:
+    path = tmp_path / "events.db"
+    events = SqliteStore(str(path))
+    await events.open()
+    await events.close()
+    kept = advance(task("kept"), TaskStatus.COMPLETED, T0 + 1, result={"content": [{"type": "text", "text": "42"}]})
+    with sqlite3.connect(path) as db:  # back to a schema 5 file: the event tables, the tasks table or none
+        db.executescript("DROP TABLE tasks; PRAGMA user_version=5;")
+        if had_tasks:
+            db.executescript(SCHEMA_5_TASKS)
+            db.execute(
+                "INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?)",
+                ("kept", 1, encode_task(kept), kept.seen_at, kept.ttl, kept.expires_at),
+            )
+    events = SqliteStore(str(path))
+    await events.open()
+    tasks = task_store_beside(events)
+    try:
+        assert await tasks.get("kept") == (kept if had_tasks else None)
+        await tasks.create(task("new"))
+        assert await tasks.get("new") == task("new")
+    finally:
+        await events.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+
+
+def test_a_sqlite_server_does_not_load_the_redis_client_for_its_tasks(tmp_path: Path) -> None:
+    spec = f"sqlite:{tmp_path / 'x.db'}"
+    script = (
+        "import sys\n"
+        "from mcp_lossless.stores.open import open_store, task_store_beside\n"
+        f"tasks = task_store_beside(open_store({spec!r}))\n"
+        "print(type(tasks).__name__, 'redis' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["SqliteTaskStore", "False"]

@@ -6,11 +6,11 @@ scenario and spawns the driver. Runs, each a real ``conformance client`` process
 - ``--suite auth`` and ``--suite backcompat`` (their scenarios run in parallel inside the suite);
 - ``initialize``, ``tools_call`` and ``json-schema-2020-12-preservation`` one by one;
 - the authorization scenarios the suite files under 2026-07-28 (``auth/resource-mismatch``, ``auth/iss-*``,
-  ...) and the ``auth/client-credentials-basic`` extension, at the 2025-11-25 wire with ``--force``: what
-  they check is the OAuth flow of the legacy client;
+  ...) and the ``auth/client-credentials-basic``, ``auth/dpop`` and ``auth/dpop-nonce`` extensions, at the
+  2025-11-25 wire with ``--force``: what they check is the OAuth flow of the legacy client;
 - ``sse-retry`` last and alone: it times the reconnection;
 - in a test of its own, every client scenario the suite runs at the 2026-07-28 wire (:data:`MODERN_SCENARIOS`
-  and :data:`MODERN_AUTH`, plus the ``auth/client-credentials-basic`` extension with ``--force``), each with
+  and :data:`MODERN_AUTH`, plus the :data:`EXTENSIONS` with ``--force``), each with
   ``--spec-version 2026-07-28``: the suite passes the wire as ``MCP_CONFORMANCE_PROTOCOL_VERSION`` and the
   driver plays them with the client ``open_client`` picks, which must be the 2026-07-28 one. They include every
   client scenario of the suite's frozen 2026-07-28 requirement set (checked against its file). A few
@@ -74,6 +74,8 @@ FORCED = (
     "auth/iss-normalized",
     "auth/metadata-issuer-mismatch",
     "auth/client-credentials-basic",
+    "auth/dpop",
+    "auth/dpop-nonce",
 )
 ALONE = "sse-retry"
 CLAIMED = set().union(*SUITES.values(), ONE_BY_ONE, FORCED, {ALONE})
@@ -115,6 +117,18 @@ EVIDENCE = {
     "auth/metadata-issuer-mismatch": {"sep-2468-client-validate-metadata-issuer"},
     "auth/offline-access-not-supported": {"sep-2207-offline-access-not-requested"},
     "auth/client-credentials-basic": {"client-credentials-basic-auth"},
+    "auth/dpop": {
+        "sep-1932-client-token-request-proof",
+        "sep-1932-client-dpop-auth-scheme",
+        "sep-1932-client-fresh-proof",
+    },
+    "auth/dpop-nonce": {
+        "sep-1932-client-token-request-proof",
+        "sep-1932-client-dpop-auth-scheme",
+        "sep-1932-client-fresh-proof",
+        "sep-1932-client-as-nonce",
+        "sep-1932-client-rs-nonce",
+    },
     "sse-retry": {"client-sse-graceful-reconnect", "client-sse-retry-timing", "client-sse-last-event-id"},
     "tools_call": {"tool-add-numbers"},
     "initialize": {"mcp-client-initialization"},
@@ -162,9 +176,11 @@ MODERN_SCENARIOS = {
     "json-schema-ref-no-deref": {"sep-2106-no-network-ref-deref"},
 }
 """The 2026-07-28 client scenarios besides ``auth/*``, and the checks each must show SUCCESS."""
-MODERN_AUTH = sorted((SUITES["auth"] | set(FORCED)) - {"auth/client-credentials-basic"})
-"""The authorization scenarios the suite runs at 2026-07-28 (its ``auth/client-credentials-basic`` extension
-is run there too, with ``--force``), with the same evidence and refusals as at 2025-11-25."""
+EXTENSIONS = ("auth/client-credentials-basic", "auth/dpop", "auth/dpop-nonce")
+"""Extension scenarios: not on the suite's spec timeline, so run with ``--force`` at either wire."""
+MODERN_AUTH = sorted((SUITES["auth"] | set(FORCED)) - set(EXTENSIONS))
+"""The authorization scenarios the suite runs at 2026-07-28 (its extensions, :data:`EXTENSIONS`, are run there
+too, with ``--force``), with the same evidence and refusals as at 2025-11-25."""
 MODERN_REFUSALS = {**REFUSALS, "auth/scope-retry-limit": "server/discover was still refused after 2 fresh grants"}
 """The 2026-07-28 client's own reason where the scope step-up never succeeds (its first request is the probe)."""
 NOT_EXERCISED = {
@@ -266,15 +282,14 @@ def test_every_2026_07_28_client_scenario_passes(tmp_path: Path) -> None:
     required = _required_client_scenarios()
     assert len(required) > 20 and required <= {*MODERN_SCENARIOS, *MODERN_AUTH}, "every required scenario is run"
     jobs = [(name, ["--scenario", name, "--spec-version", MODERN]) for name in [*MODERN_SCENARIOS, *MODERN_AUTH]]
-    extension = "auth/client-credentials-basic"
-    jobs.append((extension, ["--scenario", extension, "--spec-version", MODERN, "--force"]))
+    jobs += [(name, ["--scenario", name, "--spec-version", MODERN, "--force"]) for name in EXTENSIONS]
     with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
         runs = list(pool.map(lambda job: Run(job[0], job[1], tmp_path / job[0].replace("/", "_")), jobs))
     failed_runs = [run.report for run in runs if run.returncode != 0]
     assert failed_runs == [], "\n\n".join(failed_runs)
 
     folders = {scenario: folder for run in runs for scenario, folder in run.results().items()}
-    assert set(folders) == {*MODERN_SCENARIOS, *MODERN_AUTH, "auth/client-credentials-basic"}
+    assert set(folders) == {*MODERN_SCENARIOS, *MODERN_AUTH, *EXTENSIONS}
     problems = defaultdict(list)
     for scenario, folder in folders.items():
         found = orjson.loads((folder / "checks.json").read_bytes())

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -79,14 +79,20 @@ def cli_server(
 
 @contextlib.contextmanager
 def started_cli_server(
-    args: list[str], *, nofile: int | None = None, env: dict[str, str] | None = None, timeout: float = 30
+    args: list[str],
+    *,
+    nofile: int | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
+    command_name: str = "serve",
 ) -> Iterator[tuple[subprocess.Popen[str], dict[str, object]]]:
-    """``mcp-lossless serve ARGS`` as a child process, yielded with its ``started`` log entry once it has logged it
-    (``started`` comes after the socket is bound: the line is the readiness signal, nothing to poll). ``nofile``
-    sets its open-file limit, soft and hard, as ``ulimit -n`` would."""
+    """``mcp-lossless serve ARGS`` (or ``command_name``: ``gateway``) as a child process, yielded with its
+    ``started`` log entry once it has logged it (``started`` comes after the socket is bound: the line is the
+    readiness signal, nothing to poll). ``nofile`` sets its open-file limit, soft and hard, as ``ulimit -n``
+    would (``serve`` only)."""
     import json
 
-    command = [*CLI, "serve", *args]
+    command = [*CLI, command_name, *args]
     if nofile is not None:  # set in the child itself: preexec_fn is unsafe in a process with threads
         command = [
             sys.executable,
@@ -120,3 +126,21 @@ def started_cli_server(
                 proc.kill()
                 proc.wait(5)
         proc.stderr.close()
+
+
+def call_killed_midway(kill: Callable[[], None], args: list[str], started: str) -> subprocess.CompletedProcess[str]:
+    """``mcp-lossless call ARGS``, and ``kill`` run once its stderr shows a line containing ``started`` (the call's
+    first progress: the tool runs): the finished command, stderr whole."""
+    proc = subprocess.Popen([*CLI, "call", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if started in line:
+            break
+    else:
+        proc.wait(30)
+        raise AssertionError(f"the call never got to {started!r}: {''.join(seen)}")
+    kill()
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)

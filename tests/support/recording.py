@@ -91,7 +91,7 @@ class RecordingTransport(httpx.AsyncBaseTransport):
                 len(self.exchanges),
                 request.method,
                 request.url.path,
-                authorization.removeprefix("Bearer ") if authorization.startswith("Bearer ") else None,
+                authorization.partition(" ")[2] if authorization.startswith(("Bearer ", "DPoP ")) else None,
                 request.headers.get("last-event-id"),
                 request.headers.get("mcp-protocol-version"),
                 request.content,

@@ -1,27 +1,20 @@
-"""Properties of the task core: the state diagram, the TTL rule, and the three-way delivery decision."""
+"""Properties of the task core: the state diagram, the TTL rule, the wire and durable forms (the poll decision:
+test_task_poll.py)."""
 
 from __future__ import annotations
 
-import string
-
-import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mcp_lossless.core import tasks
-from mcp_lossless.core.errors import INVALID_PARAMS, TASK_DENIED, TASK_EXECUTION_LOST
-from mcp_lossless.core.principal import Grant, Principal
-from mcp_lossless.core.resources import AudiencePolicy
+from mcp_lossless.core.errors import TASK_EXECUTION_LOST
+from mcp_lossless.core.principal import Principal
 from mcp_lossless.core.tasks import (
-    Deliver,
-    Denied,
     IllegalTransition,
     Requirement,
     TaskStatus,
-    Unknown,
     advance,
-    authorize,
     described,
     detailed_task,
     new_task,
@@ -30,13 +23,9 @@ from mcp_lossless.core.tasks import (
 
 CANONICAL = "https://mcp.example/mcp"
 TOOLS = [f"{CANONICAL}/tools/{name}" for name in ("fetch", "search", "write")]
-POLICY = AudiencePolicy(CANONICAL, TOOLS)
 ALICE = Principal("https://as.example", "alice", "app")
-PRINCIPALS = st.sampled_from([ALICE, Principal("https://as.example", "bob", "app"), Principal("other", "alice", "app")])
-AUDIENCES = st.frozensets(st.sampled_from([CANONICAL, *TOOLS, "https://elsewhere.example"]), max_size=4)
 SCOPES = st.frozensets(st.sampled_from(["read", "write", "admin"]), max_size=3)
 STATUSES = st.sampled_from(list(TaskStatus))
-MARKER = st.text(string.ascii_letters, min_size=12, max_size=20).map(lambda s: f"secret-{s}")
 
 
 def outcome_for(status: TaskStatus, marker: str = "ok") -> dict[str, object]:
@@ -127,48 +116,6 @@ def test_ttl_counts_from_the_later_of_status_change_and_last_poll(ttl: float, la
     assert changed.expires_at == record.created_at + later + ttl
     assert seen(changed, record.created_at).expires_at == changed.expires_at, "an older poll moves nothing"
     assert fresh(None).expires_at is None and not fresh(None).expired(1e12)
-
-
-@given(PRINCIPALS, AUDIENCES, SCOPES, SCOPES, STATUSES, MARKER)
-def test_the_delivery_decision(
-    principal: Principal,
-    audience: frozenset[str],
-    required_scopes: frozenset[str],
-    held_scopes: frozenset[str],
-    status: TaskStatus,
-    marker: str,
-) -> None:
-    record = fresh(requirement=Requirement(frozenset({TOOLS[0]}), required_scopes))
-    if status is not TaskStatus.WORKING:
-        record = advance(record, status, 1001.0, **outcome_for(status, marker))  # type: ignore[arg-type]
-    grant = Grant(principal, audience, scopes=held_scopes)
-    verdict = authorize("t-1", record, grant, POLICY, 1002.0)
-    if principal != ALICE:
-        assert verdict == authorize("t-1", None, grant, POLICY, 1002.0) == Unknown("t-1"), "no existence oracle"
-        return
-    resources_ok = not POLICY.missing(audience, record.requirement.resources)
-    scopes_ok = required_scopes <= held_scopes
-    if resources_ok and scopes_ok:
-        assert verdict == Deliver(record)
-        view = tasks.detailed_task(record, 500)
-        assert ("result" in view) == (status is TaskStatus.COMPLETED)
-        assert ("error" in view) == (status is TaskStatus.FAILED)
-        return
-    assert isinstance(verdict, Denied)
-    assert set(verdict.missing_resources) == POLICY.missing(audience, record.requirement.resources)
-    assert set(verdict.missing_scopes) == required_scopes - held_scopes
-    error = tasks.denial_error(verdict)
-    assert error["code"] == TASK_DENIED and not -32768 <= error["code"] <= -32000 and error["code"] != INVALID_PARAMS
-    assert error["data"]["taskId"] == "t-1" and error["data"]["resumable"] is True
-    assert marker.encode() not in orjson.dumps(error), "a denial carries not a byte of the result"
-
-
-def test_an_expired_or_mismatched_task_is_unknown_even_to_its_owner() -> None:
-    record = fresh(ttl=10)
-    grant = Grant(ALICE, frozenset({CANONICAL}))
-    assert isinstance(authorize("t-1", record, grant, POLICY, 1010.0), Deliver)
-    assert authorize("t-1", record, grant, POLICY, 1010.5) == Unknown("t-1")
-    assert authorize("t-2", record, grant, POLICY, 1001.0) == Unknown("t-2")
 
 
 @given(

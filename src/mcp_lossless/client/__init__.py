@@ -10,6 +10,7 @@ offers the same for scripts.
 from ..core.actions import RecoveryPolicy
 from .catalog import Prompt, PromptResult, Resource, ResourceTemplate
 from .client import Client, Tool, ToolCall, ToolResult
+from .dpop import DpopKey
 from .errors import (
     AuthorizationFailed,
     CallMayHaveRun,
@@ -44,6 +45,7 @@ __all__ = [
     "ClientRegistration",
     "ConnectionFailed",
     "DeadlineExceeded",
+    "DpopKey",
     "HttpPool",
     "InputHandler",
     "InputRefused",

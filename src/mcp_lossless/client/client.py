@@ -168,7 +168,7 @@ class Client(CatalogReads):
                 http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, follow_redirects=False))
             self._auth.bind(http, self.url)
             session = Session(
-                HttpTransport(self.url, http, pool=self._pool),
+                HttpTransport(self.url, http, pool=self._pool, auth=self._auth.request_auth()),
                 self._auth,
                 policy=self._policy,
                 backoff=self._backoff,

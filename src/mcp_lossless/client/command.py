@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from ..core.arguments import ArgumentError, parse_tool_arguments
+from ..core.errors import UPSTREAM_FAILED
 from .cli_input import Ask, input_handlers
 from .client import Client, ToolResult
 from .errors import (
@@ -33,6 +34,7 @@ from .errors import (
     ConnectionFailed,
     DeadlineExceeded,
     McpClientError,
+    RemoteError,
     ToolFailed,
 )
 from .handlers import InputHandler
@@ -66,9 +68,12 @@ Exit status:
   0  the tool returned a result
   1  the tool ran and reported an error (isError)
   2  bad usage
-  3  the call may have run, but its result was not received (not retried: the tool is not idempotent)
+  3  the call may have run, but its result was not received: the server (or a gateway's upstream) lost its
+     execution, or stopped answering after it was sent (not sent again: the tool is not idempotent, or runs
+     as a task)
   4  authorization failed (no token the server accepts could be obtained)
-  5  the deadline passed, or the server could not be reached
+  5  the deadline passed, or the server (or a gateway's upstream) could not be reached: the call did not run
+     or, idempotent, may be sent again
   6  the server refused the request or broke the protocol
   130  interrupted (Ctrl-C): the call may have run, its outcome was not received"""
 
@@ -101,7 +106,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log the client's recovery decisions to stderr")
 
 
+UPSTREAM_UNREACHED = frozenset({"unreachable", "deadline"})
+"""``UPSTREAM_FAILED`` reasons that are the upstream's :data:`EXIT_UNREACHED` (docs/gateway.md); the others
+(``rejected``, ``unauthorized``, ``protocol``, ``closed``) are a refusal, unless the tool may have run."""
+
+
 def exit_status(error: BaseException) -> int:
+    """The exit status of an outcome other than a result: what the caller may do next (the epilog's table).
+
+    A gateway's ``UPSTREAM_FAILED`` arrives as a JSON-RPC error, but its ``data`` tells the same outcomes apart as
+    the client's own exceptions do, so it gets the same statuses."""
     if isinstance(error, ToolFailed):
         return EXIT_TOOL_ERROR
     if isinstance(error, CallMayHaveRun):
@@ -110,6 +124,11 @@ def exit_status(error: BaseException) -> int:
         return EXIT_AUTHORIZATION
     if isinstance(error, DeadlineExceeded | ConnectionFailed | TimeoutError):
         return EXIT_UNREACHED
+    if isinstance(error, RemoteError) and error.code == UPSTREAM_FAILED and isinstance(error.data, dict):
+        if error.data.get("mayHaveRun") is True:
+            return EXIT_MAY_HAVE_RUN
+        if error.data.get("reason") in UPSTREAM_UNREACHED:
+            return EXIT_UNREACHED
     return EXIT_SERVER
 
 

@@ -5,7 +5,8 @@ mirrored headers. A call whose server answers with a task is polled with ``tasks
 ``pollIntervalMs``, growing while nothing changes) until it is terminal. A denial of the task's poll (403
 with :data:`~mcp_lossless.core.errors.TASK_DENIED`, the token no longer covers the tool) is repaired with a
 fresh grant for the union of what the call needed and what the denial names (a refresh cannot widen), and the
-same task id is polled again; only an unknown task id ends the call as may-have-run. A tool's ``x-mcp-header``
+same task id is polled again; an unknown task id, or a server that stopped answering the polls until the deadline
+passed, ends the call as may-have-run. A tool's ``x-mcp-header``
 parameters are mirrored into ``Mcp-Param-*`` headers on each of its calls, and a tool published with a malformed
 annotation is left out of :meth:`ModernClient.list_tools` and never called (:mod:`..core.param_headers`). A
 request refused as ``UNSUPPORTED_PROTOCOL_VERSION`` by a server that lists 2026-07-28 is sent once more.
@@ -50,6 +51,7 @@ from .errors import (
     ConnectionFailed,
     DeadlineExceeded,
     InputUnanswered,
+    McpClientError,
     ProtocolViolation,
     RemoteError,
     RequestRejected,
@@ -248,6 +250,9 @@ class ModernClient(CatalogReads):
         if self._pool is not None:
             return self._pool.stream("POST", self.url, content=content, headers=headers)
         assert self._http is not None, "use the client inside 'async with'"
+        flow = self._auth.request_auth()  # DPoP: a fresh proof on every request with a bound token
+        if flow is not None:
+            return self._http.stream("POST", self.url, content=content, headers=headers, auth=flow)
         return self._http.stream("POST", self.url, content=content, headers=headers)
 
     async def _post(
@@ -325,7 +330,8 @@ class ModernClient(CatalogReads):
         """``server/discover``; :class:`NotModern` when the server's answer is not a modern one."""
         try:
             result, _ = await self._request("server/discover", {}, frozenset())
-        except NOT_SENT_ERRORS as exc:
+        except (*NOT_SENT_ERRORS, httpx.NetworkError, httpx.TimeoutException) as exc:
+            # a reset or a silence before the first answer: a network failure (nothing ran), not a protocol breach
             raise unreachable(self.url, exc) from exc
         except httpx.HTTPError as exc:
             raise ProtocolViolation(f"server/discover to {self.url} failed: {describe_failure(exc)}") from exc
@@ -503,6 +509,7 @@ class ModernClient(CatalogReads):
             params["_meta"] = meta
         on_note = _notes(on_progress, on_message) if on_progress or on_message else None
         task: list[str] = []
+        watch: list[_TaskWatch] = []
         handlers = for_call(self._handlers, input_handlers)
         declared = {**self._capabilities, **capabilities(handlers)} if input_handlers else None
 
@@ -519,15 +526,19 @@ class ModernClient(CatalogReads):
                 task.append(str(result["taskId"]))
                 if self._on_task is not None:
                     self._on_task(task[0], name)
-                seen = _TaskWatch(task[0], on_task_update)
-                seen.observe(result)
+                watch.append(_TaskWatch(task[0], on_task_update))
+                watch[0].observe(result)
                 return await self._poll(
-                    name, task[0], resources, result.get("pollIntervalMs"), seen, handlers, declared
+                    name, task[0], resources, result.get("pollIntervalMs"), watch[0], handlers, declared
                 )
         except TimeoutError:
             if task:
-                with anyio.move_on_after(2, shield=True):
-                    await self._request("tasks/cancel", {"taskId": task[0]}, resources)
+                await self._cancel_quietly(task[0], resources)
+                if watch and watch[0].unanswered is not None:
+                    raise CallMayHaveRun(
+                        f"task {task[0]} of {name}: the server stopped answering its polls "
+                        f"({watch[0].unanswered}) until the deadline passed; it may have run"
+                    ) from None
             raise DeadlineExceeded(f"{name} did not finish within its deadline") from None
 
     async def _send_call(
@@ -564,10 +575,12 @@ class ModernClient(CatalogReads):
                     wait = data.get("retryAfter")
                     await anyio.sleep(wait if isinstance(wait, int | float) and not isinstance(wait, bool) else 1)
                     continue
-                if keyed and exc.code == errors.EXECUTION_LOST and idempotency.KEY_PARAM in data:
-                    error = {"code": exc.code, "message": exc.message, "data": data}
-                    raise CallMayHaveRun(f"{name}: {exc.reason}", error) from None
-                raise
+                if exc.code != errors.EXECUTION_LOST:
+                    raise
+                named = keyed and idempotency.KEY_PARAM in data  # the server never runs that key again
+                if named or not (may_reissue or keyed) or attempt == bound:  # as the legacy client's ledger decides
+                    error = {"code": exc.code, "message": exc.message, "data": exc.data}
+                    raise CallMayHaveRun(f"the server lost the execution of {name}: {exc.message}", error) from None
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def resume_task(
@@ -609,7 +622,8 @@ class ModernClient(CatalogReads):
             await anyio.sleep(delay)
             try:
                 task, resources = await self._request("tasks/get", {"taskId": task_id}, resources, None, declared)
-            except httpx.TransportError:
+            except httpx.TransportError as exc:
+                watch.unanswered = describe_failure(exc)  # the deadline's outcome says so (call_tool)
                 delay = min(POLL_CEILING_SECONDS, delay * 2)  # a pure read: polling again is always safe
                 continue
             except RemoteError as exc:
@@ -625,7 +639,7 @@ class ModernClient(CatalogReads):
             if status == "failed":
                 raw = task.get("error")
                 error: dict[str, Any] = raw if isinstance(raw, dict) else {}
-                if error.get("code") == errors.TASK_EXECUTION_LOST:
+                if error.get("code") in (errors.TASK_EXECUTION_LOST, errors.EXECUTION_LOST):  # a gateway's upstream
                     raise CallMayHaveRun(f"task {task_id} of {name}: {error.get('message')}", error)
                 if error.get("code") == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
                     raise _unanswered(f"task {task_id} of {name}", error.get("data"))
@@ -665,8 +679,7 @@ class ModernClient(CatalogReads):
                 raise InputUnanswered(f"{what} asked for input more than {MAX_INPUT_ROUNDS} times")
             answers = await answer_input(self._handlers if handlers is None else handlers, requests, what, given)
         except BaseException:
-            with anyio.move_on_after(2, shield=True):
-                await self._request("tasks/cancel", {"taskId": task_id}, resources, None, declared)
+            await self._cancel_quietly(task_id, resources, declared)
             raise
         given.update(answers)
         # a lost update is told by the next poll: its keys still outstanding (sent again, not asked), or the task gone
@@ -674,6 +687,14 @@ class ModernClient(CatalogReads):
             await self._request(
                 "tasks/update", {"taskId": task_id, "inputResponses": answers}, resources, None, declared
             )
+
+    async def _cancel_quietly(
+        self, task_id: str, resources: frozenset[str], declared: Mapping[str, Any] | None = None
+    ) -> None:
+        """``tasks/cancel``, best effort and briefly: the call is already ending with its own outcome, which a
+        server that is gone or refuses must not replace."""
+        with anyio.move_on_after(2, shield=True), contextlib.suppress(httpx.TransportError, McpClientError):
+            await self._request("tasks/cancel", {"taskId": task_id}, resources, None, declared)
 
     def _deadline(self, timeout: float | None) -> float | None:
         value = self.timeout if timeout is None else timeout
@@ -690,14 +711,17 @@ def _unanswered(what: str, data: object) -> InputUnanswered:
 class _TaskWatch:
     """Hands a task's state to the caller's callback whenever its status or message differs from the last one."""
 
-    __slots__ = ("callback", "last", "task_id")
+    __slots__ = ("callback", "last", "task_id", "unanswered")
 
     def __init__(self, task_id: str, callback: TaskUpdateCallback | None) -> None:
         self.task_id = task_id
         self.callback = callback
         self.last: TaskUpdate | None = None
+        self.unanswered: str | None = None
+        """Why the latest poll got no answer (the server unreachable, the connection broken), until one does."""
 
     def observe(self, task: Mapping[str, Any]) -> None:
+        self.unanswered = None
         message = task.get("statusMessage")
         update = TaskUpdate(self.task_id, str(task.get("status")), message if isinstance(message, str) else None)
         if update != self.last and self.callback is not None:

@@ -47,18 +47,18 @@ import orjson
 from anyio.abc import ByteStream, SocketAttribute, SocketListener
 
 from ..core.resources import InvalidResource, audience_of, canonical_resource
+from .dpop import DpopFlow, DpopKey
 from .errors import AuthorizationFailed, describe_failure, unreachable
 from .registration import ClientCredentials, ClientRegistration, choose_auth_method, json_object, register_client
 from .scopes import ScopeSelection
 
 log = logging.getLogger("mcp_lossless.client.oauth")
 
-_PARAM = re.compile(r'\s*([A-Za-z0-9_!#$%&\'*+.^`|~-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))\s*,?')
-
 
 @dataclass(frozen=True, slots=True)
 class Challenge:
-    """A parsed ``WWW-Authenticate: Bearer`` challenge (RFC 6750, RFC 9728 ``resource_metadata``).
+    """A parsed ``WWW-Authenticate`` challenge: ``Bearer`` (RFC 6750, RFC 9728 ``resource_metadata``) or ``DPoP``
+    (RFC 9449 §7.1, with ``algs``).
 
     ``resources`` is this project's ``resource`` parameter: the indicators a new token must cover.
     """
@@ -68,27 +68,62 @@ class Challenge:
     scope: str | None = None
     resource_metadata: str | None = None
     resources: tuple[str, ...] = ()
+    scheme: str = "bearer"
+    algs: tuple[str, ...] = ()
+
+
+_AUTH_TOKEN = r"[A-Za-z0-9_!#$%&'*+.^`|~-]+"
+_ITEM = re.compile(rf'\s*(?:({_AUTH_TOKEN})\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))|({_AUTH_TOKEN}))\s*,?')
+_SCHEMES = ("bearer", "dpop")
+
+
+def parse_challenges(header: str | None) -> list[Challenge]:
+    """Every ``Bearer`` and ``DPoP`` challenge in ``header`` (several headers arrive joined by commas), in order.
+
+    A scheme is a bare token; ``name=value`` pairs belong to the scheme before them (quoted values may hold
+    commas and scheme names)."""
+    found: list[tuple[str, dict[str, str]]] = []
+    position = 0
+    text = header or ""
+    while position < len(text):
+        match = _ITEM.match(text, position)
+        if match is None or match.end() == position:
+            break
+        position = match.end()
+        name, quoted, bare, scheme = match.groups()
+        if scheme is not None:
+            found.append((scheme.lower(), {}))
+        elif found and name is not None:
+            value = re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else bare
+            found[-1][1].setdefault(name.lower(), value)
+    return [
+        Challenge(
+            error=params.get("error"),
+            description=params.get("error_description"),
+            scope=params.get("scope"),
+            resource_metadata=params.get("resource_metadata"),
+            resources=tuple(params.get("resource", "").split()),
+            scheme=scheme,
+            algs=tuple(params.get("algs", "").split()),
+        )
+        for scheme, params in found
+        if scheme in _SCHEMES
+    ]
 
 
 def parse_challenge(header: str | None) -> Challenge | None:
-    """The Bearer challenge in ``header``, or ``None`` when there is none."""
-    if not header:
+    """The challenge to act on in ``header``, or ``None`` when it has no ``Bearer`` or ``DPoP`` one: the first
+    that names an error (the scheme the server judged), else the first; what it lacks (the metadata URL, the
+    scope) is taken from the others, which describe the same resource."""
+    challenges = parse_challenges(header)
+    if not challenges:
         return None
-    scheme, _, rest = header.strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    params: dict[str, str] = {}
-    for match in _PARAM.finditer(rest):
-        name, quoted, bare = match.groups()
-        value = re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else bare
-        params.setdefault(name.lower(), value)
-    return Challenge(
-        error=params.get("error"),
-        description=params.get("error_description"),
-        scope=params.get("scope"),
-        resource_metadata=params.get("resource_metadata"),
-        resources=tuple(params.get("resource", "").split()),
-    )
+    chosen = next((c for c in challenges if c.error is not None), challenges[0])
+    metadata = chosen.resource_metadata or next((c.resource_metadata for c in challenges if c.resource_metadata), None)
+    scope = chosen.scope or next((c.scope for c in challenges if c.scope), None)
+    resources = chosen.resources or next((c.resources for c in challenges if c.resources), ())
+    algs = next((c.algs for c in challenges if c.algs), ())
+    return Challenge(chosen.error, chosen.description, scope, metadata, resources, chosen.scheme, algs)
 
 
 class Auth:
@@ -103,6 +138,10 @@ class Auth:
 
     def challenged(self, challenge: Challenge) -> None:
         """Learn from a challenge (where the metadata is, which scope and resources are wanted)."""
+
+    def request_auth(self) -> httpx.Auth | None:
+        """What the transports add to every MCP request (DPoP proofs for bound tokens), or ``None``."""
+        return None
 
     async def reauthorize(self, resources: frozenset[str], scopes: frozenset[str] = frozenset()) -> None:
         """Obtain a fresh grant covering ``resources``, asking for ``scopes`` besides what was asked before;
@@ -207,6 +246,8 @@ class _Token:
     audience: frozenset[str]
     expires_at: float | None
     issued_at: float
+    dpop: bool = False
+    """Issued as ``token_type: DPoP``: presented as ``Authorization: DPoP`` with a proof by our key."""
 
 
 class TokenEndpointError(AuthorizationFailed):
@@ -239,6 +280,10 @@ class OAuth(Auth):
     its audience covers what a request needs and it is not about to expire (``leeway`` seconds).
     ``client_id=None`` (``authorization_code`` only) registers as ``registration`` says; ``token_auth``
     (``client_secret_basic``, ``client_secret_post`` or ``none``) defaults to what the server supports.
+    ``dpop``: ``None`` asks for DPoP-bound tokens when the authorization server advertises ES256 proofs (or the
+    resource requires bound tokens), ``True`` or a :class:`~.dpop.DpopKey` always, ``False`` never. Proofs are
+    added by httpx (:meth:`request_auth`): a client sending through a ``pool`` (the gateway's aiohttp pool)
+    cannot add them and must say ``dpop=False``.
     """
 
     def __init__(
@@ -252,6 +297,7 @@ class OAuth(Auth):
         registration: ClientRegistration | None = None,
         leeway: float = 30.0,
         clock: Callable[[], float] = time.time,
+        dpop: bool | DpopKey | None = None,
     ) -> None:
         if grant != "client_credentials" and not isinstance(grant, AuthorizationCodeGrant):
             raise ValueError("grant must be 'client_credentials' or an AuthorizationCodeGrant")
@@ -288,11 +334,38 @@ class OAuth(Auth):
         """Set by :meth:`narrow`: no refresh or grant reaches beyond it until a re-authorization."""
         self.narrowed: list[tuple[frozenset[str], frozenset[str]]] = []
         """Every (asked for, granted) pair where the AS granted less than was asked: for logs and tests."""
+        self._dpop = dpop is not None and dpop is not False
+        """Asked for explicitly (True or a key); ``None``: used when the servers' metadata advertise it."""
+        self._dpop_auto = dpop is None
+        key = dpop if isinstance(dpop, DpopKey) else DpopKey(clock=clock) if dpop is not False else None
+        self.dpop_key = key
+        """The client's DPoP key (one per client object), ``None`` when DPoP is turned off."""
+        self._token_flow = DpopFlow(key, token_requests=True) if key is not None else None
+        self._resource_flow = DpopFlow(key, token_requests=False, bound=self._bound) if key is not None else None
+        self._prm_requires_dpop = False
 
     def bind(self, http: httpx.AsyncClient, server_url: str) -> None:
         self._http = http
         self._server_url = server_url
         self.resource = canonical_resource(server_url)
+
+    def request_auth(self) -> httpx.Auth | None:
+        return self._resource_flow
+
+    def _bound(self, value: str) -> bool:
+        """Whether ``value`` is a DPoP-bound token of ours (the flow then sends it as ``DPoP`` with a proof)."""
+        return any(t.dpop and t.value == value for t in self._tokens)
+
+    def _uses_dpop(self, metadata: Mapping[str, Any]) -> bool:
+        """Ask for DPoP-bound tokens: when told to, or when the authorization server advertises our algorithm
+        (``dpop_signing_alg_values_supported``) or the resource requires bound tokens."""
+        if self.dpop_key is None:
+            return False
+        if self._dpop:
+            return True
+        algs = metadata.get("dpop_signing_alg_values_supported")
+        advertised = isinstance(algs, list) and self.dpop_key.alg in algs
+        return advertised or self._prm_requires_dpop
 
     def challenged(self, challenge: Challenge) -> None:
         self._needed = True
@@ -481,14 +554,16 @@ class OAuth(Auth):
             if client.client_secret is not None and client.auth_method == "client_secret_post":
                 form.append(("client_secret", client.client_secret))
         body_bytes = urlencode(form)
+        flow = self._token_flow if self._uses_dpop(metadata) else None
+        auth: httpx.Auth | httpx._client.UseClientDefault = flow if flow is not None else httpx.USE_CLIENT_DEFAULT
         try:
             try:
-                response = await self._client().post(endpoint, content=body_bytes, headers=headers)
+                response = await self._client().post(endpoint, content=body_bytes, headers=headers, auth=auth)
             except _STALE_CONNECTION:
                 # A pooled connection the server (or a proxy in front of it, across a restart) closed while idle
                 # fails the first request sent on it. Sent once more on a fresh connection: a code or refresh token
                 # the server did consume is then refused (invalid_grant), explicitly; it is never used twice.
-                response = await self._client().post(endpoint, content=body_bytes, headers=headers)
+                response = await self._client().post(endpoint, content=body_bytes, headers=headers, auth=auth)
         except httpx.HTTPError as exc:
             raise AuthorizationFailed(f"cannot reach the token endpoint {endpoint}: {describe_failure(exc)}") from exc
         body = json_object(response.content)
@@ -509,11 +584,13 @@ class OAuth(Auth):
         elif not wanted <= audience:
             self.narrowed.append((wanted, audience))
             log.warning("token narrowed: asked for %s, granted %s", _names(wanted), _names(audience))
+        token_type = body.get("token_type")
         token = _Token(
             value,
             audience,
             now + float(expires_in) if isinstance(expires_in, int | float) else None,
             now,
+            dpop=isinstance(token_type, str) and token_type.lower() == "dpop" and self.dpop_key is not None,
         )
         if isinstance(body.get("refresh_token"), str):
             self._refresh_token = str(body["refresh_token"])
@@ -575,6 +652,7 @@ class OAuth(Auth):
                 self.resource = theirs  # sent exactly as published, even where it names the whole origin
             self._described = None if covers else theirs
             self._scope.advertised(document.get("scopes_supported"))
+            self._prm_requires_dpop = document.get("dpop_bound_access_tokens_required") is True
             self._legacy = False
             return servers[0]
         # Servers from before RFC 9728 (2025-03-26): the MCP server's origin is the authorization server.
@@ -598,10 +676,11 @@ class OAuth(Auth):
     async def _get_json(self, url: str) -> dict[str, Any] | None:
         try:
             response = await self._client().get(url, headers={"Accept": "application/json"})
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        except (httpx.NetworkError, httpx.TimeoutException) as exc:
             if self._issuer_url is None and urlsplit(url).netloc == urlsplit(self._server_url).netloc:
-                # First contact (the handshake's discovery) and the MCP server's own origin is down: no token can
-                # help, and saying so is the honest outcome. Later rediscoveries keep the metadata they knew.
+                # First contact (the handshake's discovery) and the MCP server's own origin is down, resets or is
+                # silent: no token can help, and saying so is the honest outcome. Later rediscoveries keep the
+                # metadata they knew.
                 raise unreachable(self._server_url, exc) from exc
             log.info("metadata at %s unreachable: %r", url, exc)
             return None

@@ -87,10 +87,13 @@ class HttpTransport:
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         pool: HttpPool | None = None,
+        auth: httpx.Auth | None = None,
     ) -> None:
         self.url = url
         self.http = http
         self.pool = pool
+        self.auth = auth
+        """Added to every request sent with ``http`` (DPoP proofs: resumes and the DELETE need them as well)."""
         """Where POSTs and GETs go when given (a gateway's pool); ``http`` serves the rest."""
         self.max_event_bytes = max_event_bytes
         self.max_body_bytes = max_body_bytes
@@ -136,12 +139,16 @@ class HttpTransport:
     ) -> AbstractAsyncContextManager[Response]:
         if self.pool is not None:
             return self.pool.stream(method, self.url, content=content, headers=headers)
+        if self.auth is not None:
+            return self.http.stream(method, self.url, content=content, headers=headers, auth=self.auth)
         return self.http.stream(method, self.url, content=content, headers=headers)
 
     async def delete(self, token: str | None) -> int:
         """End the session on the server; returns the status (405: the server does not allow it)."""
-        response = await self.http.delete(self.url, headers=self.headers(token, ACCEPT_POST))
-        return response.status_code
+        headers = self.headers(token, ACCEPT_POST)
+        if self.auth is not None:
+            return (await self.http.delete(self.url, headers=headers, auth=self.auth)).status_code
+        return (await self.http.delete(self.url, headers=headers)).status_code
 
     async def body(self, response: Response) -> bytes:
         """The whole body, refusing to buffer more than the bound."""

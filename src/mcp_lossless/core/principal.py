@@ -25,6 +25,9 @@ class Grant:
     audience: Audience
     expires_at: float | None = None
     scopes: frozenset[str] = frozenset()
+    jkt: str | None = None
+    """The RFC 7638 thumbprint of the key the token is bound to (its ``cnf.jkt``, RFC 9449 §6): a bound token is
+    honoured only with a DPoP proof signed by that key, on every request (resumes and task polls included)."""
 
     def expired(self, now: float, leeway: float = 0.0) -> bool:
         return self.expires_at is not None and now > self.expires_at + leeway

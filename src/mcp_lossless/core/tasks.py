@@ -1,13 +1,16 @@
 """Tasks (the ``io.modelcontextprotocol/tasks`` extension): their state machine, their lifetime, who may see them.
 
 A task is bound to the principal that created it and records what a token must cover to receive its state:
-its tool's resources (and scopes). ``tasks/get`` names only the task id, never the tool, so every poll is
-decided here against the token of *that* poll (invariant 1), with exactly one of three verdicts:
+its tool's resources (and scopes). ``tasks/get`` names only the task id, never the tool, so every look at a task
+(poll, update, cancel, subscription, push) is decided here by :func:`decide_poll`, against the token of *that*
+request (invariant 1), to exactly one outcome:
 
 - :class:`Unknown`: no such task, expired, or another principal's. All three look alike on the wire, so an
   id is no existence oracle (invariant 4).
 - :class:`Denied`: the owner's task, but the token no longer covers the tool. A distinguishable, resumable
   denial naming what is missing, and never a byte of the result (invariant 2).
+- :class:`SettleLost`: the owner's live task, whose process is gone: stored ``failed`` (execution lost) before
+  anyone is answered, so a task is never ``working`` for ever.
 - :class:`Deliver`: the task's state, with its result or error inline once terminal.
 
 Lifetime: a task's TTL counts from the later of its last status change and its owner's last poll, denied
@@ -227,7 +230,41 @@ def lost(record: TaskRecord, now: float) -> TaskRecord:
     return advance(record, TaskStatus.FAILED, now, message=message, error=execution_lost_error(record.task_id))
 
 
-# -- who may see a task ------------------------------------------------------------------------------
+# -- who may see a task: the poll decision --------------------------------------------------------
+
+
+class Purpose(Enum):
+    """Why the adapter looks at a task: what the decision may ask and what bookkeeping its outcome carries."""
+
+    POLL = "poll"
+    """``tasks/get``, ``tasks/update``, ``tasks/cancel``: the owner asked, so its TTL restarts (denied or not),
+    and a task whose process died is settled as lost before it is answered."""
+    PUSH = "push"
+    """A listen stream's push: a lost task is settled (the push shows ``failed``), the TTL restarts not."""
+    WATCH = "watch"
+    """A listen stream's subscription: only whether the stream may see the task; nothing is asked or written."""
+
+
+@dataclass(slots=True)
+class PollFacts:
+    """What the adapter knows about one look at a task; it fills in what :func:`decide_poll` asks for."""
+
+    task_id: str
+    """The id the request names."""
+    record: TaskRecord | None
+    """What the task store holds under ``task_id`` (``None``: nothing), or what settling it as lost stored."""
+    purpose: Purpose
+    runs: bool | None = None
+    """Whether the task's owner still runs it (``None``: not asked)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NeedRunner:
+    """Tell whether ``owner`` still runs task ``task_id``: this process, by its running tasks; another, by its
+    lease in the event store."""
+
+    task_id: str
+    owner: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,28 +281,59 @@ class Denied:
     task_id: str
     missing_resources: tuple[str, ...]
     missing_scopes: tuple[str, ...]
+    requirement: Requirement
+    """All the task's tool requires: what the challenge asks a new token to hold."""
+    touch_at: float | None
+    """Restart the TTL from here (:meth:`~mcp_lossless.stores.tasks.TaskStore.touch`); ``None``: write nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class SettleLost:
+    """The task's process died before it finished: store ``record`` (the task ``failed``, execution lost), then
+    decide again with what the store holds after it."""
+
+    record: TaskRecord
 
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
+    """The task's state goes to the requester (with ``seen_at`` moved to this poll for an owner's poll)."""
+
     record: TaskRecord
+    touch_at: float | None
+    """Restart the TTL from here (:meth:`~mcp_lossless.stores.tasks.TaskStore.touch`); ``None``: write nothing."""
 
 
-Verdict = Unknown | Denied | Deliver
+PollOutcome = Unknown | Denied | SettleLost | Deliver
 
 
-def authorize(task_id: str, record: TaskRecord | None, grant: Grant, policy: AudiencePolicy, now: float) -> Verdict:
-    """The one decision behind every ``tasks/get``, ``tasks/update``, ``tasks/cancel`` (and push).
+def decide_poll(facts: PollFacts, grant: Grant, policy: AudiencePolicy, now: float) -> NeedRunner | PollOutcome:
+    """The one decision behind every ``tasks/get``, ``tasks/update``, ``tasks/cancel``, subscription and push: the
+    next question, or what the adapter does. Asked again as the facts fill in, as
+    :func:`~mcp_lossless.core.resume.decide_resume` is.
 
-    Coverage, of resources and scopes alike, is the audience policy's: the same rule as calls and replays.
+    The order is the rule: whose task it is before what the token covers (so a foreign id learns nothing), what
+    the token covers before whether the task still runs (a denied poll costs no liveness check and settles
+    nothing it could not see). Coverage, of resources and scopes alike, is the audience policy's: the same rule
+    as calls and replays (invariant 1), checked on every look since the token is this request's.
     """
+    record = facts.record
+    task_id = facts.task_id
     if record is None or record.task_id != task_id or record.principal != grant.principal or record.expired(now):
         return Unknown(task_id)
+    touch_at = now if facts.purpose is Purpose.POLL else None
     needed = requirement(record.requirement.resources, record.requirement.scopes)
     gap = policy.missing(grant.audience, needed, grant.scopes)
     if gap:
-        return Denied(task_id, resources_in(gap), scopes_in(gap))
-    return Deliver(record)
+        return Denied(task_id, resources_in(gap), scopes_in(gap), record.requirement, touch_at)
+    if touch_at is not None:
+        record = seen(record, touch_at)
+    if facts.purpose is not Purpose.WATCH and not record.status.terminal:
+        if facts.runs is None:
+            return NeedRunner(task_id, record.owner)
+        if not facts.runs:
+            return SettleLost(lost(record, now))
+    return Deliver(record, touch_at)
 
 
 # -- wire shapes -------------------------------------------------------------------------------------

@@ -28,11 +28,13 @@ MAX_GRANTS_PER_CLIENT = 50
 class OAuthError(Exception):
     """An RFC 6749 §5.2 error (``invalid_target`` from RFC 8707 §2)."""
 
-    def __init__(self, error: str, description: str, status: int = 400) -> None:
+    def __init__(self, error: str, description: str, status: int = 400, *, nonce: str | None = None) -> None:
         super().__init__(f"{error}: {description}")
         self.error = error
         self.description = description
         self.status = status
+        self.nonce = nonce
+        """A ``use_dpop_nonce`` error's fresh nonce, sent as ``DPoP-Nonce`` (RFC 9449 §8)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +172,8 @@ class _Grant:
     expires_at: float
     """A grant ends at a fixed time however often its refresh token rotates."""
     refresh_tokens: list[str] = field(default_factory=list)
+    jkt: str | None = None
+    """The DPoP key a public client's refresh tokens are bound to (RFC 9449 §5): a refresh needs a proof by it."""
 
 
 @dataclass(slots=True)
@@ -220,6 +224,7 @@ class GrantStore:
         requested: tuple[str, ...],
         scope: str | None,
         public_client: bool,
+        jkt: str | None = None,
     ) -> Issue:
         """A binding mismatch burns the code; a bad ``resource`` or ``scope`` leaves it usable."""
         self._sweep()
@@ -247,13 +252,17 @@ class GrantStore:
                 public_client,
                 record.narrowed,
                 self._clock() + self._refresh_ttl,
+                jkt=jkt if public_client else None,
             )
         )
         record.grant_id = grant_id
         return Issue(record.subject, client_id, audience, granted_scope, self._new_refresh(grant_id))
 
-    def refresh(self, token: str, *, client_id: str, requested: tuple[str, ...], scope: str | None) -> Issue:
-        """Narrow (never widen) the grant's audience; rotate the token for public clients."""
+    def refresh(
+        self, token: str, *, client_id: str, requested: tuple[str, ...], scope: str | None, jkt: str | None = None
+    ) -> Issue:
+        """Narrow (never widen) the grant's audience; rotate the token for public clients. A public client's grant
+        obtained with DPoP refreshes only with a proof by the same key (``jkt``): a stolen refresh token is useless."""
         self._sweep()
         record = self._refresh.get(token)
         grant = self._grants.get(record.grant_id) if record is not None else None
@@ -262,6 +271,8 @@ class GrantStore:
             raise OAuthError("invalid_grant", "refresh token is unknown, expired or revoked")
         if grant.client_id != client_id:
             raise OAuthError("invalid_grant", "refresh token was issued to another client")
+        if grant.jkt is not None and jkt != grant.jkt:
+            raise OAuthError("invalid_grant", "refresh token is bound to a DPoP key this request does not prove")
         if record.rotated:
             self._revoke(record.grant_id)
             raise OAuthError("invalid_grant", "refresh token was already used; its grant is revoked")

@@ -11,6 +11,7 @@ audience per token) and ``least_privilege`` (refresh narrows exactly). All state
 from __future__ import annotations
 
 import binascii
+import hashlib
 import re
 import secrets
 import time
@@ -24,6 +25,8 @@ import orjson
 from joserfc.jwk import KeySet
 
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, respond, respond_json
+from ..core.dpop import ALGORITHMS as DPOP_ALGORITHMS
+from ..core.dpop import NONCE_PERIOD, ProofRefusal, ReplayCache, accepted_nonces, server_nonce, verify_proof
 from .clients import GRANT_TYPES, ClientRegistry, KnownClient
 from .consent import BROWSER_COOKIE, PAGE_HEADERS, PendingConsents, consent_page, error_page
 from .forms import MAX_BODY, Params, form_params, optional, query_params, required
@@ -57,10 +60,13 @@ class DevAuthServer:
         signing: SigningKeys | None = None,
         http_metadata_documents: bool = False,
         max_registrations: int = 100,
+        dpop_nonce: bool = False,
+        dpop_window: float = 60.0,
     ) -> None:
         """``auto_approve`` skips the consent page (the subject is then ``login_hint`` or ``dev-user``): for
         loopback development and tests only. ``http_metadata_documents`` accepts ``http://`` client ID
-        metadata document URLs on loopback hosts (tests)."""
+        metadata document URLs on loopback hosts (tests). ``dpop_nonce``: a token request's DPoP proof must carry
+        a nonce of this AS (RFC 9449 §8); ``dpop_window``: how far a proof's ``iat`` may be off the clock."""
         self.issuer = issuer
         self.path_prefix = urlsplit(issuer).path.rstrip("/")
         self._base = issuer.rstrip("/")
@@ -82,6 +88,9 @@ class DevAuthServer:
         self._signing = signing if signing is not None else SigningKeys()
         """Fresh per process, or shared (``SigningKeys.shared``) by replicas that must accept each other's tokens."""
         self._store = GrantStore(self.rules, refresh_ttl=refresh_ttl, clock=clock)
+        self._dpop_window = dpop_window
+        self._dpop_nonce_key = secrets.token_bytes(32) if dpop_nonce else None
+        self._dpop_replays = ReplayCache(10_000, clock)
         self.jwks_requests = 0
         """How often the JWKS was served: lets tests prove a verifier does not fetch it in a storm."""
         self._metadata_paths = frozenset(
@@ -104,6 +113,7 @@ class DevAuthServer:
             "authorization_response_iss_parameter_supported": True,
             "registration_endpoint": f"{self._base}/register",
             "client_id_metadata_document_supported": True,
+            "dpop_signing_alg_values_supported": list(DPOP_ALGORITHMS),
         }
 
     @property
@@ -131,8 +141,10 @@ class DevAuthServer:
         ttl: int | None = None,
         scopes: Collection[str] = (),
         alg: str = "RS256",
+        jkt: str | None = None,
     ) -> str:
-        """A signed access token as the token endpoint would issue it (tests use this directly)."""
+        """A signed access token as the token endpoint would issue it (tests use this directly); ``jkt`` binds it
+        to a DPoP key (``cnf.jkt``, RFC 9449 §6.1)."""
         now = int(self._clock())
         claims: dict[str, Any] = {
             "iss": self.issuer,
@@ -146,6 +158,8 @@ class DevAuthServer:
         }
         if scopes:
             claims["scope"] = " ".join(scopes)
+        if jkt is not None:
+            claims["cnf"] = {"jkt": jkt}
         return self._signing.sign(claims, alg)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -195,8 +209,9 @@ class DevAuthServer:
     async def _token(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             params = await form_params(scope, receive)
+            jkt = self._dpop_proof(scope)
             client = await self._authenticate(scope, params)
-            issue = await self._grant(client, params)
+            issue = await self._grant(client, params, jkt)
         except OAuthError as err:
             await _oauth_error(send, err)
             return
@@ -206,8 +221,9 @@ class DevAuthServer:
                 client_id=issue.client_id,
                 audience=issue.audience,
                 scopes=issue.scope.split(),
+                jkt=jkt,
             ),
-            "token_type": "Bearer",
+            "token_type": "Bearer" if jkt is None else "DPoP",
             "expires_in": self._token_ttl,
         }
         if issue.scope:
@@ -216,7 +232,31 @@ class DevAuthServer:
             body["refresh_token"] = issue.refresh_token
         await respond_json(send, 200, body, NO_STORE)
 
-    async def _grant(self, client: KnownClient, params: Params) -> Issue:
+    def _dpop_proof(self, scope: Scope) -> str | None:
+        """The thumbprint of the token request's DPoP key (RFC 9449 §5), ``None`` without a ``DPoP`` header; a bad
+        proof is ``invalid_dpop_proof``, one without this AS's current nonce ``use_dpop_nonce`` (§8)."""
+        proofs = [value for name, value in scope["headers"] if name.lower() == b"dpop"]
+        if not proofs:
+            return None
+        if len(proofs) > 1:
+            raise OAuthError("invalid_dpop_proof", "exactly one DPoP header is allowed")
+        now = self._clock()
+        key = self._dpop_nonce_key
+        nonces = None if key is None else accepted_nonces(key, NONCE_PERIOD, now)
+        endpoint = f"{self._base}/token"
+        result = verify_proof(
+            proofs[0].decode("latin-1"), "POST", endpoint, None, now, nonces, window=self._dpop_window
+        )
+        if isinstance(result, ProofRefusal):
+            if result.error == "use_dpop_nonce" and key is not None:
+                raise OAuthError("use_dpop_nonce", result.description, nonce=server_nonce(key, NONCE_PERIOD, now))
+            raise OAuthError("invalid_dpop_proof", result.description)
+        identity = hashlib.sha256(f"{result.jkt}\0{result.jti}".encode()).digest()[:20]
+        if not self._dpop_replays.first_use(identity, result.iat + self._dpop_window + 1):
+            raise OAuthError("invalid_dpop_proof", "this DPoP proof was used before (jti seen)")
+        return result.jkt
+
+    async def _grant(self, client: KnownClient, params: Params, jkt: str | None = None) -> Issue:
         grant_type = required(params, "grant_type")
         if grant_type not in GRANT_TYPES:
             raise OAuthError("unsupported_grant_type", f"grant_type {grant_type!r} is not supported")
@@ -237,9 +277,10 @@ class DevAuthServer:
                 requested=requested,
                 scope=scope,
                 public_client=client.public,
+                jkt=jkt,
             )
         return self._store.refresh(
-            required(params, "refresh_token"), client_id=client_id, requested=requested, scope=scope
+            required(params, "refresh_token"), client_id=client_id, requested=requested, scope=scope, jkt=jkt
         )
 
     async def _authenticate(self, scope: Scope, params: Params) -> KnownClient:
@@ -444,6 +485,8 @@ async def _oauth_error(send: Send, err: OAuthError) -> None:
     headers: list[tuple[bytes, bytes]] = list(NO_STORE)
     if err.status == 401:
         headers.append((b"www-authenticate", b'Basic realm="mcp-lossless dev-as"'))
+    if err.nonce is not None:
+        headers.append((b"dpop-nonce", err.nonce.encode("ascii")))
     await respond_json(send, err.status, {"error": err.error, "error_description": err.description}, headers)
 
 

@@ -31,12 +31,21 @@ def run(args: argparse.Namespace) -> int:
             for upstream in upstreams
         ),
     ]
-    if config.issuer == "dev":
+    if config.issuer == "dev":  # what a client's OAuth settings ask for: the issuer (the Inspector's), the token URL
         clients = ", ".join(config.dev_clients)
+        consent = (
+            "auto-approved (--auto-approve)"
+            if config.auto_approve
+            else f"consent page at {config.dev_issuer}/authorize"
+        )
         banner += [
+            f"mcp-lossless gateway: dev issuer    {config.dev_issuer}",
             f"mcp-lossless gateway: token URL     {config.dev_issuer}/token",
             f"mcp-lossless gateway: dev clients   {clients} (confidential), dev-public (public, PKCE)",
+            f"mcp-lossless gateway: authorization {consent}",
         ]
+    elif config.issuer is not None:
+        banner.append(f"mcp-lossless gateway: issuer        {config.issuer}")
     server = lossless_server(gateway.app, asgi=gateway, banner=banner)
     server.run()
     return 0 if server.started else STARTUP_FAILURE

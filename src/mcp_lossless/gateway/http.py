@@ -106,7 +106,8 @@ def client_auth(config: UpstreamConfig) -> Auth:
     if isinstance(auth, BearerFromEnv):
         return BearerToken(auth.token())
     if isinstance(auth, ClientCredentialsFromEnv):
-        return OAuth(auth.client_id, auth.secret(), scope=auth.scope)
+        # No DPoP: upstream requests go through the aiohttp pool, which cannot add a proof to each request.
+        return OAuth(auth.client_id, auth.secret(), scope=auth.scope, dpop=False)
     return _NoUpstreamAuth(config.name)
 
 
@@ -120,6 +121,10 @@ def _failure(exc: McpClientError) -> UpstreamFailure:
         reason, ran = "unreachable", False
     elif isinstance(exc, RequestRejected):
         reason, ran = "rejected", False
+    elif isinstance(exc, AuthorizationFailed) and isinstance(
+        exc.__cause__, httpx.NetworkError | httpx.TimeoutException
+    ):
+        reason, ran = "unreachable", False  # its token endpoint could not be reached (the upstream's own AS, down too)
     elif isinstance(exc, AuthorizationFailed):
         reason, ran = "unauthorized", False
     elif isinstance(exc, ClientClosed):

@@ -55,6 +55,12 @@ NOT_STARTED = (
     "lifespan=app.lifespan (or enter `async with app.lifespan():` in your own); see docs/deploy.md"
 )
 
+READINESS_TIMEOUT = 2.0
+"""Seconds ``/readyz`` waits for the store's answer: a probe must answer well within a prober's own timeout."""
+READINESS_PROBE = "readyz-probe"
+"""The session id ``/readyz`` reads: no session has it (ids are random keys), so the read is cheap, finds nothing,
+and changes nothing, yet is a real round trip to the store."""
+
 STARTUP_FAILURES = (ServerError, StoreUnavailable)
 """Start-up failures the message explains whole (an issuer without metadata, a store that will not open):
 logged without a traceback."""
@@ -139,6 +145,7 @@ class LosslessApp:
                     self.state.authorization_servers,
                     f"mcp-lossless {resource}",
                     self.state.scopes_for.get(resource, ()),
+                    self.state.dpop_metadata,
                 ),
                 [(b"access-control-allow-origin", b"*")],
             )
@@ -151,10 +158,13 @@ class LosslessApp:
                     self.state.authorization_servers,
                     "mcp-lossless",
                     self.state.scopes_for[self.state.canonical],
+                    self.state.dpop_metadata,
                 ),
             )
         elif path == "/metrics":
             await self._metrics(scope, send)
+        elif path in ("/healthz", "/readyz") and scope["method"] in ("GET", "HEAD"):
+            await self._health(path, scope, send)
         elif self.dev_as is not None and self.dev_as.handles(path):
             await self.dev_as(scope, receive, send)
         else:
@@ -179,6 +189,31 @@ class LosslessApp:
                 )
                 return
         await respond(send, 200, self.state.metrics.render(), b"text/plain; version=0.0.4")
+
+    async def _health(self, path: str, scope: Scope, send: Send) -> None:
+        """``/healthz``: the process serves (liveness). ``/readyz``: it can serve calls now (readiness): the store
+        answers a read within :data:`READINESS_TIMEOUT` and the keys are loaded (the event-id secret, read from the
+        store, and the token verifier), else 503 naming each check that failed. Under the Host/Origin check of the
+        MCP endpoint, as ``/metrics``; no bearer: probes send none, and the answers tell nothing about calls."""
+        problem = self._rebinding_problem(scope)
+        if problem is not None:
+            await respond_json(send, 403, {"error": "forbidden", "error_description": problem})
+            return
+        if path == "/healthz":
+            await respond_json(send, 200, {"status": "ok"})
+            return
+        checks = {"store": await self._store_check(), "keys": "ok" if self.state.keys_loaded else "not loaded"}
+        ready = all(outcome == "ok" for outcome in checks.values())
+        await respond_json(send, 200 if ready else 503, {"status": "ready" if ready else "not_ready", "checks": checks})
+
+    async def _store_check(self) -> str:
+        try:
+            await asyncio.wait_for(self.state.store.get_session(READINESS_PROBE), READINESS_TIMEOUT)
+        except StoreUnavailable as exc:
+            return str(exc)
+        except TimeoutError:
+            return f"no answer within {READINESS_TIMEOUT:g} s"
+        return "ok"
 
     def _rebinding_problem(self, scope: Scope) -> str | None:
         """DNS-rebinding protection: Origin (and, on loopback, Host) must be ours (MCP transport MUST).
@@ -329,6 +364,8 @@ def create_app(
             single_audience=config.single_audience,
             token_ttl=config.token_ttl,
             signing=SigningKeys.shared(config.dev_keys) if config.dev_keys else None,
+            dpop_nonce=config.dpop_nonce,
+            dpop_window=config.dpop_window_seconds,
         )
         if verifier is None:
             verifier = JwtVerifier(config.dev_issuer, StaticJwks(dev_as.keys), leeway=config.leeway_seconds)

@@ -30,6 +30,7 @@ from joserfc import jws
 from joserfc.errors import JoseError
 from joserfc.jwk import Key, KeySet
 
+from ..core.dpop import ProofRefusal, bound_key
 from ..core.principal import Grant, Principal
 from ..core.resources import audience_of
 from .errors import ServerError
@@ -327,11 +328,17 @@ def grant_from_claims(
     client_id = _client_id(claims, profile)
     # RFC 9068 §2.2: for a client acting on its own behalf ``sub`` is the client; introspection may omit it.
     subject = client_id if introspected and "sub" not in claims else _required_string(claims, "sub")
+    # RFC 9449 §6: a bound token (a JWT's or an introspection answer's cnf.jkt) is usable only with a proof by
+    # that key; a cnf this server cannot check is refused rather than taken as unbound.
+    jkt = bound_key(claims)
+    if isinstance(jkt, ProofRefusal):
+        raise InvalidToken(jkt.description)
     return Grant(
         principal=Principal(issuer=issuer, subject=subject, client_id=client_id),
         audience=audience,
         expires_at=exp,
         scopes=_scopes(claims, profile),
+        jkt=jkt,
     )
 
 

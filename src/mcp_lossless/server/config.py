@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
+from ..core.dpop import PROOF_ALGORITHMS as DPOP_ALGORITHMS
 from ..core.limits import Limits
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
@@ -61,6 +62,17 @@ class ServerConfig:
     """Longest an introspection answer is reused (never past the token's ``exp``): how late a revocation bites."""
     leeway_seconds: float = 30.0
     """Clock skew allowed on ``exp``/``nbf``, at verification and for tokens expiring mid-stream."""
+    require_dpop: bool = False
+    """Honour DPoP-bound tokens only (RFC 9449): a bearer token is refused, and the protected resource metadata
+    says ``dpop_bound_access_tokens_required``. Bound tokens need their proof whatever this says."""
+    dpop_nonce: bool = False
+    """Every DPoP proof must carry a current server nonce (``DPoP-Nonce``, ``use_dpop_nonce``): a proof made
+    ahead of time is useless. Nonces come from the store's secret, so replicas sharing a store agree."""
+    dpop_algorithms: tuple[str, ...] = ("ES256", "EdDSA", "PS256", "RS256")
+    """The proof algorithms accepted (and advertised as ``algs`` and ``dpop_signing_alg_values_supported``)."""
+    dpop_window_seconds: float = 60.0
+    """How far a DPoP proof's ``iat`` may be from this server's clock, either way; also how long its ``jti`` is
+    remembered."""
     json_response: bool = False
     retry_ms: int = 1000
     max_body_bytes: int = 1024 * 1024
@@ -83,12 +95,23 @@ class ServerConfig:
             raise ConfigError(f"port = {self.port}: must be between 1 and 65535")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level = {_shown(self.log_level)}: must be one of {', '.join(LOG_LEVELS)}")
-        for name in ("token_ttl", "max_body_bytes", "max_batch", "session_idle_seconds", "client_request_seconds"):
+        for name in (
+            "token_ttl",
+            "max_body_bytes",
+            "max_batch",
+            "session_idle_seconds",
+            "client_request_seconds",
+            "dpop_window_seconds",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: must be positive")
         for name in ("retry_ms", "leeway_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: must not be negative")
+        unsupported = sorted(set(self.dpop_algorithms) - DPOP_ALGORITHMS)
+        if unsupported or not self.dpop_algorithms:
+            allowed = ", ".join(sorted(DPOP_ALGORITHMS))
+            raise ConfigError(f"dpop_algorithms = {list(self.dpop_algorithms)}: each must be one of {allowed}")
         if not self.path.startswith("/"):
             raise ConfigError(f"path = {_shown(self.path)}: must start with /")
         if self.issuer not in (None, "dev") and not _http_url(self.issuer):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,8 +23,14 @@ def metadata_url(resource: str) -> str:
 
 
 def metadata_document(
-    resource: str, authorization_servers: Iterable[str], name: str, scopes: Iterable[str] = ()
+    resource: str,
+    authorization_servers: Iterable[str],
+    name: str,
+    scopes: Iterable[str] = (),
+    dpop: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``dpop``: the RFC 9449 §5.2 members (``dpop_signing_alg_values_supported``, and
+    ``dpop_bound_access_tokens_required`` where the server takes nothing else), when the server checks proofs."""
     document: dict[str, Any] = {
         "resource": resource,
         "authorization_servers": list(authorization_servers),
@@ -34,6 +40,8 @@ def metadata_document(
     listed = sorted(scopes)
     if listed:
         document["scopes_supported"] = listed
+    if dpop:
+        document.update(dpop)
     return document
 
 
@@ -47,10 +55,17 @@ def challenge(
     resource_metadata: str,
     resources: Iterable[str] = (),
     scopes: Iterable[str] = (),
+    *,
+    scheme: str = "Bearer",
+    algs: Iterable[str] = (),
 ) -> bytes:
-    """A ``WWW-Authenticate: Bearer`` value. ``resource`` lists the indicators a new token must cover,
-    ``scope`` the scopes it must hold (RFC 6750 §3)."""
+    """A ``WWW-Authenticate`` value, ``Bearer`` (RFC 6750 §3) or ``DPoP`` (RFC 9449 §7.1, with ``algs``: the proof
+    algorithms this server takes). ``resource`` lists the indicators a new token must cover, ``scope`` the scopes
+    it must hold."""
     params = []
+    algorithms = " ".join(algs)
+    if algorithms:
+        params.append(f"algs={_quote(algorithms)}")
     if error is not None:
         params.append(f"error={_quote(error)}")
     if description is not None:
@@ -62,7 +77,7 @@ def challenge(
     if scope:
         params.append(f"scope={_quote(scope)}")
     params.append(f"resource_metadata={_quote(resource_metadata)}")
-    return ("Bearer " + ", ".join(params)).encode("latin-1", "replace")
+    return (f"{scheme} " + ", ".join(params)).encode("latin-1", "replace")
 
 
 def insufficient_scope(

@@ -6,7 +6,7 @@ stands alone: no session is minted, nothing is resumable, and a client that clos
 cancelled the request (the legacy leg keeps running the tool). Durable work goes through the tasks
 extension instead: a tool declared ``task=True``, called by a client that declared the extension, is stored
 as a task before ``CreateTaskResult`` is sent, runs detached from the request, and is polled with
-``tasks/get``. Every task request is decided by :func:`mcp_lossless.core.tasks.authorize` against the
+``tasks/get``. Every task request is decided by :func:`mcp_lossless.core.tasks.decide_poll` against the
 token of that request: another principal's task is answered like an unknown id, and the owner's task whose
 tool the token no longer covers gets a 403 with the same challenge a refused call gets and the resumable
 :data:`~mcp_lossless.core.errors.TASK_DENIED` error, never its result.
@@ -22,7 +22,7 @@ import re
 import secrets
 from base64 import b64decode
 from collections.abc import Callable, Coroutine, Generator, Iterable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, assert_never
 
 from .. import __version__
 from ..asgi import Receive, Send, respond
@@ -37,15 +37,19 @@ from ..core.tasks import (
     Deliver,
     Denied,
     IllegalTransition,
+    NeedRunner,
+    PollFacts,
+    Purpose,
     Requirement,
+    SettleLost,
     TaskRecord,
     TaskStatus,
     Unknown,
     advance,
     answered,
-    authorize,
     awaiting_input,
     consumed,
+    decide_poll,
     denial_error,
     denial_message,
     described,
@@ -53,7 +57,6 @@ from ..core.tasks import (
     extension_required,
     lost,
     new_task,
-    seen,
     task_view,
 )
 from ..stores.base import StoreUnavailable
@@ -400,6 +403,9 @@ class ModernLeg:
         capabilities = self._validate(index, method, params)
         rid: RequestId = message["id"]
         declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
+        if method in TASK_METHODS:  # a poll needs no channel and no request state: straight to its decision
+            await self._task_request(send, grant, rid, method, params, declared)
+            return
         answers: dict[str, dict[str, Any]] | None = None
         bound: Callable[[], mrtr.Binding] | None = None
         if method in mrtr.MRTR_METHODS:
@@ -425,8 +431,6 @@ class ModernLeg:
             await self._call(receive, send, grant, index, rid, params, declared, channel)
         elif method == "subscriptions/listen":
             await self._listen(receive, send, grant, rid, params, declared)
-        elif method in TASK_METHODS:
-            await self._task_request(send, grant, rid, method, params, declared)
         elif method in self.s.methods and method not in REMOVED:
             handler = self.s.methods[method]
             tags = self.s.method_tags.get(method)
@@ -686,7 +690,7 @@ class ModernLeg:
         """``subscriptions/listen``: the acknowledgement, then an open stream until the client leaves.
 
         Task state is pushed (``notifications/tasks``, the ``DetailedTask`` a ``tasks/get`` would answer) for the
-        ``taskIds`` this stream's token may see, decided by :func:`~mcp_lossless.core.tasks.authorize` exactly as
+        ``taskIds`` this stream's token may see, decided by :func:`~mcp_lossless.core.tasks.decide_poll` exactly as
         a poll with that token, at subscription and again at every push: another principal's id, an unknown one
         and one whose tool the token does not cover are left out of the acknowledgement (a poll tells the last
         apart: 403 ``TASK_DENIED``), and a task the token stops covering is no longer pushed. A push does not
@@ -709,8 +713,7 @@ class ModernLeg:
         watched: dict[str, tuple[object, ...] | None] = {}
         """Each watched task, with what its last push said (``None``: nothing pushed yet)."""
         for task_id in list(dict.fromkeys(task_ids or ()))[:MAX_WATCHED_TASKS]:
-            verdict = authorize(task_id, await self.tasks.get(task_id), grant, self.s.policy, now())
-            if isinstance(verdict, Deliver):
+            if isinstance(await self._look(grant, task_id, Purpose.WATCH), Deliver):
                 watched[task_id] = None
         agreed: dict[str, Any] = {"toolsListChanged": True} if tools else {}
         if task_ids is not None:
@@ -770,12 +773,14 @@ class ModernLeg:
         forgotten, as is one the token may no longer see."""
         notes = []
         for task_id, last in list(watched.items()):
-            at = now()
-            verdict = authorize(task_id, await self.tasks.get(task_id), grant, self.s.policy, at)
-            if not isinstance(verdict, Deliver):
-                del watched[task_id]
-                continue
-            record = await self._settle_if_lost(verdict.record, at)
+            match await self._look(grant, task_id, Purpose.PUSH):
+                case Unknown() | Denied():
+                    del watched[task_id]
+                    continue
+                case Deliver(record=record):
+                    pass
+                case unreachable:
+                    assert_never(unreachable)
             state = (record.status, record.updated_at, tuple(record.input_requests))
             if state != last:
                 watched[task_id] = state
@@ -940,36 +945,64 @@ class ModernLeg:
     async def _task_request(
         self, send: Send, grant: Grant, rid: RequestId, method: str, params: dict[str, Any], declared: bool
     ) -> None:
+        """``tasks/get``, ``tasks/update``, ``tasks/cancel``: the poll decision, then the method's own work."""
         if not declared:
             raise self._missing_extension()
-        task_id: str = params["taskId"]  # checked against Mcp-Name above: a string
+        task_id: str = params["taskId"]  # checked against Mcp-Name in _validate: a string
+        match await self._look(grant, task_id, Purpose.POLL):
+            case Unknown():
+                await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, UNKNOWN_MESSAGE), b"application/json")
+            case Denied() as denied:
+                self._deny(denied)
+            case Deliver(record=record):
+                if method == "tasks/get":
+                    await self._answer(send, rid, detailed_task(record, self.poll_ms))
+                    return
+                if method == "tasks/update":
+                    try:
+                        await self._deliver(task_id, params.get("inputResponses", {}))  # none sent: none delivered
+                    except mrtr.BadInput as exc:
+                        error = frames.error(rid, errors.INVALID_PARAMS, str(exc))
+                        await respond(send, 200, error, b"application/json")
+                        return
+                elif not record.status.terminal:  # tasks/cancel
+                    await self._cancel(record)
+                await self._answer(send, rid, {})  # an empty acknowledgement: the next tasks/get shows the effect
+            case unreachable:
+                assert_never(unreachable)
+
+    async def _look(self, grant: Grant, task_id: str, purpose: Purpose) -> Unknown | Denied | Deliver:
+        """Answer what :func:`~mcp_lossless.core.tasks.decide_poll` asks about ``task_id`` and write what its
+        outcome says (a lost task settled, the owner's poll noted): the store's part of every look at a task."""
         at = now()
-        record = await self.tasks.get(task_id)
-        verdict = authorize(task_id, record, grant, self.s.policy, at)
-        if isinstance(verdict, Unknown):
-            await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, UNKNOWN_MESSAGE), b"application/json")
-            return
-        await self.tasks.touch(task_id, at)  # the owner asked: its TTL restarts, denied or not
-        if isinstance(verdict, Denied):
-            self._deny(verdict, record)
-        record = await self._settle_if_lost(seen(verdict.record, at), at)
-        if method == "tasks/get":
-            await self._answer(send, rid, detailed_task(record, self.poll_ms))
-            return
-        if method == "tasks/update":
-            try:
-                await self._deliver(task_id, params.get("inputResponses", {}))  # none sent: none delivered
-            except mrtr.BadInput as exc:
-                await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, str(exc)), b"application/json")
-                return
-        if method == "tasks/cancel" and not record.status.terminal:
-            running = self.running.get(task_id)
-            if running is not None:
-                self.cancelling.add(task_id)
-                running.cancel("cancelled by its owner")
-            else:  # another replica runs it: record the cancel; its own outcome can then no longer land
-                await self._update(advance(record, TaskStatus.CANCELLED, at, message="cancelled by its owner"))
-        await self._answer(send, rid, {})  # an empty acknowledgement: the next tasks/get shows the effect
+        facts = PollFacts(task_id, await self.tasks.get(task_id), purpose)
+        while True:
+            match decide_poll(facts, grant, self.s.policy, at):
+                case NeedRunner(owner=owner):
+                    if owner == self.s.instance:
+                        facts.runs = task_id in self.running
+                    else:
+                        facts.runs = await self.s.store.owner_alive(owner)
+                case SettleLost(record=settled):
+                    facts.record = await self._update(settled) or settled  # a purged task is answered as settled
+                    log_decision("task_lost", task=task_id[:8])
+                case Unknown() as unknown:
+                    return unknown
+                case Denied(touch_at=touch_at) | Deliver(touch_at=touch_at) as outcome:
+                    if touch_at is not None:
+                        await self.tasks.touch(task_id, touch_at)
+                    return outcome
+                case unreachable:
+                    assert_never(unreachable)
+
+    async def _cancel(self, record: TaskRecord) -> None:
+        """``tasks/cancel`` of a live task: stop its tool here, or record the cancel for the replica running it."""
+        running = self.running.get(record.task_id)
+        if running is not None:
+            self.cancelling.add(record.task_id)
+            running.cancel("cancelled by its owner")
+        else:  # another replica runs it: record the cancel; its own outcome can then no longer land
+            await self._update(advance(record, TaskStatus.CANCELLED, now(), message="cancelled by its owner"))
 
     @staticmethod
     def _missing_extension() -> Refused:
@@ -980,28 +1013,14 @@ class ModernLeg:
             extension_required(),
         )
 
-    def _deny(self, denied: Denied, record: TaskRecord | None) -> NoReturn:
+    def _deny(self, denied: Denied) -> NoReturn:
         self.s.metrics.refusals.labels("insufficient_audience", "task").inc()
         log_decision("task_denied", task=denied.task_id[:8], missing=list(denied.missing_resources))
         error = denial_error(denied)
         gap = requirement(denied.missing_resources, denied.missing_scopes)
-        needed = requirement(record.requirement.resources, record.requirement.scopes) if record else gap
+        needed = requirement(denied.requirement.resources, denied.requirement.scopes)
         headers = self._challenge(denial_message(denied), gap, needed)
         raise _refused(403, error["code"], error["message"], error["data"], headers)
-
-    async def _settle_if_lost(self, record: TaskRecord, at: float) -> TaskRecord:
-        """A live task whose process is gone ends ``failed`` with the execution-lost error, never ``working``."""
-        if record.status.terminal:
-            return record
-        if record.owner == self.s.instance:
-            alive = record.task_id in self.running
-        else:
-            alive = await self.s.store.owner_alive(record.owner)
-        if alive:
-            return record
-        stored = await self._update(lost(record, at))
-        log_decision("task_lost", task=record.task_id[:8])
-        return stored or record
 
 
 _Mirrored = tuple[tuple[str, ...], bytes]

@@ -4,13 +4,16 @@ logged only once the socket listens (a readiness signal a script can await; a fa
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
+import logging
 import resource
+import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import uvicorn
 
@@ -21,6 +24,11 @@ from .connections import KEEP_ALIVE_SECONDS, ConnectionGuard, guarded_protocol
 from .observability import log_decision
 
 FD_LIMIT_WITHOUT_HARD_CAP = 1 << 16
+HANGUP_IGNORED = (
+    "SIGHUP ignored: reloading the configuration (upstreams, limits) is not supported; restart the process to "
+    "apply a change"
+)
+log = logging.getLogger("mcp_lossless.server.serving")
 
 
 def raise_fd_limit() -> int:
@@ -82,6 +90,23 @@ class LosslessServer(uvicorn.Server):
         with contextlib.suppress(KeyboardInterrupt):
             super().run(sockets=sockets)
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's (SIGINT and SIGTERM stop the server gracefully), and SIGHUP, which an operator sends to
+        reload: its default action would end the process without a word, so it is logged as unsupported and
+        ignored instead. Only in the main thread, as uvicorn's: a server run in another thread leaves the
+        process's signals to its host."""
+        with super().capture_signals():
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGHUP, _hangup_ignored)
+            try:
+                yield
+            finally:
+                loop.remove_signal_handler(signal.SIGHUP)
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         try:
             await super().startup(sockets=sockets)
@@ -102,6 +127,10 @@ class LosslessServer(uvicorn.Server):
             instance=state.instance,
             max_connections=self.guard.cap,
         )
+
+
+def _hangup_ignored() -> None:
+    log.warning(HANGUP_IGNORED, extra={"fields": {"event": "signal_ignored", "signal": "SIGHUP"}})
 
 
 def lossless_server(

@@ -16,6 +16,7 @@ from ..stores.base import EventStore
 from . import metadata
 from .auth import TokenVerifier
 from .config import ServerConfig
+from .dpop import DpopGuard, DpopSettings
 from .observability import Metrics
 from .sessions import SessionRegistry
 from .streams import LiveStream
@@ -72,14 +73,33 @@ class ServerState:
         self.anonymous = Grant(ANONYMOUS, frozenset({canonical}))
         self.leeway = config.leeway_seconds
         self.prm_url = metadata.metadata_url(canonical)
+        settings = DpopSettings(
+            algorithms=config.dpop_algorithms,
+            window=config.dpop_window_seconds,
+            required=config.require_dpop,
+            nonce=config.dpop_nonce,
+        )
+        public_url = config.public_url.rstrip("/") if config.public_url else None
+        self.dpop = DpopGuard(settings, store, self.prm_url, public_url=public_url)
+        """DPoP proofs, their replay cache and nonces: checked on every request with a token (both eras)."""
         self._codec: EventIdCodec | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def dpop_metadata(self) -> dict[str, object] | None:
+        """The DPoP members of the protected resource metadata, when the server takes tokens at all."""
+        return self.dpop.metadata() if self.config.issuer is not None or self.verifier is not None else None
 
     @property
     def codec(self) -> EventIdCodec:
         if self._codec is None:
             raise RuntimeError("server not started: the event-id secret comes from the store at startup")
         return self._codec
+
+    @property
+    def keys_loaded(self) -> bool:
+        """The event-id secret is read from the store and tokens can be verified (no verifier without auth)."""
+        return self._codec is not None and (self.verifier is not None or self.config.issuer is None)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -504,29 +504,33 @@ class Transport:
     # -- shared checks -------------------------------------------------------------------------------
 
     async def _authenticate(self, scope: Scope) -> Grant:
-        """The request's grant; 401 with a challenge when there is no token, or one this server does not take."""
+        """The request's grant; 401 with challenges when there is no token, or one this server does not take.
+
+        A token comes as ``Bearer`` or as ``DPoP`` (RFC 9449 §7.1); :meth:`.dpop.DpopGuard.check` then decides
+        whether the proof (or its absence) lets this request use it. Every request of both eras comes here, so
+        a resume or a task poll is held to the same proof as the call that started it.
+        """
         state = self.state
         if state.verifier is None:
             return state.anonymous
-        raw = header(scope, b"authorization")
-        if raw is None or not raw.lower().startswith("bearer "):
-            challenge = metadata.challenge(None, None, state.prm_url)
+        raw = header(scope, b"authorization") or ""
+        scheme, _, token = raw.partition(" ")
+        scheme, token = scheme.lower(), token.strip()
+        if scheme not in ("bearer", "dpop") or not token:
             raise Refused.rpc(
-                401, errors.INVALID_REQUEST, "authorization required", headers=[(b"www-authenticate", challenge)]
+                401, errors.INVALID_REQUEST, "authorization required", headers=state.dpop.challenges(None, None)
             )
         try:
-            grant = await state.verifier.verify(raw[7:].strip())
+            grant = await state.verifier.verify(token)
         except InvalidToken as exc:
-            raise self._invalid_token(exc.description) from None
+            raise state.dpop.refused("invalid_token", exc.description, scheme) from None
         except VerifierUnavailable as exc:  # the token could not be judged: not the client's fault, no challenge
             raise Refused.rpc(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"1")]) from None
         if not state.policy.admits(grant.audience):
-            raise self._invalid_token("token audience does not include this server or any of its tools")
+            description = "token audience does not include this server or any of its tools"
+            raise state.dpop.refused("invalid_token", description, scheme)
+        await state.dpop.check(scope, scheme, token, grant)
         return grant
-
-    def _invalid_token(self, description: str) -> Refused:
-        challenge = metadata.challenge("invalid_token", description, self.state.prm_url)
-        return Refused.rpc(401, errors.INVALID_REQUEST, description, headers=[(b"www-authenticate", challenge)])
 
     def _recent_session(self, scope: Scope, grant: Grant) -> ServerSession | None:
         """:meth:`_session`'s answer when the registry has it at hand without awaiting

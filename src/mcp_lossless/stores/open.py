@@ -6,6 +6,8 @@ so a factory in an interface module would close an import circle through each of
 
 from __future__ import annotations
 
+import sys
+
 from .base import EventStore
 from .tasks import TaskStore
 
@@ -35,19 +37,24 @@ def open_store(spec: str) -> EventStore:
 
 
 def task_store_beside(events: EventStore) -> TaskStore:
-    """The task store that keeps tasks where ``events`` keeps events: the same SQLite file, the same Redis and
-    prefix, process memory for the memory store (and for any other event store: pass a task store for it)."""
-    from .redis import RedisStore
+    """The task store that is a facet of ``events`` (ADR 0028): the same SQLite file, writer thread and schema; the
+    same Redis client and prefix; process memory for the memory store (and for any other event store: pass a task
+    store for it).
+
+    A Redis event store can only exist once its module was imported, so that module is looked up, never
+    imported: a SQLite server does not load the Redis client library for its tasks either.
+    """
     from .sqlite import SqliteStore
 
     if isinstance(events, SqliteStore):
         from .tasks_sqlite import SqliteTaskStore
 
-        return SqliteTaskStore(events.path)
-    if isinstance(events, RedisStore):
+        return SqliteTaskStore(events)
+    redis = sys.modules.get(f"{__package__}.redis")
+    if redis is not None and isinstance(events, redis.RedisStore):
         from .tasks_redis import RedisTaskStore
 
-        return RedisTaskStore(events.url, prefix=events.prefix)
+        return RedisTaskStore(events)
     from .tasks_memory import MemoryTaskStore
 
     return MemoryTaskStore()

@@ -500,6 +500,17 @@ class RedisStore:
             raise RuntimeError("RedisStore used before open()")
         return self._redis
 
+    @property
+    def client(self) -> Redis:
+        """The open store's client of the master, its pool and its Sentinel discovery included: what the facets
+        keeping keys beside the store's own use (:mod:`.tasks_redis`), so they fail over with it."""
+        return self._r
+
+    @property
+    def where(self) -> str:
+        """The store's address for messages (never the URL, which may carry a password)."""
+        return self._where
+
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
         """Turn "Redis cannot serve now" into :class:`StoreUnavailable`; let real bugs through."""
@@ -609,6 +620,12 @@ class RedisStore:
                 raise StoreUnavailable(f"redis store at {self._where}: the event-id secret {key} is missing")
             self._secret = value
         return self._secret
+
+    async def claim_once(self, name: str, ttl_ms: int) -> bool:
+        """True the first time ``name`` is claimed within ``ttl_ms`` (``SET NX PX``): every replica sees one
+        claim. The DPoP replay cache uses it so a proof replayed to another replica is refused too."""
+        with self._guard():
+            return bool(await self._r.set(f"{self.prefix}:once:{name}", b"1", nx=True, px=ttl_ms))
 
     # -- sessions ------------------------------------------------------------------------------------
 

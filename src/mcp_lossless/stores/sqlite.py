@@ -43,7 +43,7 @@ from .held import ROW_BYTES, STREAM_BYTES, HeldBytes
 
 T = TypeVar("T")
 
-_SCHEMA_VERSION = 5
+_SCHEMA_VERSION = 6
 _LOSSES = {2: Loss.OWNER, 3: Loss.STORE}
 """``streams.completed`` beyond 1: the stream ended as lost, and why (ADR 0025). Any non-zero value is completed, so
 files stay readable by the versions before (which see such a stream as completed with its requests unanswered)."""
@@ -89,6 +89,15 @@ CREATE TABLE IF NOT EXISTS session_streams (
     stream_id INTEGER NOT NULL,
     PRIMARY KEY (session_id, stream_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    terminal INTEGER NOT NULL,
+    record BLOB NOT NULL,
+    seen_at REAL NOT NULL,
+    ttl REAL,
+    expires_at REAL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at);
 """
 """Schema 4 (ADR 0017): a stream's events are keyed by its row's integer id, which grows with each stream opened,
 so the events of the streams in work sit together at the end of their B-tree and a commit writes a few pages,
@@ -104,7 +113,12 @@ Schema 5 (ADR 0022): a session's streams are found through ``session_streams``, 
 (:data:`_INDEX_EVERY` streams at a time, and at each sweep), not in each commit: version 4's index by session put
 each new stream's entry on its session's page, one page per session a commit touched (measured: 43 WAL writes a
 commit of 8 calls from 16 sessions, 20 without it). The streams not indexed yet are those above
-``indexed_through`` (in ``meta``), found by their id range; a session's deletion takes both."""
+``indexed_through`` (in ``meta``), found by their id range; a session's deletion takes both.
+
+Schema 6 (ADR 0028): the tasks of the 2026-07-28 leg (:mod:`.tasks_sqlite`) are part of the schema, written by
+the writer thread like everything else. Version 5 files may hold the same ``tasks`` table already (the task store
+created it, outside the versioned schema, with a connection of its own): its definition is this one, so the
+migration keeps it and its rows as they are, and creates it where it is missing."""
 _MIGRATE_FROM_1 = (
     "ALTER TABLE streams ADD COLUMN completed_at REAL; UPDATE streams SET completed_at = {now} WHERE completed;"
 )
@@ -650,7 +664,7 @@ class SqliteStore:
             page_size = db.execute("PRAGMA page_size").fetchone()[0]
             db.execute(f"PRAGMA max_page_count={self.max_bytes // page_size}")
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, 1, 2, 3, 4, _SCHEMA_VERSION):
+        if version not in (0, 1, 2, 3, 4, 5, _SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {version}, expected {_SCHEMA_VERSION}")
         script = _SCHEMA
         if version in (3, 4):
@@ -924,6 +938,15 @@ class SqliteStore:
         future = self._future()
         self._submit(_Call(fn, False, future))
         return future
+
+    def run_write(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Run ``fn`` on the writer thread inside its next transaction; resolves after the commit. For the facets
+        that keep their rows in this file (:mod:`.tasks_sqlite`): one connection, one writer, one schema."""
+        return self._write(fn)
+
+    def run_read(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Run ``fn`` on the writer thread after the batch queued before it committed (it sees those writes)."""
+        return self._read(fn)
 
     # -- the interface -------------------------------------------------------------------------------
 

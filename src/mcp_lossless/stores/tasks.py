@@ -5,6 +5,12 @@ A task store keeps :class:`~mcp_lossless.core.tasks.TaskRecord` s in the one ser
 server relies on across processes: a terminal task is never overwritten (the first outcome wins, so a
 cancel racing a completion, or a replica settling a lost task, cannot clobber a result), and an owner's
 poll only ever moves ``seen_at`` forward.
+
+Every store is a facet of the event store it sits in (ADR 0028): the same SQLite file, writer thread and
+schema; the same Redis client; process memory beside the memory store. And every store behaves alike at its
+bounds: it holds at most ``max_tasks`` (:data:`DEFAULT_MAX_TASKS`) tasks, makes room by purging the expired ones
+when full, then refuses with :class:`TaskLimitReached`; :meth:`TaskStore.purge_expired` deletes what expired and
+says how many.
 """
 
 from __future__ import annotations
@@ -13,9 +19,17 @@ from typing import Protocol
 
 from ..core.tasks import TaskRecord
 
+DEFAULT_MAX_TASKS = 100_000
+"""Tasks a store holds at most, expired ones not yet purged included."""
+
 
 class TaskLimitReached(Exception):
     """The store holds as many tasks as it may; the server answers with a clear error, nothing is created."""
+
+
+def limit_message(max_tasks: int) -> str:
+    """What :class:`TaskLimitReached` says, the same from every store (the server sends it)."""
+    return f"the server holds {max_tasks} tasks, its limit"
 
 
 class TaskStore(Protocol):
@@ -23,7 +37,10 @@ class TaskStore(Protocol):
     async def close(self) -> None: ...
 
     async def create(self, record: TaskRecord) -> None:
-        """Store a new task durably: once this returns, :meth:`get` on any process sharing the store finds it."""
+        """Store a new task durably: once this returns, :meth:`get` on any process sharing the store finds it.
+
+        When the store holds its limit, the tasks expired at ``record.created_at`` are purged first; if that frees
+        nothing, :class:`TaskLimitReached` and nothing is stored."""
         ...
 
     async def get(self, task_id: str) -> TaskRecord | None: ...
@@ -40,5 +57,5 @@ class TaskStore(Protocol):
         ...
 
     async def purge_expired(self, now: float) -> int:
-        """Delete the tasks whose TTL has run out; return how many."""
+        """Delete the tasks whose TTL ran out before ``now``; return how many."""
         ...

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..core.tasks import TaskRecord
-from .tasks import TaskLimitReached
+from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
 
 
 class MemoryTaskStore:
     """A dict of records, bounded by ``max_tasks`` (expired ones are purged first when it is full)."""
 
-    def __init__(self, max_tasks: int = 100_000) -> None:
+    def __init__(self, max_tasks: int = DEFAULT_MAX_TASKS) -> None:
         if max_tasks < 1:
             raise ValueError("max_tasks must be at least 1")
         self.max_tasks = max_tasks
@@ -25,7 +25,7 @@ class MemoryTaskStore:
 
     async def create(self, record: TaskRecord) -> None:
         if len(self._tasks) >= self.max_tasks and not await self.purge_expired(record.created_at):
-            raise TaskLimitReached(f"the server holds {self.max_tasks} tasks, its limit")
+            raise TaskLimitReached(limit_message(self.max_tasks))
         self._tasks[record.task_id] = record
 
     async def get(self, task_id: str) -> TaskRecord | None:

@@ -1,10 +1,20 @@
-"""Tasks in Redis, visible to every replica: one hash per task, ``P:task:<id>``, written by Lua scripts.
+"""Tasks in Redis, visible to every replica: a facet of :class:`~.redis.RedisStore`, on its client.
 
-Fields: ``record`` (the core's serialized task), ``terminal`` (``0``/``1``), ``seen`` (the owner's last
-poll, kept outside the record so a poll is one small script), ``ttl`` and ``exp`` (seconds; empty for
-unlimited). The key expires by itself a grace period after ``exp``, so an abandoned task costs nothing;
-before that the core's own expiry answers for it. The scripts keep the store's two rules atomic on
-every replica: a terminal task is never overwritten, and ``seen`` only moves forward.
+The facet uses the event store's client (its connection pool, its Sentinel discovery, its timeouts and retries),
+so a ``redis+sentinel://`` store keeps its tasks on the master Sentinel names and follows it through a failover,
+as its events do (ADR 0028). It opens and closes nothing: the event store's owner does.
+
+One hash per task, ``P:task:<id>``, written by Lua scripts. Fields: ``record`` (the core's serialized task),
+``terminal`` (``0``/``1``), ``seen`` (the owner's last poll, kept outside the record so a poll is one small
+script), ``ttl`` and ``exp`` (seconds; empty for unlimited). The key expires by itself a grace period after
+``exp``, so an abandoned task costs nothing; before that the core's own expiry answers for it. The scripts keep
+the store's two rules atomic on every replica: a terminal task is never overwritten, and ``seen`` only moves
+forward. Each script touches one key only, so a task's writes stay within its hash slot.
+
+``P:tasks`` indexes the tasks by their expiry as created (``+inf`` for unlimited): its size is the count the
+``max_tasks`` limit is held to, and :meth:`RedisTaskStore.purge_expired` reads the candidates from it. A poll
+only ever moves a task's expiry later, so a score is never later than the expiry it stands for; the purge reads
+the true one from the hash before it deletes (and scores the task again if a poll moved it).
 """
 
 from __future__ import annotations
@@ -19,10 +29,22 @@ from redis.asyncio import Redis
 
 from ..core.tasks import TaskRecord, decode_task, encode_task
 from .base import StoreUnavailable
-from .redis import connect, is_outage
+from .redis import RedisStore, is_outage
+from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
 
 EXPIRY_GRACE_SECONDS = 60.0
 """Redis drops a task this long after the core considers it expired (clock skew between replicas)."""
+PURGE_CHUNK = 500
+"""Expired candidates one round of :meth:`RedisTaskStore.purge_expired` reads and checks."""
+
+_CREATE = """
+redis.call('HSET', KEYS[1], 'record', ARGV[1], 'terminal', ARGV[2], 'seen', ARGV[3], 'ttl', ARGV[4], 'exp', ARGV[5])
+if ARGV[5] ~= '' then
+  redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', math.floor((tonumber(ARGV[5]) + tonumber(ARGV[6])) * 1000)))
+end
+return 1
+"""
+"""ARGV: as :data:`_UPDATE`'s. The hash and its expiry in one step: a task never lingers without one."""
 
 _UPDATE = """
 local cur = redis.call('HMGET', KEYS[1], 'terminal', 'seen')
@@ -54,35 +76,47 @@ return 2
 """
 """ARGV: now, grace seconds. The expiry moves to ``now + ttl`` at least, like the core's rule."""
 
+_PURGE_ONE = """
+local exp = redis.call('HGET', KEYS[1], 'exp')
+if not exp then return 'gone' end
+if exp ~= '' and tonumber(exp) < tonumber(ARGV[1]) then redis.call('DEL', KEYS[1]) return 'gone' end
+return exp
+"""
+"""ARGV: now. Deletes the task if it expired before ``now``; else returns its expiry (empty: unlimited)."""
+
+_GONE = b"gone"
+
 
 def _number(value: float | None) -> str:
     return "" if value is None else repr(value)
 
 
 class RedisTaskStore:
-    def __init__(self, url: str, *, prefix: str = "mcpl") -> None:
-        self.url = url
-        self.prefix = prefix
-        self._redis: Redis | None = None
+    """The tasks of ``events``' Redis under its prefix, at most ``max_tasks`` of them."""
+
+    def __init__(self, events: RedisStore, max_tasks: int = DEFAULT_MAX_TASKS) -> None:
+        if max_tasks < 1:
+            raise ValueError("max_tasks must be at least 1")
+        self.events = events
+        self.prefix = events.prefix
+        self.max_tasks = max_tasks
+        self._index = f"{self.prefix}:tasks"
 
     async def open(self) -> None:
-        self._redis = connect(self.url, socket_timeout=5.0, socket_connect_timeout=2.0)  # redis:// or Sentinel
+        return None
 
     async def close(self) -> None:
-        if self._redis is not None:
-            await self._redis.aclose()
-            self._redis = None
+        return None
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[Redis]:
-        if self._redis is None:
-            raise RuntimeError("RedisTaskStore used before open()")
         try:
-            yield self._redis
+            yield self.events.client
         except (rx.RedisError, TimeoutError) as exc:  # NOREPLICAS (min-replicas-to-write), MISCONF… as well
             if not is_outage(exc):
                 raise
-            raise StoreUnavailable(f"redis task store unavailable: {exc or type(exc).__name__}") from exc
+            where = self.events.where
+            raise StoreUnavailable(f"redis task store at {where} unavailable: {exc or type(exc).__name__}") from exc
 
     def _key(self, task_id: str) -> str:
         return f"{self.prefix}:task:{task_id}"
@@ -93,13 +127,15 @@ class RedisTaskStore:
         return [encode_task(record), terminal, repr(record.seen_at), ttl, expires, repr(EXPIRY_GRACE_SECONDS)]
 
     async def create(self, record: TaskRecord) -> None:
-        body, terminal, seen, ttl, exp, _ = self._fields(record)
-        key = self._key(record.task_id)
         with self._guard() as r:
-            async with r.pipeline(transaction=True) as pipe:
-                pipe.hset(key, mapping={"record": body, "terminal": terminal, "seen": seen, "ttl": ttl, "exp": exp})
-                if record.expires_at is not None:
-                    pipe.pexpireat(key, round((record.expires_at + EXPIRY_GRACE_SECONDS) * 1000))
+            if await r.zcard(self._index) >= self.max_tasks:
+                await self.purge_expired(record.created_at)
+                if await r.zcard(self._index) >= self.max_tasks:
+                    raise TaskLimitReached(limit_message(self.max_tasks))
+            score = float("inf") if record.expires_at is None else record.expires_at
+            async with r.pipeline(transaction=False) as pipe:
+                pipe.zadd(self._index, {record.task_id: score})  # counted before it exists: never one uncounted
+                pipe.eval(_CREATE, 1, self._key(record.task_id), *self._fields(record))
                 await pipe.execute()
 
     async def get(self, task_id: str) -> TaskRecord | None:
@@ -120,4 +156,26 @@ class RedisTaskStore:
             await r.eval(_TOUCH, 1, self._key(task_id), repr(now), repr(EXPIRY_GRACE_SECONDS))
 
     async def purge_expired(self, now: float) -> int:
-        return 0  # Redis expires the keys itself
+        """Delete the indexed tasks expired before ``now`` (Redis may have dropped their hashes already, a grace
+        period after; they count as purged here all the same, as they would have in the other stores)."""
+        purged = 0
+        with self._guard() as r:
+            while True:
+                due = cast(list[bytes], await r.zrangebyscore(self._index, "-inf", f"({now!r}", 0, PURGE_CHUNK))
+                if not due:
+                    return purged
+                async with r.pipeline(transaction=False) as pipe:
+                    for task_id in due:
+                        pipe.eval(_PURGE_ONE, 1, self._key(task_id.decode()), repr(now))
+                    found = cast(list[bytes], await pipe.execute())
+                gone = [task_id for task_id, exp in zip(due, found, strict=True) if exp == _GONE]
+                later = {task_id: float(exp or "inf") for task_id, exp in zip(due, found, strict=True) if exp != _GONE}
+                async with r.pipeline(transaction=False) as pipe:
+                    if gone:
+                        pipe.zrem(self._index, *gone)
+                    if later:  # polled since: scored by the expiry its polls moved it to
+                        pipe.zadd(self._index, later, xx=True)
+                    await pipe.execute()
+                purged += len(gone)
+                if len(due) < PURGE_CHUNK:
+                    return purged

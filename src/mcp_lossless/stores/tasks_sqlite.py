@@ -1,88 +1,72 @@
-"""Tasks in the SQLite file of the event store (table ``tasks``, its own connection): they survive SIGKILL.
+"""Tasks in the SQLite file of the event store: a facet of :class:`~.sqlite.SqliteStore`, not a store beside it.
 
-Same durability as :mod:`mcp_lossless.stores.sqlite`: every write commits (WAL, ``synchronous=NORMAL``)
-before it returns, so a task acknowledged with ``CreateTaskResult`` is on disk as far as a process crash
-goes. A task whose process died stays ``working`` in the file; the server settles it as lost the first
-time it is polled (the event store's ``owner_alive`` knows no other live process for a SQLite file).
+The ``tasks`` table is part of the event store's versioned schema (6, ADR 0028), and every task read and write
+runs on the event store's writer thread and connection, queued with its appends: a task write joins their group
+commit, no second connection waits for the file's lock, and no worker thread is needed. Durability is the event
+store's: a task acknowledged with ``CreateTaskResult`` has committed (WAL, ``synchronous=NORMAL``) and survives a
+crash of the process. A task whose process died stays ``working`` in the file; the server settles it as lost the
+first time it is polled (the event store's ``owner_alive`` knows no other live process for a SQLite file).
 
-Threading: the event store writes the same file from a thread of its own, so a task write may wait for its
-lock; each operation therefore runs on a worker thread (one at a time), never blocking the event loop.
+The facet opens and closes nothing: the event store's owner does (the server opens it before the task layer and
+closes it after).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
 from dataclasses import replace
-from typing import TypeVar
-
-import anyio
 
 from ..core.tasks import TaskRecord, decode_task, encode_task
-from .base import StoreUnavailable
+from .sqlite import SqliteStore
+from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
 
-T = TypeVar("T")
+_COUNT = "SELECT count(*) FROM tasks"
+_PURGE = "DELETE FROM tasks WHERE expires_at IS NOT NULL AND expires_at < ?"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    task_id TEXT PRIMARY KEY,
-    terminal INTEGER NOT NULL,
-    record BLOB NOT NULL,
-    seen_at REAL NOT NULL,
-    ttl REAL,
-    expires_at REAL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at);
-"""
-"""``seen_at``, ``ttl`` and ``expires_at`` live beside the record so a poll and the purge need not decode it."""
+
+def _row(record: TaskRecord) -> tuple[str, int, bytes, float, float | None, float | None]:
+    """``seen_at``, ``ttl`` and ``expires_at`` live beside the record so a poll and the purge need not decode it."""
+    terminal = int(record.status.terminal)
+    return (record.task_id, terminal, encode_task(record), record.seen_at, record.ttl, record.expires_at)
 
 
 class SqliteTaskStore:
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._conn: sqlite3.Connection | None = None
-        self._one = anyio.CapacityLimiter(1)
+    """The tasks of ``events``' file, at most ``max_tasks`` of them (expired ones are purged first when full)."""
+
+    def __init__(self, events: SqliteStore, max_tasks: int = DEFAULT_MAX_TASKS) -> None:
+        if max_tasks < 1:
+            raise ValueError("max_tasks must be at least 1")
+        self.events = events
+        self.max_tasks = max_tasks
+        self._count: int | None = None
+        """How many tasks the file holds, at most (writer thread only; ``None``: count again). One process owns the
+        file, so the count need not be read per task created: a create adds one (a rolled-back one leaves it one
+        too high, which the recount at the limit corrects) and a purge has it counted again."""
 
     async def open(self) -> None:
-        def connect() -> sqlite3.Connection:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute("PRAGMA busy_timeout=5000")
-                conn.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
-            except BaseException:
-                conn.close()
-                raise
-            return conn
-
-        try:
-            self._conn = await anyio.to_thread.run_sync(connect, limiter=self._one)
-        except sqlite3.DatabaseError as exc:
-            raise StoreUnavailable(f"cannot open sqlite task store {self.path!r}: {exc}") from exc
+        return None
 
     async def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await anyio.to_thread.run_sync(conn.close, limiter=self._one)
-
-    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        conn = self._conn
-        if conn is None:
-            raise RuntimeError("SqliteTaskStore used before open()")
-        try:
-            return await anyio.to_thread.run_sync(work, conn, limiter=self._one)
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"sqlite task store {self.path!r} unavailable: {exc}") from exc
-
-    @staticmethod
-    def _row(record: TaskRecord) -> tuple[str, int, bytes, float, float | None, float | None]:
-        terminal = int(record.status.terminal)
-        return (record.task_id, terminal, encode_task(record), record.seen_at, record.ttl, record.expires_at)
+        return None
 
     async def create(self, record: TaskRecord) -> None:
-        row = self._row(record)
-        await self._run(lambda db: db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?)", row))
+        row = _row(record)
+
+        def create(db: sqlite3.Connection) -> bool:
+            count = self._count
+            if count is None:
+                count = db.execute(_COUNT).fetchone()[0]
+            if count >= self.max_tasks:  # full as far as known: what expired makes room, then count exactly
+                db.execute(_PURGE, (record.created_at,))
+                count = self._count = db.execute(_COUNT).fetchone()[0]
+                if count >= self.max_tasks:
+                    return False
+            db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?)", row)
+            self._count = count + 1
+            return True
+
+        if not await self.events.run_write(create):
+            raise TaskLimitReached(limit_message(self.max_tasks))
 
     async def get(self, task_id: str) -> TaskRecord | None:
         def read(db: sqlite3.Connection) -> tuple[bytes, float] | None:
@@ -91,7 +75,7 @@ class SqliteTaskStore:
             ).fetchone()
             return found
 
-        row = await self._run(read)
+        row = await self.events.run_read(read)
         if row is None:
             return None
         record = decode_task(row[0])
@@ -99,27 +83,20 @@ class SqliteTaskStore:
 
     async def update(self, record: TaskRecord) -> TaskRecord | None:
         def write(db: sqlite3.Connection) -> None:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                row = db.execute("SELECT terminal, seen_at FROM tasks WHERE task_id = ?", (record.task_id,)).fetchone()
-                if row is not None and not row[0]:
-                    fresh = replace(record, seen_at=max(record.seen_at, row[1]))
-                    db.execute(
-                        "UPDATE tasks SET terminal = ?, record = ?, seen_at = ?, ttl = ?, expires_at = ? "
-                        "WHERE task_id = ?",
-                        (*self._row(fresh)[1:], record.task_id),
-                    )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            row = db.execute("SELECT terminal, seen_at FROM tasks WHERE task_id = ?", (record.task_id,)).fetchone()
+            if row is not None and not row[0]:
+                fresh = replace(record, seen_at=max(record.seen_at, row[1]))
+                db.execute(
+                    "UPDATE tasks SET terminal = ?, record = ?, seen_at = ?, ttl = ?, expires_at = ? WHERE task_id = ?",
+                    (*_row(fresh)[1:], record.task_id),
+                )
 
-        await self._run(write)
+        await self.events.run_write(write)  # inside the writer's transaction: the read and the write are one
         return await self.get(record.task_id)
 
     async def touch(self, task_id: str, now: float) -> None:
         # The TTL counts from the later of the last change and the last poll: expiry moves to now + ttl at least.
-        await self._run(
+        await self.events.run_write(
             lambda db: db.execute(
                 "UPDATE tasks SET seen_at = max(seen_at, ?), "
                 "expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE max(expires_at, ? + ttl) END WHERE task_id = ?",
@@ -128,6 +105,9 @@ class SqliteTaskStore:
         )
 
     async def purge_expired(self, now: float) -> int:
-        return await self._run(
-            lambda db: db.execute("DELETE FROM tasks WHERE expires_at IS NOT NULL AND expires_at < ?", (now,)).rowcount
-        )
+        def purge(db: sqlite3.Connection) -> int:
+            self._count = None
+            gone: int = db.execute(_PURGE, (now,)).rowcount
+            return gone
+
+        return await self.events.run_write(purge)

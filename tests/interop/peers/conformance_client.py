@@ -244,6 +244,8 @@ AUTH_SCENARIOS = (
     "auth/iss-normalized",
     "auth/metadata-issuer-mismatch",
     "auth/client-credentials-basic",
+    "auth/dpop",
+    "auth/dpop-nonce",
 )
 SCENARIOS: dict[str, Scenario] = {
     "initialize": initialize,
