@@ -82,6 +82,9 @@ class ServerConfig:
     session_idle_seconds: float = 1800.0
     client_request_seconds: float = 60.0
     """Longest wait for a client's answer to a server request (sampling, elicitation)."""
+    idempotency_seconds: float = 86400.0
+    """How long an idempotency key (SEP-3182) and the stream holding its outcome are kept after its first use
+    (Stripe's 24 h): a repeat within it is answered from the record, never run again (ADR 0029)."""
     allowed_origins: tuple[str, ...] = ()
     log_level: str = "info"
     metrics_token: str | None = None
@@ -102,6 +105,7 @@ class ServerConfig:
             "session_idle_seconds",
             "client_request_seconds",
             "dpop_window_seconds",
+            "idempotency_seconds",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: must be positive")

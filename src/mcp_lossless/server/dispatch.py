@@ -123,21 +123,30 @@ class Dispatcher:
         request: PendingRequest,
         *,
         repeated: bool = False,
+        decided: bytes | None = None,
     ) -> None:
         """Answer ``message`` now, or start its work in a task of its own. ``repeated``: another request of the
-        batch has its id, so each is answered with an error."""
-        run = self._route(session, live, grant, message, request, repeated)
+        batch has its id, so each is answered with an error. ``decided``: its answer, found before (a repeated
+        idempotency key's, ADR 0029)."""
+        run = decided or self._route(session, live, grant, message, request, repeated)
         if isinstance(run, bytes):
             await live.append(run, request, terminal=True)
         else:
             session.start_task(request.request_id, asyncio.create_task(run))
 
     async def prepare_inline(
-        self, session: ServerSession, live: LiveStream, grant: Grant, message: dict[str, Any], request: PendingRequest
+        self,
+        session: ServerSession,
+        live: LiveStream,
+        grant: Grant,
+        message: dict[str, Any],
+        request: PendingRequest,
+        decided: bytes | None = None,
     ) -> Coroutine[Any, Any, None] | None:
         """Answer ``message`` now (``None``), or return its work as a coroutine for the caller's own task to await:
-        a POST carrying one request needs no task created and scheduled for a call that answers at once."""
-        run = self._route(session, live, grant, message, request, False)
+        a POST carrying one request needs no task created and scheduled for a call that answers at once.
+        ``decided``: as for :meth:`start`."""
+        run = decided or self._route(session, live, grant, message, request, False)
         if isinstance(run, bytes):
             await live.append(run, request, terminal=True)
             return None

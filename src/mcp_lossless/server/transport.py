@@ -20,6 +20,7 @@ from ..core import errors, frames, protocol
 from ..core import limits as verdicts
 from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
+from ..core.idempotency import KeyRecord
 from ..core.limits import LimitExceeded
 from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal
@@ -43,6 +44,7 @@ from . import checks, metadata
 from .auth import InvalidToken, VerifierUnavailable
 from .dispatch import Dispatcher
 from .errors import Refused, rpc_error
+from .idempotency import Keys
 from .keys import stream_key
 from .modern import ModernLeg, is_modern
 from .observability import fingerprint, log_decision, now
@@ -84,6 +86,8 @@ class Transport:
     def __init__(self, state: ServerState, modern: ModernLeg) -> None:
         self.state = state
         self.dispatcher = Dispatcher(state)
+        self.keys = Keys(state)
+        """Idempotency keys between their decision and their record (ADR 0029)."""
         self.producers = Producers(state.store, state.instance, state.metrics.lost.inc)
         self.modern = modern
         """The 2026-07-28 leg: a POST that opens the modern way goes there (docs/decisions/0012)."""
@@ -185,7 +189,7 @@ class Transport:
         self.state.metrics.sessions.set(len(self.state.sessions))
         result = {
             "protocolVersion": version,
-            "capabilities": self.state.capabilities,
+            "capabilities": self.state.initialize_capabilities,
             "serverInfo": {"name": "mcp-lossless", "version": __version__},
             "instructions": "Tool results are never lost or leaked: resume with GET + Last-Event-ID.",
         }
@@ -267,21 +271,33 @@ class Transport:
         # Position 0 is the stream's start: the priming event's id names it, and it is never stored.
         record = StreamRecord(session.id, stream_key(), StreamKind.POST, state.instance, tuple(pending), 0)
         json_response = state.config.json_response
+        decided: dict[int, bytes] = {}
+        keys: list[KeyRecord] = []
+        if state.store.idempotency_keys and any(p.tool is not None for p in pending):
+            decided, keys = await self.keys.judge(session, grant, record.stream, requests, pending, now())
         # Queued, not awaited: the record goes into the store's next write with the call's first events (its answer,
         # if it answers at once), one transaction. No id of the stream goes out before it is stored (below).
-        opening = state.store.enqueue_open(record)
+        opening = state.store.enqueue_open(record, keys)
+        if keys:  # but a key is recorded before its tool starts: such a call waits for the record's commit
+            try:
+                await opening
+            except StoreUnavailable:
+                raise Refused.rpc(503, errors.INTERNAL_ERROR, "the event store is unavailable") from None
+            finally:
+                self.keys.release(keys)
         live = state.live_stream(record, answers_only=json_response, opening=opening)
         session.live[record.stream] = live
         state.metrics.post_streams.inc()
         head = b"" if json_response else self._priming(live, version)  # names position 0
         run = None
         if len(requests) == 1:
-            run = await self.dispatcher.prepare_inline(session, live, grant, requests[0], pending[0])
+            run = await self.dispatcher.prepare_inline(session, live, grant, requests[0], pending[0], decided.get(0))
         else:
             counts = Counter(request.request_id for request in pending)
-            for message, request in zip(requests, pending, strict=True):
+            for index, (message, request) in enumerate(zip(requests, pending, strict=True)):
                 repeated = counts[request.request_id] > 1
-                await self.dispatcher.start(session, live, grant, message, request, repeated=repeated)
+                answer = decided.get(index)
+                await self.dispatcher.start(session, live, grant, message, request, repeated=repeated, decided=answer)
         if json_response:
             if run is not None:
                 await run

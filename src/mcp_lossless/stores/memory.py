@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from itertools import islice
 
 from ..core.events import EventRows, Loss, Row, StoredEvent, StreamRecord
+from ..core.idempotency import KeyRecord
 from ..core.principal import Principal
 from .base import EventsEvicted, SessionRecord, StreamTakenOver
 
@@ -107,6 +108,8 @@ class MemoryStore:
         self._secret = os.urandom(32)
         self._sessions: dict[str, SessionRecord] = {}
         self._streams: dict[str, _Stream] = {}
+        self._keys: dict[tuple[Principal, str], KeyRecord] = {}
+        """Idempotency keys (ADR 0029); an expired one is dropped when looked up or replaced."""
         self._by_session: dict[str, set[str]] = {}
         self._partitions: dict[Principal | None, _Partition] = {}
         """By principal; ``None`` holds streams of sessions the store was never told about."""
@@ -175,9 +178,13 @@ class MemoryStore:
     async def open_stream(self, record: StreamRecord) -> None:
         self._open(record)
 
-    def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
-        """Opens at once: the future is the shared resolved one :meth:`enqueue` returns."""
+    idempotency_keys = True
+
+    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
+        """Opens at once, with its keys: the future is the shared resolved one :meth:`enqueue` returns."""
         self._open(record)
+        for key in keys:
+            self._keys[key.principal, key.key] = key
         stored = self._stored
         return self._resolved() if stored is None else stored
 
@@ -195,6 +202,13 @@ class MemoryStore:
         if streams is None:
             streams = self._by_session[record.session_id] = set()
         streams.add(record.stream)
+
+    async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
+        found = self._keys.get((principal, key))
+        if found is not None and found.expires <= now:
+            del self._keys[principal, key]
+            return None
+        return found
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         found = self._streams.get(stream)

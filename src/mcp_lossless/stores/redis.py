@@ -40,7 +40,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -58,6 +58,7 @@ from redis.sentinel import DEMOTED_MASTER_UNBLOCKED_ERROR
 from redis.typing import EncodableT
 
 from ..core.events import Loss, StoredEvent, StreamKind, StreamRecord
+from ..core.idempotency import KeyRecord
 from ..core.principal import Principal
 from ._codec import (
     CACHE_LIMIT,
@@ -746,9 +747,15 @@ class RedisStore:
         self._remember(record.stream, sid)
         self._held.opened(sid, record.stream)
 
-    def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
+    idempotency_keys = False
+    """Not yet (ADR 0029): the key's ``SET NX`` belongs in the stream record's pipeline; until then a server on
+    Redis does not declare ``tools.idempotency`` and is never given a key to record."""
+
+    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
         """:meth:`open_stream` in a task of its own; appends enqueued after it go in a pipeline sent once it is
         done, so the record is in Redis before any of its events (or they are refused: unknown stream)."""
+        if keys:
+            raise ValueError("the Redis store does not record idempotency keys")
         key = record.stream
         task = asyncio.ensure_future(self.open_stream(record.copy()))  # as it is now: its stream goes on meanwhile
         self._opening[key] = task
@@ -758,6 +765,9 @@ class RedisStore:
     def _opened(self, key: str, task: asyncio.Task[None]) -> None:
         if self._opening.get(key) is task:
             del self._opening[key]
+
+    async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
+        return None  # none is ever recorded here (idempotency_keys is False)
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         sid = await self._sid(stream)

@@ -36,6 +36,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from ..core.events import EventRows, Loss, RequestId, StoredEvent, StreamKind, StreamRecord
+from ..core.idempotency import KeyRecord, StreamTarget
 from ..core.principal import Principal
 from ._codec import CACHE_LIMIT, Interner, decode_requests, encode_requests, encode_tags
 from .base import EventsEvicted, SessionRecord, StoreFull, StoreUnavailable, StreamTakenOver
@@ -98,6 +99,21 @@ CREATE TABLE IF NOT EXISTS tasks (
     expires_at REAL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    issuer TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    client_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    arguments_hash TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    created REAL NOT NULL,
+    expires REAL NOT NULL,
+    PRIMARY KEY (issuer, subject, client_id, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idempotency_keys_by_expiry ON idempotency_keys (expires);
+CREATE INDEX IF NOT EXISTS idempotency_keys_by_stream ON idempotency_keys (stream, expires);
 """
 """Schema 4 (ADR 0017): a stream's events are keyed by its row's integer id, which grows with each stream opened,
 so the events of the streams in work sit together at the end of their B-tree and a commit writes a few pages,
@@ -118,7 +134,11 @@ commit of 8 calls from 16 sessions, 20 without it). The streams not indexed yet 
 Schema 6 (ADR 0028): the tasks of the 2026-07-28 leg (:mod:`.tasks_sqlite`) are part of the schema, written by
 the writer thread like everything else. Version 5 files may hold the same ``tasks`` table already (the task store
 created it, outside the versioned schema, with a connection of its own): its definition is this one, so the
-migration keeps it and its rows as they are, and creates it where it is missing."""
+migration keeps it and its rows as they are, and creates it where it is missing.
+
+``idempotency_keys`` (ADR 0029) is in version 6 too, created where it is missing (every open runs the schema):
+a table added, nothing changed, so files of the versions before it read as before. A key row is written in the
+transaction of its stream's row (:class:`_Open`); its request id is stored as JSON (a string or an integer)."""
 _MIGRATE_FROM_1 = (
     "ALTER TABLE streams ADD COLUMN completed_at REAL; UPDATE streams SET completed_at = {now} WHERE completed;"
 )
@@ -252,11 +272,12 @@ class _Open:
     """A queued :meth:`SqliteStore.open_stream`: part of the batch's appends, so a call's stream record and its
     answer arriving in one batch cost one row write and no read."""
 
-    __slots__ = ("future", "record")
+    __slots__ = ("future", "keys", "record")
 
-    def __init__(self, record: StreamRecord, future: asyncio.Future[None]) -> None:
+    def __init__(self, record: StreamRecord, future: asyncio.Future[None], keys: Sequence[KeyRecord] = ()) -> None:
         self.record = record
         self.future = future
+        self.keys = keys
 
 
 class _Call:
@@ -271,6 +292,18 @@ class _Call:
 
 
 _Op = _Append | _Open | _Call
+_PUT_KEY = "INSERT OR REPLACE INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+"""The decision to run a key was taken on finding none live (:mod:`..core.idempotency`): one left is expired."""
+
+
+def _key_row(key: KeyRecord) -> tuple[Any, ...]:
+    assert isinstance(key.target, StreamTarget), "a key recorded with a stream names that stream"
+    principal, target = key.principal, key.target
+    request_id = orjson.dumps(target.request_id).decode()
+    return (principal.issuer, principal.subject, principal.client_id, key.key, key.tool, key.arguments_hash,
+            target.stream, request_id, key.created, key.expires)  # fmt: skip
+
+
 _Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
 
 
@@ -795,6 +828,8 @@ class SqliteStore:
                     outcome((future, None, error))
                 elif isinstance(op, _Open):
                     batch.open(op)
+                    if op.keys:
+                        db.executemany(_PUT_KEY, [_key_row(key) for key in op.keys])
                     outcome((op.future, None, None))
                 else:
                     batch.flush()
@@ -844,9 +879,12 @@ class SqliteStore:
         """One step of retention: delete up to a chunk of completed streams past their age or beyond their
         session's count, with their events, then return free pages. Returns whether more is due at once."""
         doomed: list[tuple[str, int]] = db.execute(
-            "SELECT session_id, id FROM streams WHERE completed_at IS NOT NULL AND completed_at < ? LIMIT ?",
-            (now - self.retention_seconds, _SWEEP_CHUNK),
+            "SELECT session_id, id FROM streams WHERE completed_at IS NOT NULL AND completed_at < ?1"
+            " AND NOT EXISTS (SELECT 1 FROM idempotency_keys AS k WHERE k.stream = streams.stream AND k.expires > ?3)"
+            " LIMIT ?2",
+            (now - self.retention_seconds, _SWEEP_CHUNK, now),
         ).fetchall()
+        db.execute("DELETE FROM idempotency_keys WHERE expires <= ?", (now,))  # autocommit: a key kept no longer
         if len(doomed) < _SWEEP_CHUNK:
             keep = self.max_completed_streams_per_session
             crowded = db.execute(
@@ -1026,12 +1064,29 @@ class SqliteStore:
         """Create ``record``'s stream; opening an existing key starts it afresh, as the memory store does."""
         await self.enqueue_open(record)
 
-    def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
+    idempotency_keys = True
+
+    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
         """Queue the stream's row for the next transaction: with the events enqueued after it in the same loop turn
-        (a call that answers at once), one transaction writes it and them, the row whole with its last position."""
+        (a call that answers at once), one transaction writes it and them, the row whole with its last position;
+        its idempotency keys' rows go in the same transaction."""
         future = self._future()
-        self._submit(_Open(record.copy(), future))
+        self._submit(_Open(record.copy(), future, keys))
         return future
+
+    async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
+        row = await self._read(
+            lambda db: db.execute(
+                "SELECT tool, arguments_hash, stream, request_id, created, expires FROM idempotency_keys"
+                " WHERE issuer = ? AND subject = ? AND client_id = ? AND key = ? AND expires > ?",
+                (principal.issuer, principal.subject, principal.client_id, key, now),
+            ).fetchone()
+        )
+        if row is None:
+            return None
+        tool, arguments_hash, stream, request_id, created, expires = row
+        target = StreamTarget(stream, orjson.loads(request_id))
+        return KeyRecord(principal, key, tool, arguments_hash, target, created, expires)
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         rows = await self._read(
