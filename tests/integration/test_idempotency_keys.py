@@ -31,6 +31,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self.charges: list[str] = []
+        self.started = threading.Event()
         self.release = threading.Event()
 
 
@@ -47,6 +48,7 @@ def tools(ledger: Ledger) -> ToolRegistry:
     async def hold(amount: int) -> str:
         """Runs until the test releases it."""
         ledger.charges.append(f"hold {amount}")
+        ledger.started.set()
         await asyncio.get_running_loop().run_in_executor(None, ledger.release.wait, 10)
         return "held"
 
@@ -144,8 +146,7 @@ async def test_a_duplicate_of_a_running_call_is_in_progress_and_names_its_stream
 ) -> None:
     alice = await peer(http, server)
     first = asyncio.create_task(alice.post(keyed(1, "hold", amount=1)))
-    while not ledger.charges:  # the tool started: its key was recorded before
-        await asyncio.sleep(0.01)
+    assert await asyncio.to_thread(ledger.started.wait, 10)  # the tool started: its key was recorded before
     busy = (await alice.post(keyed(2, "hold", amount=1))).messages[-1]
     error = busy["error"]
     assert error["code"] == IDEMPOTENCY_IN_PROGRESS
