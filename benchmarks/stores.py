@@ -11,10 +11,13 @@ HMAC event id) for every store:
 - replayed events/s: ``read_after`` of a whole 10,000-event stream;
 - resume latency p50/p99 over HTTP: a GET + Last-Event-ID replaying a finished 20-event call, served by
   *another* replica for Redis, by the same server for SQLite and memory (which cannot have replicas);
-- Redis memory per 10,000 events (``INFO memory`` before/after), in one stream and spread over 100.
+- Redis memory per 10,000 events (``INFO memory`` before/after), in one stream and spread over 100;
+- the cost of replica acknowledgement: against a primary and a replica following it (``REPLICAOF``), the
+  appends above and ``tools/call`` over SSE through a ``serve`` process (closed loop at 1 and 16 concurrent
+  calls, and a 1,000-step progress stream), with ``wait_replicas=0`` and ``wait_replicas=1`` interleaved.
 
-A redis-server (Debian's package, installed if missing) runs on a free loopback port with a temporary
-directory, as in the tests. Writes ``benchmarks/RESULTS-stores.md``.
+Each redis-server (Debian's package, installed if missing) runs on a free loopback port with a temporary
+directory, as in the tests, started and stopped by this script. Writes ``benchmarks/RESULTS-stores.md``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 
 import httpx
 import orjson
+import redis
 import uvloop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 from tests.support.processes import ServerProcess, free_port  # noqa: E402
 from tests.support.redis_server import RedisServer, redis_server_binary  # noqa: E402
 
+import loadgen  # noqa: E402  (benchmarks/, the script's own directory)
 from mcp_lossless.core.eventids import EventIdCodec  # noqa: E402
 from mcp_lossless.core.events import StoredEvent, StreamKind, StreamRecord  # noqa: E402
 from mcp_lossless.stores.base import EventStore  # noqa: E402
@@ -252,6 +257,120 @@ async def latencies(redis_url: str, work: Path, count: int) -> dict[str, Any]:
     return results
 
 
+# --- replica acknowledgement ----------------------------------------------------------------------------
+
+WAITS = (0, 1)
+"""The ``wait_replicas`` settings compared: the primary's word alone, and one replica holding every batch."""
+
+
+@contextlib.contextmanager
+def primary_and_replica(binary: str, work: Path) -> Iterator[RedisServer]:
+    """A primary and a replica following it on loopback, persisting as the other Redis here (AOF, everysec);
+    yields the primary once the replica has synced, so that ``WAIT 1`` can be answered from the first write."""
+    primary = RedisServer(
+        binary, work / "primary", appendfsync="everysec", extra_args=["--repl-diskless-sync-delay", "0"]
+    )
+    replica = RedisServer(
+        binary, work / "replica", appendfsync="everysec", extra_args=["--replicaof", "127.0.0.1", str(primary.port)]
+    )
+    with contextlib.ExitStack() as stack:
+        for server in (primary, replica):
+            server.directory.mkdir(parents=True)
+            stack.callback(server.stop)
+            server.start()
+        wait_synced(replica)
+        yield primary
+
+
+def wait_synced(replica: RedisServer, timeout: float = 30) -> None:
+    """Return once the replica's link is up and the append-only file it rewrites after a sync is written (until
+    then redis-server refuses a SIGTERM). Readiness of another process: polled, bounded by ``timeout``."""
+    deadline = time.monotonic() + timeout
+    with redis.Redis(host="127.0.0.1", port=replica.port, socket_timeout=5) as direct:
+        while True:
+            linked = direct.info("replication").get("master_link_status") == "up"
+            persistence = direct.info("persistence")
+            if linked and not persistence["aof_rewrite_in_progress"] and not persistence["aof_rewrite_scheduled"]:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replica did not sync with the primary in {timeout}s")
+            time.sleep(0.05)
+
+
+async def acknowledged_appends(url: str, n: int, reps: int) -> dict[int, dict[str, float]]:
+    """Median appends/s per ``wait_replicas`` setting; the settings alternate within each rep, so the box's
+    drift hits both alike. Awaited one by one, each append waits for its own ``WAIT``; queued, one ``WAIT``
+    ends each pipeline of up to 32 appends."""
+    samples: dict[int, dict[str, list[float]]] = {wait: {} for wait in WAITS}
+    for rep in range(reps):
+        for wait in WAITS:
+            store = RedisStore(url, prefix=f"ack{wait}-{rep}", max_events_per_stream=None, wait_replicas=wait)
+            await store.open()
+            try:
+                rates = {
+                    "append_1": await append_rate(store, 1, n // 5, 0, queued=False),
+                    "queued_1": await append_rate(store, 1, n, 200, queued=True),
+                    "queued_16": await append_rate(store, 16, n // 16, 300, queued=True),
+                }
+            finally:
+                await store.close()
+            for name, rate in rates.items():
+                samples[wait].setdefault(name, []).append(rate)
+    results = {
+        wait: {name: statistics.median(values) for name, values in rates.items()} for wait, rates in samples.items()
+    }
+    for wait, value in results.items():
+        print(
+            f"redis wait_replicas={wait}  append 1 stream {value['append_1']:9.0f}/s  "
+            f"queued {value['queued_1']:9.0f}/s  {value['queued_16']:9.0f}/s"
+        )
+    return results
+
+
+async def acknowledged_calls(url: str, work: Path, reps: int, quick: bool) -> dict[int, dict[str, float]]:
+    """``tools/call`` through a ``serve`` process on the replicated Redis, per ``wait_replicas`` setting: a fresh
+    server per (rep, setting), alternating; medians over the reps."""
+    warmup, duration, steps, calls = (0.5, 1.5, 200, 2) if quick else (1.0, 4.0, 1000, 3)
+    samples: dict[int, dict[str, list[float]]] = {wait: {} for wait in WAITS}
+    for rep in range(reps):
+        for wait in WAITS:
+            spec = f"{url}?prefix=call{wait}-{rep}&wait_replicas={wait}"
+            with replicas(spec, 1, work) as (server,):
+                assert server.proc is not None
+                target, pid = loadgen.Target("127.0.0.1", server.port), server.proc.pid
+                one = await loadgen.echo(target, pid, 1, warmup, duration)
+                many = await loadgen.echo(target, pid, 16, warmup, duration)
+                progress = await loadgen.stream(target, pid, steps, calls)
+            for result in (one, many, progress):
+                if result["errors"]:
+                    raise RuntimeError(f"wait_replicas={wait}: {result['errors']} errors: {result['error_samples']}")
+            for result in (one, many):
+                if result["content_types"] != ["text/event-stream"]:
+                    raise RuntimeError(f"tools/call answered {result['content_types']}, not over SSE")
+            figures = {
+                "rps_1": one["rps"],
+                "p50_1": one["p50_ms"],
+                "cpu_1": one["server_cpu_us_per_request"],
+                "rps_16": many["rps"],
+                "p50_16": many["p50_ms"],
+                "p99_16": many["p99_ms"],
+                "cpu_16": many["server_cpu_us_per_request"],
+                "events": progress["events_per_s"],
+                "cpu_event": progress["server_cpu_us_per_event"],
+            }
+            for name, figure in figures.items():
+                samples[wait].setdefault(name, []).append(figure)
+    results = {
+        wait: {name: statistics.median(values) for name, values in figures.items()} for wait, figures in samples.items()
+    }
+    for wait, value in results.items():
+        print(
+            f"serve wait_replicas={wait}  c=1 {value['rps_1']:7.0f} rps p50 {value['p50_1']:.2f} ms  "
+            f"c=16 {value['rps_16']:7.0f} rps p50 {value['p50_16']:.2f} ms  progress {value['events']:7.0f} events/s"
+        )
+    return results
+
+
 # --- report ---------------------------------------------------------------------------------------------
 
 
@@ -260,7 +379,7 @@ def render(results: dict[str, Any], args: argparse.Namespace, redis_version: str
     lines = [
         "# Event stores: Redis vs SQLite vs memory",
         "",
-        f"Run {results['started']} (UTC), {'quick' if args.quick else 'full'} run, "
+        f"Run {results['started']} (UTC) at commit {results['commit']}, {'quick' if args.quick else 'full'} run, "
         f"command: `.venv/bin/python benchmarks/stores.py{' --quick' if args.quick else ''}`.",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs shared with other work (load average "
@@ -317,14 +436,73 @@ def render(results: dict[str, Any], args: argparse.Namespace, redis_version: str
             f"| 10,000 events in {name} | {total / 1e6:.2f} MB | {total / 10_000:.0f} B | "
             f"{value['events_key'] / 1e3:.0f} kB for {value['per_stream_events']:,} events |"
         )
-    lines.append("")
+    lines += ["", *render_acknowledgement(results)]
     return "\n".join(lines)
+
+
+def render_acknowledgement(results: dict[str, Any]) -> list[str]:
+    appends, calls = results["appends_acknowledged"], results["calls_acknowledged"]
+    off, on = (appends[wait] for wait in WAITS)
+    call_off, call_on = (calls[wait] for wait in WAITS)
+    lines = [
+        "## Replica acknowledgement: `wait_replicas=1` beside `0`",
+        "",
+        f"Same run: {results['started']} (UTC), commit {results['commit']}, `.venv/bin/python benchmarks/stores.py"
+        f"{' --quick' if results['quick'] else ''}`.",
+        "",
+        "A primary and one replica following it (`REPLICAOF`), both redis-server processes on loopback with AOF",
+        "`everysec`, started by the script; the replica stays linked for both settings, so the only difference",
+        "is the `WAIT 1 <wait_timeout_ms>` that ends each write pipeline with `wait_replicas=1`.",
+        f"The settings alternate: appends {results['ack_reps']} reps each ({results['events']:,} events queued,",
+        f"{results['events'] // 5:,} awaited), medians; `serve` a fresh process per (rep, setting),",
+        f"{results['call_reps']} reps each, medians: a closed loop of `search` calls answered over SSE at 1 and 16",
+        "concurrent calls, and `fetch` calls with progress (the loadgen of `benchmarks/run.py`). The primary ran",
+        f"{results['waits']:,} `WAIT` commands in all (INFO commandstats), every one for `wait_replicas=1`.",
+        "",
+        "The 2 cores were shared with other sessions' work (load average "
+        f"{results['ack_load'][0]:.1f} → {results['ack_load'][1]:.1f} over this section): wall rates swing between",
+        "reps, so the ratios of CPU per call and of median latency are the steadier figures.",
+        "",
+        "| measure | `wait_replicas=0` | `wait_replicas=1` | 1 ÷ 0 |",
+        "|---|---|---|---|",
+    ]
+    rows = [
+        ("store: appends/s awaited one by one, 1 stream", off["append_1"], on["append_1"], "{:,.0f}"),
+        (f"store: appends/s queued (≤ {IN_FLIGHT} in flight), 1 stream", off["queued_1"], on["queued_1"], "{:,.0f}"),
+        ("store: appends/s queued, 16 streams at once", off["queued_16"], on["queued_16"], "{:,.0f}"),
+        ("serve: tools/call over SSE, c=1: calls/s", call_off["rps_1"], call_on["rps_1"], "{:,.0f}"),
+        ("serve: tools/call, c=1: p50 latency ms", call_off["p50_1"], call_on["p50_1"], "{:.2f}"),
+        ("serve: tools/call, c=1: server CPU µs/call", call_off["cpu_1"], call_on["cpu_1"], "{:,.0f}"),
+        ("serve: tools/call over SSE, c=16: calls/s", call_off["rps_16"], call_on["rps_16"], "{:,.0f}"),
+        ("serve: tools/call, c=16: p50 latency ms", call_off["p50_16"], call_on["p50_16"], "{:.2f}"),
+        ("serve: tools/call, c=16: p99 latency ms", call_off["p99_16"], call_on["p99_16"], "{:.2f}"),
+        ("serve: tools/call, c=16: server CPU µs/call", call_off["cpu_16"], call_on["cpu_16"], "{:,.0f}"),
+        ("serve: progress stream (`fetch`), events/s", call_off["events"], call_on["events"], "{:,.0f}"),
+        ("serve: progress stream, server CPU µs/event", call_off["cpu_event"], call_on["cpu_event"], "{:.1f}"),
+    ]
+    for label, before, after, form in rows:
+        lines.append(f"| {label} | {form.format(before)} | {form.format(after)} | {after / before:.2f}x |")
+    lines += [
+        "",
+        "Where the cost comes from: with `wait_replicas=1` every write pipeline (a batch of up to 32 appends, a",
+        "stream record, a session) ends with `WAIT`, which answers once the replica reported holding the",
+        "primary's replication offset: one more round trip, primary → replica → primary, before what the",
+        "pipeline wrote may be used or published. Awaited one by one, each append pays it; queued, one batch",
+        "pays it once, and with 16 streams writing, the batches fill and it is shared further. A `tools/call`",
+        "waits for at least two (its stream record before the priming event's id, then its answer). The",
+        "server's own CPU grows by the `WAIT` each pipeline sends and parses; redis-server's CPU is not in",
+        "these figures.",
+    ]
+    lines.append("")
+    return lines
 
 
 async def run(args: argparse.Namespace, binary: str, version: str) -> None:
     n, rounds, resumes = (1_600, 2, 50) if args.quick else (10_000, 10, 500)
+    ack_reps, call_reps = (1, 1) if args.quick else (3, 3)
     started = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
     load = os.getloadavg()[0]
+    commit = git("rev-parse", "--short", "HEAD") + (" with uncommitted changes" if git("status", "--porcelain") else "")
     with tempfile.TemporaryDirectory(prefix="mcpl-bench-stores-") as tmp:
         work = Path(tmp)
         servers = {policy: RedisServer(binary, work / policy, appendfsync=policy) for policy in ("everysec", "always")}
@@ -357,6 +535,8 @@ async def run(args: argparse.Namespace, binary: str, version: str) -> None:
             }
             results = {
                 "started": started,
+                "commit": commit,
+                "quick": args.quick,
                 "load": load,
                 "resumes": resumes,
                 "throughput": await throughput(stores, n, rounds),
@@ -366,6 +546,14 @@ async def run(args: argparse.Namespace, binary: str, version: str) -> None:
         finally:
             for server in servers.values():
                 server.stop()
+        load_before = os.getloadavg()[0]
+        with primary_and_replica(binary, work / "replicated") as primary:
+            results.update(ack_reps=ack_reps, call_reps=call_reps, events=n)
+            results["appends_acknowledged"] = await acknowledged_appends(primary.url, n, ack_reps)
+            results["calls_acknowledged"] = await acknowledged_calls(primary.url, work, call_reps, args.quick)
+            with redis.Redis(host="127.0.0.1", port=primary.port) as direct:  # proof the setting took effect
+                results["waits"] = direct.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+        results["ack_load"] = (load_before, os.getloadavg()[0])
     text = render(results, args, f"redis-server {version.removeprefix('v=')} (appendfsync everysec unless noted)")
     if args.report.exists():  # sections other scripts write (benchmarks/store_commits.py) stay
         old = args.report.read_text()
@@ -373,6 +561,10 @@ async def run(args: argparse.Namespace, binary: str, version: str) -> None:
             text += "\n" + old[old.index(KEPT) :]
     args.report.write_text(text)
     print(f"wrote {args.report}")
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def main() -> None:
