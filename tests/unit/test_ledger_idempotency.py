@@ -101,3 +101,13 @@ def test_keyed_reissues_are_bounded() -> None:
         (send,) = only(ledger.lost(send.link, "reset"), SendCall)
     (resolve,) = only(ledger.lost(send.link, "reset"), Resolve)
     assert isinstance(resolve.outcome, Failure) and resolve.outcome.kind is FailureKind.MAY_HAVE_RUN
+
+
+def test_an_idempotent_tool_whose_key_was_lost_is_tried_again_under_a_new_key() -> None:
+    ledger = Ledger("c")
+    spec = CallSpec("tools/call", {"name": "search", KEY_PARAM: KEY}, idempotent=True, idempotency_key=KEY)
+    _, actions = ledger.begin(spec)
+    (send,) = only(actions, SendCall)
+    named = error(send.message["id"], EXECUTION_LOST, {"reason": "execution_lost", KEY_PARAM: KEY})
+    (again,) = only(ledger.json_body(send.link, orjson.dumps(named)), SendCall)
+    assert again.message["params"][KEY_PARAM] not in (KEY, None)

@@ -578,6 +578,9 @@ class ModernClient(CatalogReads):
                 if exc.code != errors.EXECUTION_LOST:
                     raise
                 named = keyed and idempotency.KEY_PARAM in data  # the server never runs that key again
+                if named and may_reissue and attempt < bound:  # safe to run twice: a new operation, a new key
+                    params = {**params, idempotency.KEY_PARAM: f"{data[idempotency.KEY_PARAM]}.{attempt + 1}"}
+                    continue
                 if named or not (may_reissue or keyed) or attempt == bound:  # as the legacy client's ledger decides
                     error = {"code": exc.code, "message": exc.message, "data": exc.data}
                     raise CallMayHaveRun(f"the server lost the execution of {name}: {exc.message}", error) from None

@@ -47,7 +47,7 @@ superseded :class:`Link` still reports is ignored::
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -427,7 +427,11 @@ class Ledger:
             if code == EXECUTION_LOST:
                 reason = f"the server lost the execution of {wire!r}: {error.get('message', '')}"
                 if keyed and isinstance(data, dict) and data.get(KEY_PARAM) == call.spec.idempotency_key:
-                    return self._fail(call, FailureKind.MAY_HAVE_RUN, f"{reason}; the key is not run again", error)
+                    # The key is never run again. A tool safe to run twice is tried once more as a new operation,
+                    # under a new key (the SEP's way to ask again); any other ends here, as may-have-run.
+                    if not self._may_reissue(call, keyed=False):
+                        return self._fail(call, FailureKind.MAY_HAVE_RUN, f"{reason}; the key is not run again", error)
+                    self._rekey(call)
                 return self._recover_calls(stream, [call], FailureKind.MAY_HAVE_RUN, reason, error)
         return self._resolve(call, Answered(msg))
 
@@ -552,8 +556,9 @@ class Ledger:
                 out += self._fail(call, kind, why, error)
         return out
 
-    def _may_reissue(self, call: _Call) -> bool:
-        if call.spec.idempotency_key is not None and call.spec.reissue is not False:
+    def _may_reissue(self, call: _Call, keyed: bool = True) -> bool:
+        """Whether ``call`` may be sent again; ``keyed=False`` asks today's rule, as if it carried no key."""
+        if keyed and call.spec.idempotency_key is not None and call.spec.reissue is not False:
             return call.reissues < self.policy.max_keyed_reissues
         if call.reissues >= self.policy.max_reissues:
             return False
@@ -582,6 +587,14 @@ class Ledger:
         link = self._link(stream)
         out.append(SendCall(link, call.key, message, call.spec.resources, why, old_wire, call.reissues, retry_ms))
         return out
+
+    @staticmethod
+    def _rekey(call: _Call) -> None:
+        """A new key for ``call``, derived from its first (still unique to the caller): a new logical operation."""
+        first = call.spec.idempotency_key
+        assert first is not None
+        key = f"{first}.{call.reissues + 1}"
+        call.spec = replace(call.spec, params={**call.spec.params, KEY_PARAM: key}, idempotency_key=key)
 
     def _split(self, old: _Stream, why: str) -> list[Action]:
         """Send each call of a batch the server never processed on a stream of its own, under the same id."""
