@@ -1,11 +1,13 @@
 """SEP-3182 idempotency keys on the legacy leg (ADR 0029), over real HTTP with real dev-AS JWTs, on the memory and
 SQLite stores: a duplicate replays without running, a narrowed token is refused before any byte and the key then
 answers a covering one, other arguments conflict, another principal's same key runs as new, a duplicate of a call
-still running is "in progress" and names where to resume it."""
+still running is "in progress" and names where to resume it. On Redis, two `mcp-lossless serve` replicas share
+their keys: a duplicate sent to the other replica is in progress while the call runs, then replayed."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from mcp_lossless.core.errors import FORBIDDEN, IDEMPOTENCY_IN_PROGRESS, INVALID_PARAMS
 from mcp_lossless.core.idempotency import CONFLICT, IN_PROGRESS, KEY_PARAM, REPLAYED_META_KEY
 from mcp_lossless.server import ServerConfig, ToolRegistry, create_app
+from tests.integration.test_redis_replicas import deployment
 from tests.support.mcp_http import Peer, call, dev_token
 from tests.support.uvicorn_server import lossless_server
 
@@ -172,3 +175,33 @@ async def test_a_batch_carries_keys_too(server: str, http: httpx.AsyncClient, le
     assert again[3]["result"]["content"] == first[1]["result"]["content"]
     assert again[3]["result"]["_meta"][REPLAYED_META_KEY] is True
     assert sorted(ledger.charges) == ["1", "2"]
+
+
+async def test_redis_replicas_share_keys_a_duplicate_on_b_is_in_progress_then_replayed_without_running(
+    redis_url: str, tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    with contextlib.ExitStack() as stack:
+        shared = deployment(redis_url, tmp_path, lease_seconds=1.0)
+        a, b = shared.start(stack, "a", "b")
+        token = await dev_token(http, a.base, shared.canonical)
+        on_a, on_b = Peer(http, a.base, token), Peer(http, b.base, token)
+        for replica in (on_a, on_b):
+            assert (await replica.initialize())["capabilities"]["tools"]["idempotency"] == {}
+        first = call(1, "search", progress="p", query="once", steps=60, delay_ms=50)
+        first["params"][KEY_PARAM] = KEY
+        started = await on_a.post(first, stop_after=2)  # the priming event and one progress: the tool runs on A
+
+        duplicate = {**first, "id": 2}
+        busy = (await on_b.post(duplicate)).messages[-1]
+        assert busy["error"]["code"] == IDEMPOTENCY_IN_PROGRESS, busy
+        assert busy["error"]["data"]["type"] == IN_PROGRESS and busy["error"]["data"][KEY_PARAM] == KEY
+
+        answered = (await on_a.resume(started.ids[-1])).messages[-1]
+        assert answered["result"]["content"][0]["text"] == "search results for 'once': 3 documents"
+        replayed = await on_b.post({**first, "id": 3})
+        assert [m.get("method") for m in replayed.messages] == [None], "no progress: the tool did not run on B"
+        result = replayed.messages[-1]
+        assert result["id"] == 3 and result["result"]["content"] == answered["result"]["content"]
+        assert result["result"]["_meta"][REPLAYED_META_KEY] is True
+        other = await on_b.post({**first, "id": 4, "params": {**first["params"], "arguments": {"query": "x"}}})
+        assert other.messages[-1]["error"]["data"] == {"type": CONFLICT, KEY_PARAM: KEY}

@@ -5,11 +5,14 @@ The decision is :func:`~mcp_lossless.core.idempotency.decide_duplicate`'s; this 
 record, the state of the stream it names) and carries out the verdict: a first use is recorded with the stream's
 record, the rest are answered at once with the recorded outcome or the SEP's errors. A first use is *claimed* in
 process from its decision until its record is stored, so that a duplicate arriving in that window is "in progress"
-rather than a second run (one process owns a SQLite file or a memory store; the record's commit decides the rest).
+rather than a second run (one process owns a SQLite file or a memory store). On a shared store (Redis) the record's
+write decides between processes: the store sets each key only if no one holds it, and the loser decides again, now
+finding the winner's record.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +20,7 @@ import orjson
 
 from ..core import frames
 from ..core.errors import INVALID_PARAMS
-from ..core.events import Loss, PendingRequest
+from ..core.events import Loss, PendingRequest, StreamRecord
 from ..core.idempotency import (
     REPLAYED_META_KEY,
     Conflict,
@@ -37,11 +40,15 @@ from ..core.idempotency import (
     key_of,
 )
 from ..core.principal import Grant, Principal
-from ..stores.base import EventsEvicted
+from ..stores.base import EventsEvicted, KeyTaken, StoreUnavailable
+from .observability import now
 from .sessions import ServerSession
 from .state import ServerState
 
 ClaimKey = tuple[Principal, str]
+_OPEN_ATTEMPTS = 3
+"""Decisions a keyed POST takes at most: a key lost to another replica is found held at the next one (a third only
+if that holder's key expired meanwhile); beyond, the store is not answering consistently (503)."""
 
 
 class Keys:
@@ -50,6 +57,28 @@ class Keys:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self._claims: dict[ClaimKey, KeyRecord] = {}
+
+    async def open(
+        self, session: ServerSession, grant: Grant, record: StreamRecord, requests: Sequence[dict[str, Any]],
+        pending: Sequence[PendingRequest],
+    ) -> tuple[dict[int, bytes], asyncio.Future[None]]:  # fmt: skip
+        """Decide the POST's keyed calls and enqueue ``record`` with the keys of its first uses: the answers of the
+        others, by index, and the record's write, stored already when any key goes with it (a key is recorded
+        before its tool starts). :class:`StoreUnavailable` when it cannot be stored."""
+        store = self.state.store
+        for _ in range(_OPEN_ATTEMPTS):
+            answers, keys = await self.judge(session, grant, record.stream, requests, pending, now())
+            opening = store.enqueue_open(record, keys)
+            if not keys:
+                return answers, opening
+            try:
+                await opening
+            except KeyTaken:
+                continue  # another replica's first use won: decided again, a duplicate of it
+            finally:
+                self.release(keys)
+            return answers, opening
+        raise StoreUnavailable("idempotency keys changed hands during every decision")
 
     async def judge(
         self,
