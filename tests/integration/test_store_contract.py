@@ -481,9 +481,21 @@ async def test_keys_are_stored_with_their_stream_and_found_only_by_their_princip
     assert await store.get_key(ALICE, "k-3", now) is None
     assert await store.get_key(ALICE, "k-2", now) == brief
     assert await store.get_key(ALICE, "k-2", now + 60) is None, "expired"
+    assert (store.keys_held(ALICE, now), store.keys_held(ALICE, now + 60), store.keys_held(BOB, now)) == (2, 1, 0)
     answer = event("keyed", 0, request_id=1, terminal=True)
     await store.append(answer, completes=True)
     assert await store.read_after("keyed", -1) == [answer], "the key's outcome is its stream's answer"
+
+
+async def test_memory_store_purges_expired_keys_in_its_sweep() -> None:
+    store = MemoryStore()
+    await store.open()
+    call = PendingRequest(1, "tools/call", "a", TOOL_A)
+    await store.put_session(session("s1"))
+    store.enqueue_open(stream("keyed", requests=(call,)), [key_record("gone", "keyed", expires=time.time() - 1)])
+    store.enqueue_open(stream("kept", requests=(call,)), [key_record("kept", "kept")])
+    await store.expire_sessions(0.0)
+    assert [name for _principal, name in store._keys] == ["kept"]
 
 
 async def test_redis_one_of_concurrent_first_uses_of_a_key_wins_on_every_replica(open_store: OpenStore) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from ..core import frames
+from ..core import limits as verdicts
 from ..core.errors import INVALID_PARAMS
 from ..core.events import Loss, PendingRequest, StreamRecord
 from ..core.idempotency import (
@@ -41,6 +42,7 @@ from ..core.idempotency import (
 )
 from ..core.principal import Grant, Principal
 from ..stores.base import EventsEvicted, KeyTaken, StoreUnavailable
+from .errors import Refused
 from .observability import now
 from .sessions import ServerSession
 from .state import ServerState
@@ -64,10 +66,21 @@ class Keys:
     ) -> tuple[dict[int, bytes], asyncio.Future[None]]:  # fmt: skip
         """Decide the POST's keyed calls and enqueue ``record`` with the keys of its first uses: the answers of the
         others, by index, and the record's write, stored already when any key goes with it (a key is recorded
-        before its tool starts). :class:`StoreUnavailable` when it cannot be stored."""
-        store = self.state.store
+        before its tool starts). :class:`StoreUnavailable` when it cannot be stored; 429 (:class:`Refused`) when
+        the first uses would take the principal past ``idempotency_keys_per_principal``, before anything is
+        stored or counted (the POST's calls are counted as running only once dispatched)."""
+        state = self.state
+        store = state.store
         for _ in range(_OPEN_ATTEMPTS):
-            answers, keys = await self.judge(session, grant, record.stream, requests, pending, now())
+            at = now()
+            answers, keys = await self.judge(session, grant, record.stream, requests, pending, at)
+            if keys:
+                held = store.keys_held(grant.principal, at)
+                exceeded = verdicts.new_keys(state.config.limits, held, len(keys))
+                if exceeded is not None:
+                    self.release(keys)
+                    state.metrics.limit_refusals.labels(exceeded.limit).inc()
+                    raise Refused.over(exceeded)
             opening = store.enqueue_open(record, keys)
             if not keys:
                 return answers, opening

@@ -132,6 +132,12 @@ class EventStore(Protocol):
         """The principal's record of ``key``, or ``None`` (never one, expired at ``now``, or another principal's)."""
         ...
 
+    def keys_held(self, principal: Principal, now: float) -> int:
+        """The principal's idempotency keys live at ``now`` (what ``idempotency_keys_per_principal`` bounds), read
+        from process memory, without a round trip, as :meth:`stored_bytes`; a shared store counts those this process
+        recorded."""
+        ...
+
     async def get_stream(self, stream: str) -> StreamRecord | None: ...
     def enqueue(self, event: StoredEvent, completes: bool = False) -> asyncio.Future[None]:
         """Queue ``event`` behind every write already queued and return at once; the future resolves once the

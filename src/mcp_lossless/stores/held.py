@@ -11,6 +11,7 @@ keys, the B-tree's own overhead), so a flood of empty events or of POSTs is boun
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -104,6 +105,31 @@ class HeldBytes:
             self._held[principal] = total
         else:
             self._held.pop(principal, None)
+
+
+class HeldKeys:
+    """Each principal's live idempotency keys, counted in process memory (what ``idempotency_keys_per_principal``
+    bounds, asked on every keyed POST: no store round trip). A key counts until it expires; a shared store counts
+    the keys this process recorded, as it counts bytes (docs/decisions/0026)."""
+
+    __slots__ = ("_expiries",)
+
+    def __init__(self) -> None:
+        self._expiries: dict[Principal, list[float]] = {}
+        """Per principal, a heap of its keys' expiry times."""
+
+    def add(self, principal: Principal, expires: float) -> None:
+        heapq.heappush(self._expiries.setdefault(principal, []), expires)
+
+    def held(self, principal: Principal, now: float) -> int:
+        expiries = self._expiries.get(principal)
+        if expiries is None:
+            return 0
+        while expiries and expiries[0] <= now:
+            heapq.heappop(expiries)
+        if not expiries:
+            del self._expiries[principal]
+        return len(expiries)
 
 
 class ExpiringHeld:

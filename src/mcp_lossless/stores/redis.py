@@ -76,7 +76,7 @@ from ._codec import (
     full_event_id,
 )
 from .base import EventsEvicted, EventsLost, KeyTaken, SessionRecord, StoreUnavailable, StreamTakenOver
-from .held import ExpiringHeld
+from .held import ExpiringHeld, HeldKeys
 
 log = logging.getLogger("mcp_lossless.stores.redis")
 
@@ -463,6 +463,8 @@ class RedisStore:
         self._flusher: asyncio.Task[None] | None = None
         self._opening: dict[str, asyncio.Task[None]] = {}
         """Stream records being written (:meth:`enqueue_open`), by stream: its appends wait for it."""
+        self._held_keys = HeldKeys()
+        """The keys this process recorded, for ``idempotency_keys_per_principal`` (Redis expires them itself)."""
         self._held = ExpiringHeld(retention_seconds)
         """What each principal's sessions hold in Redis through this process's writes (docs/decisions/0026)."""
 
@@ -771,6 +773,8 @@ class RedisStore:
         if not all(replies[len(replies) - len(keys) :]):
             await self._unopen(record, keys, values)
             raise KeyTaken(f"another request holds an idempotency key of stream {record.stream}")
+        for key in keys:
+            self._held_keys.add(key.principal, key.expires)
         self._remember(record.stream, sid)
         self._held.opened(sid, record.stream)
 
@@ -817,6 +821,9 @@ class RedisStore:
     def _opened(self, key: str, task: asyncio.Task[None]) -> None:
         if self._opening.get(key) is task:
             del self._opening[key]
+
+    def keys_held(self, principal: Principal, now: float) -> int:
+        return self._held_keys.held(principal, now)
 
     async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
         with self._guard():

@@ -40,7 +40,7 @@ from ..core.idempotency import KeyRecord, StreamTarget
 from ..core.principal import Principal
 from ._codec import CACHE_LIMIT, Interner, decode_requests, encode_requests, encode_tags
 from .base import EventsEvicted, SessionRecord, StoreFull, StoreUnavailable, StreamTakenOver
-from .held import ROW_BYTES, STREAM_BYTES, HeldBytes
+from .held import ROW_BYTES, STREAM_BYTES, HeldBytes, HeldKeys
 
 T = TypeVar("T")
 
@@ -561,6 +561,7 @@ class SqliteStore:
         self.max_bytes = max_bytes
         self._clock = clock
         self._counts = HeldBytes()
+        self._held_keys = HeldKeys()
         """What each principal's sessions hold in the file (writer thread only, but for :meth:`stored_bytes`)."""
         self._forgotten: list[str] = []
         """Sessions the writer's transaction deletes: their counts go from its counts once it committed."""
@@ -738,6 +739,11 @@ class SqliteStore:
             " FROM events AS e JOIN streams AS s ON s.id = e.stream_id GROUP BY s.session_id"
         ):
             counts.add(session_id, held)
+        keys = self._held_keys
+        for issuer, subject, client_id, expires in db.execute(
+            "SELECT issuer, subject, client_id, expires FROM idempotency_keys WHERE expires > ?", (self._clock(),)
+        ):
+            keys.add(Principal(issuer, subject, client_id), expires)
 
     def _index_sessions(self, db: sqlite3.Connection) -> None:
         """Enter the streams opened since the last indexing in ``session_streams``, in one transaction."""
@@ -1072,7 +1078,12 @@ class SqliteStore:
         its idempotency keys' rows go in the same transaction."""
         future = self._future()
         self._submit(_Open(record.copy(), future, keys))
+        for key in keys:
+            self._held_keys.add(key.principal, key.expires)
         return future
+
+    def keys_held(self, principal: Principal, now: float) -> int:
+        return self._held_keys.held(principal, now)
 
     async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
         row = await self._read(
