@@ -26,7 +26,7 @@ from .errors import (
     ToolFailed,
 )
 from .handlers import InputHandler, InputRefused
-from .oauth import Auth, AuthorizationCodeGrant, BearerToken, Challenge, LoopbackRedirect, OAuth
+from .oauth import Auth, AuthorizationCodeGrant, BearerToken, Challenge, ExchangedToken, LoopbackRedirect, OAuth
 from .registration import ClientRegistration
 from .session import ProgressUpdate, ServerInfo
 from .sync import SyncClient
@@ -46,6 +46,7 @@ __all__ = [
     "ConnectionFailed",
     "DeadlineExceeded",
     "DpopKey",
+    "ExchangedToken",
     "HttpPool",
     "InputHandler",
     "InputRefused",

@@ -47,6 +47,7 @@ import orjson
 from anyio.abc import ByteStream, SocketAttribute, SocketListener
 
 from ..core.resources import InvalidResource, audience_of, canonical_resource
+from ..core.token_exchange import ACCESS_TOKEN_TYPE, TOKEN_EXCHANGE
 from .dpop import DpopFlow, DpopKey
 from .errors import AuthorizationFailed, describe_failure, unreachable
 from .registration import ClientCredentials, ClientRegistration, choose_auth_method, json_object, register_client
@@ -250,6 +251,14 @@ class _Token:
     """Issued as ``token_type: DPoP``: presented as ``Authorization: DPoP`` with a proof by our key."""
 
 
+@dataclass(frozen=True, slots=True)
+class ExchangedToken:
+    """An access token obtained by token exchange (RFC 8693) and when it expires (``None``: the AS did not say)."""
+
+    value: str
+    expires_at: float | None
+
+
 class TokenEndpointError(AuthorizationFailed):
     """The authorization server answered a token request with an OAuth error.
 
@@ -270,6 +279,7 @@ class TokenEndpointError(AuthorizationFailed):
             reason += f"; the server's metadata describes {described}: is that the MCP endpoint?"
         super().__init__(reason)
         self.error = error
+        self.description = description
         self.secretless = secretless
 
 
@@ -445,6 +455,36 @@ class OAuth(Auth):
             self._ceiling = token.audience
             log.info("privileges narrowed to %s", _names(token.audience))
 
+    async def exchange(self, subject_token: str, scopes: Iterable[str], audience: str | None = None) -> ExchangedToken:
+        """RFC 8693 token exchange: ``subject_token`` (an access token someone else presented to us) traded at the
+        authorization server of the MCP server this client is bound to, for an access token for that server
+        (``resource``; ``audience`` too when the AS wants a logical name) holding ``scopes``.
+
+        The token is returned, never kept: it speaks for the subject token's user, and this client's own tokens
+        (what :meth:`token` presents) must stay its own. A refusal is :class:`TokenEndpointError`.
+        """
+        async with self._lock:
+            metadata = await self._authorization_server()
+        assert self.resource is not None, "OAuth is not bound to a client yet"
+        form = [
+            ("grant_type", TOKEN_EXCHANGE),
+            ("subject_token", subject_token),
+            ("subject_token_type", ACCESS_TOKEN_TYPE),
+            ("requested_token_type", ACCESS_TOKEN_TYPE),
+            ("resource", self.resource),
+        ]
+        if audience is not None:
+            form.append(("audience", audience))
+        wanted = " ".join(sorted(scopes))
+        if wanted:
+            form.append(("scope", wanted))
+        body = await self._post_token(metadata, form)
+        expires_in = body.get("expires_in")
+        lifetime = (
+            float(expires_in) if isinstance(expires_in, int | float) and not isinstance(expires_in, bool) else None
+        )
+        return ExchangedToken(str(body["access_token"]), None if lifetime is None else self._clock() + lifetime)
+
     # ---- token cache --------------------------------------------------------------------------------
 
     def _wanted(self, resources: frozenset[str]) -> frozenset[str]:
@@ -536,13 +576,18 @@ class OAuth(Auth):
     async def _token_request(
         self, metadata: Mapping[str, Any], params: Mapping[str, str], wanted: frozenset[str], with_scope: bool = True
     ) -> _Token:
-        endpoint = metadata.get("token_endpoint")
-        if not isinstance(endpoint, str):
-            raise AuthorizationFailed("the authorization server metadata has no token_endpoint")
         form: list[tuple[str, str]] = [*params.items(), *(("resource", r) for r in sorted(wanted))]
         scope = self._scope.current()
         if with_scope and scope is not None:
             form.append(("scope", scope))
+        return self._store(await self._post_token(metadata, form), wanted)
+
+    async def _post_token(self, metadata: Mapping[str, Any], form: list[tuple[str, str]]) -> Mapping[str, Any]:
+        """One token request with this client's authentication (and a DPoP proof when tokens are bound): the
+        answer's body, or :class:`TokenEndpointError`."""
+        endpoint = metadata.get("token_endpoint")
+        if not isinstance(endpoint, str):
+            raise AuthorizationFailed("the authorization server metadata has no token_endpoint")
         headers = dict(_FORM_HEADERS)
         client = await self._credentials(metadata)
         if client.client_secret is not None and client.auth_method == "client_secret_basic":
@@ -572,7 +617,7 @@ class OAuth(Auth):
             unsigned = error == "invalid_client" and client.client_secret is None and self.client_id is not None
             secretless = client.client_id if unsigned else None  # the caller's client, not a registration of ours
             raise TokenEndpointError(error, str(body.get("error_description", "")), secretless, self._described)
-        return self._store(body, wanted)
+        return body
 
     def _store(self, body: Mapping[str, Any], wanted: frozenset[str]) -> _Token:
         value = str(body["access_token"])
