@@ -8,6 +8,7 @@ offers the same for scripts.
 """
 
 from ..core.actions import RecoveryPolicy
+from .assertions import IdJagFromIdp, JwtBearerGrant, PrivateKeyJwt
 from .catalog import Prompt, PromptResult, Resource, ResourceTemplate
 from .client import Client, Tool, ToolCall, ToolResult
 from .dpop import DpopKey
@@ -48,12 +49,15 @@ __all__ = [
     "DpopKey",
     "ExchangedToken",
     "HttpPool",
+    "IdJagFromIdp",
     "InputHandler",
     "InputRefused",
     "InputUnanswered",
+    "JwtBearerGrant",
     "LoopbackRedirect",
     "McpClientError",
     "OAuth",
+    "PrivateKeyJwt",
     "ProgressUpdate",
     "Prompt",
     "PromptResult",
