@@ -122,7 +122,8 @@ def test_our_server_has_no_findings_and_every_check_runs(tmp_path: Path) -> None
     assert "contents of https://example.com/report" not in texts(refused)
     control = exchange(checks["replay_leak_narrowed"], "control")
     assert "contents of https://example.com/report" in texts(control), "the refusal lost nothing"
-    assert exchange(checks["cross_session_replay"], "session B resumes")["response"]["status"] == 409
+    # session B is the second principal's: A's real id reads exactly as an unknown one (invariant 4)
+    assert exchange(checks["cross_session_replay"], "session B resumes")["response"]["status"] == 400
     assert exchange(checks["session_other_principal"], "second principal")["response"]["status"] == 404
     assert exchange(checks["wrong_audience_accepted"], "initialize")["response"]["status"] == 401
     assert {e["response"]["status"] for e in checks["unknown_event_id_empty_200"]["evidence"][1:]} == {400}

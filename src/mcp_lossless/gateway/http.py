@@ -6,7 +6,9 @@ tool is idempotent (annotated, or listed in the config) and otherwise fails as m
 is re-established; the deadline ends the call and cancels it upstream. This module maps those outcomes onto
 :class:`~.upstream.UpstreamFailure` and forwards progress to the gateway's client.
 
-The upstream gets the gateway's own credentials for it (``auth`` in the config), never the client's token.
+The upstream gets the gateway's own credentials for it (``auth`` in the config), never the client's token; with
+``auth.exchange``, a token exchanged for the caller's (:mod:`.exchange`), asked for the scopes the tool, prompt or
+resource needs.
 
 An upstream's requests for input (elicitation, sampling, roots) are asked of the calling client in its era,
 through the call's :class:`~.upstream.Reporter`, as a stdio child's are (docs/decisions/0019): the call brings
@@ -24,6 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -51,7 +54,8 @@ from ..client.handlers import InputHandler, InputRefused
 from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
 from ..core import errors
-from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
+from .config import BearerFromEnv, ClientCredentialsFromEnv, TokenExchangeFromEnv, UpstreamConfig
+from .exchange import ExchangeRefused, TokenExchange, needing
 from .pool import UpstreamPool
 from .stdio_era import INPUT_METHODS, LEGACY_INPUT_METHODS
 from .upstream import (
@@ -105,9 +109,12 @@ def client_auth(config: UpstreamConfig) -> Auth:
     auth = config.auth
     if isinstance(auth, BearerFromEnv):
         return BearerToken(auth.token())
+    # No DPoP: upstream requests go through the aiohttp pool, which cannot add a proof to each request.
     if isinstance(auth, ClientCredentialsFromEnv):
-        # No DPoP: upstream requests go through the aiohttp pool, which cannot add a proof to each request.
         return OAuth(auth.client_id, auth.secret(), scope=auth.scope, dpop=False)
+    if isinstance(auth, TokenExchangeFromEnv):
+        own = OAuth(auth.credentials.client_id, auth.credentials.secret(), dpop=False)
+        return TokenExchange(config.name, own, audience=auth.audience, clock=time.time)
     return _NoUpstreamAuth(config.name)
 
 
@@ -121,6 +128,8 @@ def _failure(exc: McpClientError) -> UpstreamFailure:
         reason, ran = "unreachable", False
     elif isinstance(exc, RequestRejected):
         reason, ran = "rejected", False
+    elif isinstance(exc, ExchangeRefused):
+        reason, ran = "exchange_refused", False
     elif isinstance(exc, AuthorizationFailed) and isinstance(
         exc.__cause__, httpx.NetworkError | httpx.TimeoutException
     ):
@@ -324,6 +333,12 @@ class HttpUpstream:
                 if not self._watched:
                     log.info("upstream %s announces no tool-list changes: its tools are listed once", self.name)
                 return [modern]
+        if isinstance(config.auth, TokenExchangeFromEnv):
+            raise UpstreamFailure(
+                "protocol",
+                "auth.exchange needs a 2026-07-28 upstream: a legacy session is bound to the principal that opened it",
+                may_have_run=False,
+            )
         clients: list[Client | ModernClient] = []
         for _ in range(config.sessions):
             client = Client(
@@ -395,7 +410,8 @@ class HttpUpstream:
         index = min(range(len(self._in_flight)), key=self._in_flight.__getitem__)
         self._in_flight[index] += 1
         try:
-            return await self._call(self._clients[index], tool, arguments, reporter, idempotent=idempotent)
+            with needing(self.config.scopes_of(tool)):
+                return await self._call(self._clients[index], tool, arguments, reporter, idempotent=idempotent)
         finally:
             if index < len(self._in_flight):
                 self._in_flight[index] -= 1
@@ -490,7 +506,8 @@ class HttpUpstream:
 
     async def listing(self, kind: ListKind) -> list[dict[str, Any]]:
         client = self._client()
-        with _catalog_errors():
+        rule = self.config.prompts if kind == "prompts" else self.config.resources
+        with _catalog_errors(), needing(self.config.catalog_scopes(rule)):
             if kind == "prompts":
                 return [dict(p.raw) for p in await client.list_prompts()]
             if kind == "templates":
@@ -499,7 +516,10 @@ class HttpUpstream:
 
     async def read(self, method: CatalogRead, params: dict[str, Any]) -> dict[str, Any]:
         client = self._client()
-        with _catalog_errors():
+        ref = params.get("ref")
+        prompt = method == "prompts/get" or (isinstance(ref, dict) and ref.get("type") == "ref/prompt")
+        rule = self.config.prompts if prompt else self.config.resources
+        with _catalog_errors(), needing(self.config.catalog_scopes(rule)):
             if method == "resources/read":
                 return {"contents": [dict(c) for c in await client.read_resource(str(params.get("uri")))]}
             if method == "completion/complete":

@@ -40,7 +40,7 @@ from ..core.resume import (
 )
 from ..stores.base import EventsEvicted, StoreUnavailable
 from . import checks, metadata
-from .auth import InvalidToken, VerifierUnavailable
+from .auth import CALLER, InvalidToken, VerifierUnavailable
 from .dispatch import Dispatcher
 from .errors import Refused, rpc_error
 from .idempotency import Keys
@@ -541,6 +541,7 @@ class Transport:
             description = "token audience does not include this server or any of its tools"
             raise state.dpop.refused("invalid_token", description, scheme)
         await state.dpop.check(scope, scheme, token, grant)
+        CALLER.set((grant, token))
         return grant
 
     def _recent_session(self, scope: Scope, grant: Grant) -> ServerSession | None:
