@@ -1,5 +1,5 @@
-"""The legacy leg's idempotency keys (SEP-3182, ADR 0029): what a POST's keyed ``tools/call`` gets, and which keys
-its stream records.
+"""Idempotency keys (SEP-3182, ADR 0029) in both eras: what a keyed ``tools/call`` gets, and which keys its stream
+records (a legacy POST's stream, or the stream of its own that a 2026-07-28 keyed call records its answer on).
 
 The decision is :func:`~mcp_lossless.core.idempotency.decide_duplicate`'s; this module finds its facts (the key's
 record, the state of the stream it names) and carries out the verdict: a first use is recorded with the stream's
@@ -13,7 +13,7 @@ finding the winner's record.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -40,6 +40,7 @@ from ..core.idempotency import (
     decide_duplicate,
     key_of,
 )
+from ..core.limits import LimitExceeded
 from ..core.principal import Grant, Principal
 from ..stores.base import EventsEvicted, KeyTaken, StoreUnavailable
 from .errors import Refused
@@ -61,14 +62,17 @@ class Keys:
         self._claims: dict[ClaimKey, KeyRecord] = {}
 
     async def open(
-        self, session: ServerSession, grant: Grant, record: StreamRecord, requests: Sequence[dict[str, Any]],
-        pending: Sequence[PendingRequest],
-    ) -> tuple[dict[int, bytes], asyncio.Future[None]]:  # fmt: skip
-        """Decide the POST's keyed calls and enqueue ``record`` with the keys of its first uses: the answers of the
+        self, session: ServerSession | None, grant: Grant, record: StreamRecord, requests: Sequence[dict[str, Any]],
+        pending: Sequence[PendingRequest], refuse: Callable[[LimitExceeded], Exception] = Refused.over,
+        alone: bool = False,
+    ) -> tuple[dict[int, bytes], asyncio.Future[None] | None]:  # fmt: skip
+        """Decide the keyed calls and enqueue ``record`` with the keys of their first uses: the answers of the
         others, by index, and the record's write, stored already when any key goes with it (a key is recorded
-        before its tool starts). :class:`StoreUnavailable` when it cannot be stored; 429 (:class:`Refused`) when
-        the first uses would take the principal past ``idempotency_keys_per_principal``, before anything is
-        stored or counted (the POST's calls are counted as running only once dispatched)."""
+        before its tool starts). :class:`StoreUnavailable` when it cannot be stored; ``refuse`` (the era's 429)
+        when the first uses would take the principal past ``idempotency_keys_per_principal``, before anything is
+        stored. Either way the caller releases what it counted (a legacy POST counts its calls only once
+        dispatched; a 2026-07-28 call counts itself first). ``alone``: the stream holds the keyed call only (a
+        2026-07-28 call's): not opened, and no future, when no key goes with it."""
         state = self.state
         store = state.store
         for _ in range(_OPEN_ATTEMPTS):
@@ -80,10 +84,10 @@ class Keys:
                 if exceeded is not None:
                     self.release(keys)
                     state.metrics.limit_refusals.labels(exceeded.limit).inc()
-                    raise Refused.over(exceeded)
-            opening = store.enqueue_open(record, keys)
+                    raise refuse(exceeded)
             if not keys:
-                return answers, opening
+                return answers, None if alone else store.enqueue_open(record)
+            opening = store.enqueue_open(record, keys)
             try:
                 await opening
             except KeyTaken:
@@ -95,7 +99,7 @@ class Keys:
 
     async def judge(
         self,
-        session: ServerSession,
+        session: ServerSession | None,
         grant: Grant,
         stream: str,
         requests: Sequence[dict[str, Any]],
@@ -136,7 +140,7 @@ class Keys:
             self._claims.pop((key.principal, key.key), None)
 
     async def _decide(
-        self, session: ServerSession, grant: Grant, key: str, request: PendingRequest, hashed: str, now: float
+        self, session: ServerSession | None, grant: Grant, key: str, request: PendingRequest, hashed: str, now: float
     ) -> bytes | None:
         """``None`` to run it; else its one answer."""
         state = self.state
@@ -168,7 +172,8 @@ class Keys:
                         await state.store.mark_lost(target.stream, stream.owner, Loss.OWNER)
         raise AssertionError("a settled key is decided as lost")
 
-    async def _target_state(self, session: ServerSession, record: KeyRecord) -> tuple[TargetState, str | None]:
+    async def _target_state(self, session: ServerSession | None, record: KeyRecord) -> tuple[TargetState, str | None]:
+        """``session``: the duplicate's legacy session, whose live stream a running first use is resumed from."""
         target = record.target
         assert isinstance(target, StreamTarget)
         store = self.state.store
@@ -180,7 +185,7 @@ class Keys:
         if stream.completed:
             return TargetState.LOST, None
         if stream.owner == self.state.instance or await store.owner_alive(stream.owner):
-            live = session.live.get(target.stream)
+            live = None if session is None else session.live.get(target.stream)
             return TargetState.RUNNING, live.event_id(live.record.last_seq) if live is not None else None
         return TargetState.OWNER_DEAD, None
 

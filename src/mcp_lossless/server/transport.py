@@ -43,7 +43,6 @@ from . import checks, metadata
 from .auth import CALLER, InvalidToken, VerifierUnavailable
 from .dispatch import Dispatcher
 from .errors import Refused, rpc_error
-from .idempotency import Keys
 from .keys import stream_key
 from .modern import ModernLeg, is_modern
 from .observability import fingerprint, log_decision, now
@@ -85,8 +84,8 @@ class Transport:
     def __init__(self, state: ServerState, modern: ModernLeg) -> None:
         self.state = state
         self.dispatcher = Dispatcher(state)
-        self.keys = Keys(state)
-        """Idempotency keys between their decision and their record (ADR 0029)."""
+        self.keys = modern.keys
+        """Idempotency keys between their decision and their record (ADR 0029): one claim set for both eras."""
         self.producers = Producers(state.store, state.instance, state.metrics.lost.inc)
         self.modern = modern
         """The 2026-07-28 leg: a POST that opens the modern way goes there (docs/decisions/0012)."""
