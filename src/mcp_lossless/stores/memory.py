@@ -180,6 +180,7 @@ class MemoryStore:
         """Also purges expired idempotency keys: the server's periodic sweep calls this."""
         at = time.time()  # keys expire by the wall clock, as the server dates them
         self._keys = {name: key for name, key in self._keys.items() if key.expires > at}
+        self._held_keys.purge(at)
         gone = [sid for sid, rec in self._sessions.items() if rec.last_seen < idle_before]
         for sid in gone:
             await self.delete_session(sid)
@@ -195,7 +196,7 @@ class MemoryStore:
         self._open(record)
         for key in keys:
             self._keys[key.principal, key.key] = key
-            self._held_keys.add(key.principal, key.expires)
+            self._held_keys.add(key.principal, key.key, key.expires)
         stored = self._stored
         return self._resolved() if stored is None else stored
 

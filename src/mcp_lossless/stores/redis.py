@@ -700,8 +700,10 @@ class RedisStore:
     async def expire_sessions(self, idle_before: float) -> list[str]:
         """Idle sessions by the ``P:sessions`` index, so ones whose hash already expired are swept too.
 
-        Every replica sweeps; ``ZREM`` decides which one deletes (and reports) each session.
+        Every replica sweeps; ``ZREM`` decides which one deletes (and reports) each session. Forgets the keys
+        this process counted that expired (Redis expires the keys themselves).
         """
+        self._held_keys.purge(time.time())
         with self._guard():
             candidates = cast(list[bytes], await self._r.zrangebyscore(self._sessions_key, "-inf", f"({idle_before!r}"))
             if not candidates:
@@ -774,7 +776,7 @@ class RedisStore:
             await self._unopen(record, keys, values)
             raise KeyTaken(f"another request holds an idempotency key of stream {record.stream}")
         for key in keys:
-            self._held_keys.add(key.principal, key.expires)
+            self._held_keys.add(key.principal, key.key, key.expires)
         self._remember(record.stream, sid)
         self._held.opened(sid, record.stream)
 

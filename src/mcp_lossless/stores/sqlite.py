@@ -740,10 +740,10 @@ class SqliteStore:
         ):
             counts.add(session_id, held)
         keys = self._held_keys
-        for issuer, subject, client_id, expires in db.execute(
-            "SELECT issuer, subject, client_id, expires FROM idempotency_keys WHERE expires > ?", (self._clock(),)
+        for issuer, subject, client_id, key, expires in db.execute(
+            "SELECT issuer, subject, client_id, key, expires FROM idempotency_keys WHERE expires > ?", (self._clock(),)
         ):
-            keys.add(Principal(issuer, subject, client_id), expires)
+            keys.add(Principal(issuer, subject, client_id), key, expires)
 
     def _index_sessions(self, db: sqlite3.Connection) -> None:
         """Enter the streams opened since the last indexing in ``session_streams``, in one transaction."""
@@ -1056,6 +1056,9 @@ class SqliteStore:
         db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
 
     async def expire_sessions(self, idle_before: float) -> list[str]:
+        """Also forgets the expired keys held in memory (the sweep deletes their rows)."""
+        self._held_keys.purge(self._clock())
+
         def expire(db: sqlite3.Connection) -> list[str]:
             gone = [row[0] for row in db.execute("SELECT session_id FROM sessions WHERE last_seen < ?", (idle_before,))]
             for session_id in gone:
@@ -1079,13 +1082,16 @@ class SqliteStore:
         future = self._future()
         self._submit(_Open(record.copy(), future, keys))
         for key in keys:
-            self._held_keys.add(key.principal, key.expires)
+            self._held_keys.add(key.principal, key.key, key.expires)
         return future
 
     def keys_held(self, principal: Principal, now: float) -> int:
         return self._held_keys.held(principal, now)
 
     async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
+        """A key this process never recorded (nor found at open) is none: only a duplicate reads the file."""
+        if not self._held_keys.known(principal, key, now):
+            return None
         row = await self._read(
             lambda db: db.execute(
                 "SELECT tool, arguments_hash, stream, request_id, created, expires FROM idempotency_keys"
