@@ -487,6 +487,22 @@ async def test_keys_are_stored_with_their_stream_and_found_only_by_their_princip
     assert await store.read_after("keyed", -1) == [answer], "the key's outcome is its stream's answer"
 
 
+async def test_sqlite_keeps_a_keyed_stream_past_its_sessions_count_of_completed_streams(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "keys.db"), max_completed_streams_per_session=1)
+    await store.open()
+    try:
+        call = PendingRequest(1, "tools/call", "a", TOOL_A)
+        await store.put_session(session("s1"))
+        for name in ("keyed", "old", "new"):
+            keys = [key_record("k", name)] if name == "keyed" else []
+            await store.enqueue_open(stream(name, requests=(call,)), keys)
+            await store.append(event(name, 0, request_id=1, terminal=True), completes=True)
+        await store.sweep()
+        assert [name for name in ("keyed", "old", "new") if await store.get_stream(name)] == ["keyed", "new"]
+    finally:
+        await store.close()
+
+
 async def test_memory_store_purges_expired_keys_in_its_sweep() -> None:
     store = MemoryStore()
     await store.open()

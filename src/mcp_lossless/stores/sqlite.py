@@ -162,6 +162,8 @@ DROP TABLE streams_v2;
 _MIGRATE_FROM_3 = "DROP INDEX IF EXISTS streams_by_session;"
 """Version 3 had schema 4's tables with one index by (session, completion time); version 4 one by session: both
 replaced by ``session_streams``, which the first indexing fills with every stream."""
+_KEYED = "SELECT 1 FROM idempotency_keys AS k WHERE k.stream = streams.stream AND k.expires > ?5"
+"""A live idempotency key names the stream (?5: now): kept past its session's count as past its age (ADR 0029)."""
 _SESSION_STREAMS = (
     "SELECT stream_id FROM session_streams WHERE session_id = ?1"
     " UNION ALL SELECT id FROM streams WHERE id > ?2 AND session_id = ?1"
@@ -901,8 +903,8 @@ class SqliteStore:
             for (session_id,) in crowded:
                 doomed += db.execute(
                     f"SELECT session_id, id FROM streams WHERE id IN ({_SESSION_STREAMS}) AND completed_at IS NOT NULL"
-                    " ORDER BY completed_at DESC LIMIT ?3 OFFSET ?4",
-                    (session_id, self._indexed_through, _SWEEP_CHUNK - len(doomed), keep),
+                    f" AND NOT EXISTS ({_KEYED}) ORDER BY completed_at DESC LIMIT ?3 OFFSET ?4",
+                    (session_id, self._indexed_through, _SWEEP_CHUNK - len(doomed), keep, now),
                 ).fetchall()
                 if len(doomed) >= _SWEEP_CHUNK:
                     break
