@@ -503,6 +503,40 @@ async def test_sqlite_keeps_a_keyed_stream_past_its_sessions_count_of_completed_
         await store.close()
 
 
+async def test_sqlite_numbers_the_keys_of_a_file_keyed_by_principal_and_key_when_it_opens(tmp_path: Path) -> None:
+    """The first layout of the key table (a primary key of principal and key) is copied into the numbered one."""
+    path = tmp_path / "first-layout.db"
+    kept = key_record("k", "keyed")
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE idempotency_keys (issuer TEXT NOT NULL, subject TEXT NOT NULL, client_id TEXT NOT NULL,"
+            " key TEXT NOT NULL, tool TEXT NOT NULL, arguments_hash TEXT NOT NULL, stream TEXT NOT NULL,"
+            " request_id TEXT NOT NULL, created REAL NOT NULL, expires REAL NOT NULL,"
+            " PRIMARY KEY (issuer, subject, client_id, key)) WITHOUT ROWID"
+        )
+        db.execute("CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys (expires)")
+        p = kept.principal
+        db.execute(
+            "INSERT INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (p.issuer, p.subject, p.client_id, "k", "a", "hash-of-arguments", "keyed", "1", kept.created, kept.expires),
+        )
+    db.close()
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        assert await store.get_key(ALICE, "k", time.time()) == kept
+        await store.put_session(session("s1"))
+        call = PendingRequest(1, "tools/call", "a", TOOL_A)
+        await store.enqueue_open(stream("next", requests=(call,)), [key_record("k2", "next")])
+        assert (await store.get_key(ALICE, "k2", time.time())) is not None
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT id, key FROM idempotency_keys ORDER BY id").fetchall()
+    db.close()
+    assert rows == [(1, "k"), (2, "k2")], "numbered in recording order, the next one after them"
+
+
 async def test_memory_store_purges_expired_keys_in_its_sweep() -> None:
     store = MemoryStore()
     await store.open()

@@ -100,6 +100,7 @@ CREATE TABLE IF NOT EXISTS tasks (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at);
 CREATE TABLE IF NOT EXISTS idempotency_keys (
+    id INTEGER PRIMARY KEY,
     issuer TEXT NOT NULL,
     subject TEXT NOT NULL,
     client_id TEXT NOT NULL,
@@ -109,9 +110,8 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     stream TEXT NOT NULL,
     request_id TEXT NOT NULL,
     created REAL NOT NULL,
-    expires REAL NOT NULL,
-    PRIMARY KEY (issuer, subject, client_id, key)
-) WITHOUT ROWID;
+    expires REAL NOT NULL
+);
 CREATE INDEX IF NOT EXISTS idempotency_keys_by_expiry ON idempotency_keys (expires);
 CREATE INDEX IF NOT EXISTS idempotency_keys_by_stream ON idempotency_keys (stream, expires);
 """
@@ -138,7 +138,22 @@ migration keeps it and its rows as they are, and creates it where it is missing.
 
 ``idempotency_keys`` (ADR 0029) is in version 6 too, created where it is missing (every open runs the schema):
 a table added, nothing changed, so files of the versions before it read as before. A key row is written in the
-transaction of its stream's row (:class:`_Open`); its request id is stored as JSON (a string or an integer)."""
+transaction of its stream's row (:class:`_Open`); its request id is stored as JSON (a string or an integer). Rows
+are numbered by the store in the order keys are recorded, and no index is on the key itself: a random key would put
+each new row (or index entry) on a random page, so that a commit of 16 keys wrote ~16 scattered pages (ADR 0017's
+lesson for streams). A key is found through the store's in-memory index of live keys (:class:`.held.HeldKeys`,
+read from the table at open), which names its row. A file whose table is keyed by (principal, key), as it was
+first, has its rows copied into the numbered table when it is opened (:data:`_NUMBER_KEYS`)."""
+_NUMBER_KEYS = """
+DROP INDEX IF EXISTS idempotency_keys_by_expiry;
+DROP INDEX IF EXISTS idempotency_keys_by_stream;
+ALTER TABLE idempotency_keys RENAME TO idempotency_keys_unnumbered;
+{schema}
+INSERT INTO idempotency_keys (issuer, subject, client_id, key, tool, arguments_hash, stream, request_id, created,
+    expires) SELECT * FROM idempotency_keys_unnumbered ORDER BY created;
+DROP TABLE idempotency_keys_unnumbered;
+"""
+"""The first layout of ``idempotency_keys`` (keyed by principal and key) made numbered (see :data:`_SCHEMA`)."""
 _MIGRATE_FROM_1 = (
     "ALTER TABLE streams ADD COLUMN completed_at REAL; UPDATE streams SET completed_at = {now} WHERE completed;"
 )
@@ -276,10 +291,13 @@ class _Open:
 
     __slots__ = ("future", "keys", "record")
 
-    def __init__(self, record: StreamRecord, future: asyncio.Future[None], keys: Sequence[KeyRecord] = ()) -> None:
+    def __init__(
+        self, record: StreamRecord, future: asyncio.Future[None], keys: Sequence[tuple[Any, ...]] = ()
+    ) -> None:
         self.record = record
         self.future = future
         self.keys = keys
+        """The rows of its idempotency keys (:func:`_key_row`)."""
 
 
 class _Call:
@@ -294,15 +312,16 @@ class _Call:
 
 
 _Op = _Append | _Open | _Call
-_PUT_KEY = "INSERT OR REPLACE INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-"""The decision to run a key was taken on finding none live (:mod:`..core.idempotency`): one left is expired."""
+_PUT_KEY = "INSERT INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+"""The decision to run a key was taken on finding none live (:mod:`..core.idempotency`): a row left of the same key
+is expired, and the sweep deletes it."""
 
 
-def _key_row(key: KeyRecord) -> tuple[Any, ...]:
+def _key_row(key: KeyRecord, row: int) -> tuple[Any, ...]:
     assert isinstance(key.target, StreamTarget), "a key recorded with a stream names that stream"
     principal, target = key.principal, key.target
     request_id = orjson.dumps(target.request_id).decode()
-    return (principal.issuer, principal.subject, principal.client_id, key.key, key.tool, key.arguments_hash,
+    return (row, principal.issuer, principal.subject, principal.client_id, key.key, key.tool, key.arguments_hash,
             target.stream, request_id, key.created, key.expires)  # fmt: skip
 
 
@@ -564,6 +583,8 @@ class SqliteStore:
         self._clock = clock
         self._counts = HeldBytes()
         self._held_keys = HeldKeys()
+        self._next_key_row = 1
+        """The number the next idempotency key's row gets (read from the file at open): rows in recording order."""
         """What each principal's sessions hold in the file (writer thread only, but for :meth:`stored_bytes`)."""
         self._forgotten: list[str] = []
         """Sessions the writer's transaction deletes: their counts go from its counts once it committed."""
@@ -703,6 +724,9 @@ class SqliteStore:
         if version not in (0, 1, 2, 3, 4, 5, _SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {version}, expected {_SCHEMA_VERSION}")
         script = _SCHEMA
+        columns = [row[1] for row in db.execute("PRAGMA table_info(idempotency_keys)")]
+        if columns and "id" not in columns:
+            script = _NUMBER_KEYS.format(schema=_SCHEMA)
         if version in (3, 4):
             script = _MIGRATE_FROM_3 + script
         if version in (1, 2):
@@ -742,10 +766,12 @@ class SqliteStore:
         ):
             counts.add(session_id, held)
         keys = self._held_keys
-        for issuer, subject, client_id, key, expires in db.execute(
-            "SELECT issuer, subject, client_id, key, expires FROM idempotency_keys WHERE expires > ?", (self._clock(),)
+        for row, issuer, subject, client_id, key, expires in db.execute(
+            "SELECT id, issuer, subject, client_id, key, expires FROM idempotency_keys WHERE expires > ? ORDER BY id",
+            (self._clock(),),
         ):
-            keys.add(Principal(issuer, subject, client_id), key, expires)
+            keys.add(Principal(issuer, subject, client_id), key, expires, row)
+        self._next_key_row = db.execute("SELECT coalesce(max(id), 0) FROM idempotency_keys").fetchone()[0] + 1
 
     def _index_sessions(self, db: sqlite3.Connection) -> None:
         """Enter the streams opened since the last indexing in ``session_streams``, in one transaction."""
@@ -837,7 +863,7 @@ class SqliteStore:
                 elif isinstance(op, _Open):
                     batch.open(op)
                     if op.keys:
-                        db.executemany(_PUT_KEY, [_key_row(key) for key in op.keys])
+                        db.executemany(_PUT_KEY, op.keys)
                     outcome((op.future, None, None))
                 else:
                     batch.flush()
@@ -1082,9 +1108,13 @@ class SqliteStore:
         (a call that answers at once), one transaction writes it and them, the row whole with its last position;
         its idempotency keys' rows go in the same transaction."""
         future = self._future()
-        self._submit(_Open(record.copy(), future, keys))
+        rows = []
         for key in keys:
-            self._held_keys.add(key.principal, key.key, key.expires)
+            row = self._next_key_row
+            self._next_key_row = row + 1  # a rolled-back transaction leaves a gap, never a reuse
+            self._held_keys.add(key.principal, key.key, key.expires, row)
+            rows.append(_key_row(key, row))
+        self._submit(_Open(record.copy(), future, rows))
         return future
 
     def keys_held(self, principal: Principal, now: float) -> int:
@@ -1092,13 +1122,13 @@ class SqliteStore:
 
     async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
         """A key this process never recorded (nor found at open) is none: only a duplicate reads the file."""
-        if not self._held_keys.known(principal, key, now):
+        number = self._held_keys.known(principal, key, now)
+        if number is None:
             return None
         row = await self._read(
             lambda db: db.execute(
-                "SELECT tool, arguments_hash, stream, request_id, created, expires FROM idempotency_keys"
-                " WHERE issuer = ? AND subject = ? AND client_id = ? AND key = ? AND expires > ?",
-                (principal.issuer, principal.subject, principal.client_id, key, now),
+                "SELECT tool, arguments_hash, stream, request_id, created, expires FROM idempotency_keys WHERE id = ?",
+                (number,),
             ).fetchone()
         )
         if row is None:
