@@ -38,7 +38,7 @@ import anyio
 import httpx
 import orjson
 
-from ..core import errors, idempotency, protocol
+from ..core import denials, errors, idempotency, protocol
 from ..core.actions import RecoveryPolicy
 from ..core.param_headers import InvalidAnnotation, Mirrored, header_safe, mirrored_params, param_headers
 from ..core.sse import SseDecoder
@@ -109,17 +109,11 @@ def _headers(message: Mapping[str, Any], token: str | None) -> dict[str, str]:
     return headers
 
 
-def _required(answer: Mapping[str, Any] | None) -> tuple[frozenset[str], frozenset[str]]:
-    """The resources and scopes a refusal's error ``data`` names as missing (``TASK_DENIED``, ``TOOL_FORBIDDEN``)."""
+def _remedy(answer: Mapping[str, Any] | None) -> denials.Remedy:
+    """What a refusal's error ``data`` says a new grant can do (``TASK_DENIED``, ``TOOL_FORBIDDEN``): the SEP-2643
+    envelope where the server sent one, its own ``requiredResources``/``requiredScopes`` where not."""
     error = answer.get("error") if answer is not None else None
-    data = error.get("data") if isinstance(error, dict) else None
-    if not isinstance(data, dict):
-        return frozenset(), frozenset()
-    resources, scopes = data.get("requiredResources"), data.get("requiredScopes")
-    return (
-        frozenset(r for r in resources if isinstance(r, str)) if isinstance(resources, list) else frozenset(),
-        frozenset(s for s in scopes if isinstance(s, str)) if isinstance(scopes, list) else frozenset(),
-    )
+    return denials.remedy(error.get("data") if isinstance(error, dict) else None)
 
 
 def request_meta(capabilities: Mapping[str, Any], client_info: Mapping[str, Any]) -> dict[str, Any]:
@@ -306,10 +300,15 @@ class ModernClient(CatalogReads):
                 challenge = parse_challenge(response.headers.get("www-authenticate"))
                 if challenge is None:
                     raise AuthorizationFailed(f"HTTP {response.status_code} without a Bearer challenge")
+                helps = _remedy(answer)
+                if helps.reauthorize is False:
+                    raise AuthorizationFailed(f"{method}: refused, and the server says a new grant cannot help")
                 self._auth.challenged(challenge)
-                named, scopes = _required(answer)
-                resources = resources | frozenset(challenge.resources) | named
-                await self._auth.reauthorize(resources, scopes)
+                resources = resources | frozenset(challenge.resources) | helps.resources
+                await self._auth.reauthorize(resources, helps.scopes)
+                if helps.context is not None:  # the SEP's retry echo: correlation only, never authorization
+                    meta = {**params.get("_meta", {}), denials.CONTEXT_ECHO_META_KEY: helps.context}
+                    params = {**params, "_meta": meta}
                 continue
             if answer is None or (response.status_code >= 400 and "jsonrpc" not in answer):
                 # e.g. a 404 from a URL with no MCP endpoint: refused, not a protocol breach (a legacy

@@ -21,8 +21,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ..core import errors
-from ..core.resources import AudiencePolicy, describe, requirement, resources_in, scopes_in
+from ..core import denials, errors
+from ..core.resources import AudiencePolicy, describe, requirement, scopes_in
 from ..server.tools import MethodError, MethodHandler, MethodTags, ToolContext
 from .config import CatalogRule, UpstreamConfig
 from .table import Listed, ListedTemplate, expose_prompts, expose_resources, expose_templates
@@ -268,7 +268,7 @@ class Catalog:
         # The server checked the tags of the route known when the request came; a listing since may have moved it.
         missing = self._policy.missing(ctx.grant.audience, self._tags[listed.upstream, kind], ctx.grant.scopes)
         if missing:
-            data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
+            data = denials.refusal_fields(" ".join(sorted(self._tags[listed.upstream, kind])), missing)
             raise MethodError(errors.FORBIDDEN, f"token does not cover {describe(missing)}", data)
         try:
             return await self.upstreams[listed.upstream].read(method, params)

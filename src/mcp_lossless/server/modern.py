@@ -26,7 +26,7 @@ from typing import Any, NoReturn, assert_never
 
 from .. import __version__
 from ..asgi import Receive, Send, respond
-from ..core import errors, frames, mrtr, param_headers, protocol
+from ..core import denials, errors, frames, mrtr, param_headers, protocol
 from ..core.events import RequestId
 from ..core.limits import LimitExceeded, new_running_task
 from ..core.principal import Grant
@@ -351,7 +351,8 @@ class ModernLeg:
         self._mirrors: dict[str, tuple[RegisteredTool, tuple[_Mirrored, ...]]] = {}
         self._purged_at = 0.0
         capabilities = {k: v for k, v in state.capabilities.items() if k != "logging"}
-        self.capabilities = {**capabilities, "extensions": {**capabilities.get("extensions", {}), EXTENSION: {}}}
+        extensions = {**capabilities.get("extensions", {}), EXTENSION: {}, denials.DENIALS_EXTENSION: {}}
+        self.capabilities = {**capabilities, "extensions": extensions}
         self.server_info = {"name": "mcp-lossless", "version": __version__}
 
     async def open(self) -> None:
@@ -554,7 +555,7 @@ class ModernLeg:
         if missing:
             s.metrics.refusals.labels("insufficient_audience", "call").inc()
             description = f"token does not cover {describe(missing)}"
-            data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
+            data = denials.refusal_fields(" ".join(sorted(tags)), missing)
             raise _refused(403, errors.TOOL_FORBIDDEN, description, data, self._challenge(description, missing, tags))
 
     def _mirrored(self, tool: RegisteredTool) -> tuple[_Mirrored, ...]:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from .. import __version__
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
-from ..core import errors, frames, protocol
+from ..core import denials, errors, frames, protocol
 from ..core import limits as verdicts
 from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
@@ -24,7 +24,7 @@ from ..core.idempotency import KeyRecord
 from ..core.limits import LimitExceeded
 from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal
-from ..core.resources import describe, resources_in, scopes_in
+from ..core.resources import describe, resources_in
 from ..core.resume import (
     CursorRejected,
     Lookup,
@@ -250,9 +250,9 @@ class Transport:
         lacks = "audience does not cover" if resources_in(missing) else "lacks"  # scopes only: the audience is fine
         description = f"token {lacks} {describe(missing)}"
         self.state.metrics.refusals.labels("insufficient_audience", "call").inc()
-        data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
-        body = [rpc_error(errors.FORBIDDEN, description, m["id"], data) for m in requests]
         needed = frozenset[str]().union(*(p.resources for p in pending))
+        data = denials.refusal_fields(" ".join(sorted(needed)), missing)
+        body = [rpc_error(errors.FORBIDDEN, description, m["id"], data) for m in requests]
         challenge = metadata.insufficient_scope(description, self.state.prm_url, missing, needed)
         return Refused(403, body if len(body) > 1 else body[0], [(b"www-authenticate", challenge)])
 
