@@ -128,6 +128,7 @@ async def test_discover_names_both_eras_and_the_tasks_extension(http: httpx.Asyn
     assert result["capabilities"]["extensions"] == {
         "io.modelcontextprotocol/tasks": {},
         "io.modelcontextprotocol/structured-authorization-denials": {},
+        "io.modelcontextprotocol/task-event-streams": {},
     }
     assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-lossless"
     assert (result["ttlMs"], result["cacheScope"]) == (0, "private"), "what a principal sees depends on its token"

@@ -31,6 +31,7 @@ from ..core.events import RequestId
 from ..core.limits import LimitExceeded, new_running_task
 from ..core.principal import Grant
 from ..core.resources import describe, requirement, resources_in, scopes_in
+from ..core.task_stream import STREAM_EXTENSION, EventType, StreamDenied, stream_denial_error
 from ..core.tasks import (
     EXTENSION,
     UNKNOWN_MESSAGE,
@@ -65,6 +66,7 @@ from . import metadata
 from .errors import Refused
 from .observability import log_decision, now
 from .state import ServerState
+from .task_stream import TaskEvents, TaskStreams
 from .tools import (
     InputRequests,
     InputRequired,
@@ -272,8 +274,12 @@ class _TaskChannel(_RequestChannel):
         return None
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
+        if method == "notifications/message":
+            await self.leg.events.emit(self.task_id, EventType.LOG, _picked(params, ("level", "logger", "data")))
         if method != "notifications/progress":
             return
+        progress = _picked(params, ("progress", "total", "message"))
+        await self.leg.events.emit(self.task_id, EventType.PROGRESS, progress)  # every one: the stream is the record
         at = now()
         if at - self.described_at < DESCRIBE_EVERY_SECONDS:
             return
@@ -287,6 +293,11 @@ class _TaskChannel(_RequestChannel):
         if rest:
             got.update(await self.leg.await_input(self.task_id, rest))
         return got
+
+
+def _picked(params: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of a notification a task event keeps (its ``_meta`` and token are the request's, not the task's)."""
+    return {key: params[key] for key in keys if key in params}
 
 
 def _progress_text(params: dict[str, Any]) -> str:
@@ -351,9 +362,17 @@ class ModernLeg:
         self._mirrors: dict[str, tuple[RegisteredTool, tuple[_Mirrored, ...]]] = {}
         self._purged_at = 0.0
         capabilities = {k: v for k, v in state.capabilities.items() if k != "logging"}
-        extensions = {**capabilities.get("extensions", {}), EXTENSION: {}, denials.DENIALS_EXTENSION: {}}
+        extensions = {
+            **capabilities.get("extensions", {}),
+            EXTENSION: {},
+            denials.DENIALS_EXTENSION: {},
+            STREAM_EXTENSION: {},
+        }
         self.capabilities = {**capabilities, "extensions": extensions}
         self.server_info = {"name": "mcp-lossless", "version": __version__}
+        self.events = TaskEvents(state.store, state.instance)
+        """Each running task's events, kept as a stream of the event store (SEP-2694, ADR 0031)."""
+        self.streams = TaskStreams(self.events, state.policy)
 
     async def open(self) -> None:
         await self.tasks.open()
@@ -371,12 +390,19 @@ class ModernLeg:
     # -- the request ---------------------------------------------------------------------------------
 
     async def serve(
-        self, receive: Receive, send: Send, grant: Grant, index: dict[bytes, bytes], message: dict[str, Any]
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        index: dict[bytes, bytes],
+        message: dict[str, Any],
+        connection: object = None,
     ) -> None:
-        """Answer one modern request; a refusal goes up to the transport, which renders it (ADR 0010)."""
+        """Answer one modern request; a refusal goes up to the transport, which renders it (ADR 0010).
+        ``connection``: the client's address (ASGI ``client``), what "one stream per task per connection" counts by."""
         rid: RequestId | None = message.get("id")
         try:
-            await self._serve(receive, send, grant, index, message)
+            await self._serve(receive, send, grant, index, message, connection)
         except Refused as refused:
             if isinstance(refused.body, dict) and refused.body.get("id") is None:
                 refused.body["id"] = rid  # raised where found, which need not know the request's id
@@ -391,7 +417,13 @@ class ModernLeg:
             ) from None
 
     async def _serve(
-        self, receive: Receive, send: Send, grant: Grant, index: dict[bytes, bytes], message: dict[str, Any]
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        index: dict[bytes, bytes],
+        message: dict[str, Any],
+        connection: object = None,
     ) -> None:
         if "method" not in message:
             raise _refused(400, errors.INVALID_REQUEST, f"clients send no responses on {protocol.STATELESS}")
@@ -404,6 +436,9 @@ class ModernLeg:
         capabilities = self._validate(index, method, params)
         rid: RequestId = message["id"]
         declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
+        if method == "tasks/stream":
+            await self._task_stream(receive, send, grant, rid, params, declared, connection)
+            return
         if method in TASK_METHODS:  # a poll needs no channel and no request state: straight to its decision
             await self._task_request(send, grant, rid, method, params, declared)
             return
@@ -794,6 +829,8 @@ class ModernLeg:
     async def _update(self, record: TaskRecord) -> TaskRecord | None:
         """Store a task's new state (:meth:`.TaskStore.update`) and wake the listen streams watching it here."""
         stored = await self.tasks.update(record)
+        if stored is not None and record.task_id in self.running:  # this process produces the task's events
+            await self.events.observe(stored)
         for listener in self._task_listeners.get(record.task_id, ()):
             listener.set()
         return stored
@@ -832,6 +869,7 @@ class ModernLeg:
             await self.tasks.create(record)  # durable before the client hears of it
         except TaskLimitReached as exc:
             raise _refused(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"5")]) from None
+        await self.events.open(record)
         channel.task_id = record.task_id
         self.inboxes[record.task_id] = _Inbox()
         s.sessions.hold_call(grant.principal)  # the task takes its request's place under the principal's cap
@@ -986,6 +1024,7 @@ class ModernLeg:
                         facts.runs = await self.s.store.owner_alive(owner)
                 case SettleLost(record=settled):
                     facts.record = await self._update(settled) or settled  # a purged task is answered as settled
+                    await self.events.lost(task_id, settled.owner)
                     log_decision("task_lost", task=task_id[:8])
                 case Unknown() as unknown:
                     return unknown
@@ -1013,6 +1052,34 @@ class ModernLeg:
             "Missing required client capability",
             extension_required(),
         )
+
+    async def _task_stream(
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        rid: RequestId,
+        params: dict[str, Any],
+        declared: bool,
+        connection: object,
+    ) -> None:
+        """``tasks/stream`` (SEP-2694): authorized as a poll is, then event by event (:mod:`.task_stream`)."""
+        if not declared:
+            raise self._missing_extension()
+        task_id: str = params["taskId"]  # checked against Mcp-Name in _validate: a string
+
+        async def look() -> Unknown | Denied | Deliver:
+            return await self._look(grant, task_id, Purpose.POLL)
+
+        await self.streams.serve(receive, send, grant, rid, params, connection, look, self._refuse_stream)
+
+    def _refuse_stream(self, denied: StreamDenied) -> Refused:
+        """A task stream refused before any byte: the 403 with the challenge a refused call gets."""
+        self.s.metrics.refusals.labels("insufficient_audience", "task").inc()
+        log_decision("task_stream_denied", task=denied.task_id[:8], missing=list(denied.missing))
+        error = stream_denial_error(denied)
+        headers = self._challenge(error["message"], denied.missing, denied.missing)
+        return _refused(403, error["code"], error["message"], error["data"], headers)
 
     def _deny(self, denied: Denied) -> NoReturn:
         self.s.metrics.refusals.labels("insufficient_audience", "task").inc()

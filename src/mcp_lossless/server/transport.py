@@ -160,7 +160,7 @@ class Transport:
         if not batch:
             index = headers(scope)
             if is_modern(messages[0], index):
-                await self.modern.serve(receive, send, grant, index, messages[0])
+                await self.modern.serve(receive, send, grant, index, messages[0], scope.get("client"))
                 return
         first = messages[0]
         if first.get("method") == "initialize" and "id" in first:
