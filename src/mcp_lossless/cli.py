@@ -86,6 +86,13 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
             required=True,
             help="TOML file: server settings as for serve, and one [[upstream]] table per upstream",
         )
+        p.add_argument(
+            "--lenient-config",
+            action="store_true",
+            help="expose an upstream whose allow/deny/scopes/idempotent name what it does not offer, with a warning; "
+            "each such deny and scope is kept on the closest real name, or on all of the upstream (default: such an "
+            "upstream is not exposed)",
+        )
         p.set_defaults(target=None, conformance=False)
     p.add_argument("--host", help=f"interface to listen on {default(d.host)}")
     p.add_argument("--port", type=int, help=f"TCP port {default(d.port)}")

@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
             upstreams = parse_upstreams(tomllib.load(handle).get("upstream"))
         for upstream in upstreams:
             upstream.require_executable()
-        gateway = create_gateway(config, upstreams)
+        gateway = create_gateway(config, upstreams, lenient_config=args.lenient_config)
     except (GatewayConfigError, ValueError) as exc:
         raise UsageError(f"{args.config}: {exc}") from None
     configure_logging(config.log_level)

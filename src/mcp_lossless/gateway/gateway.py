@@ -33,6 +33,7 @@ from .http import HttpUpstream
 from .stdio import StdioUpstream
 from .table import ExposedTool, expose
 from .upstream import Upstream, UpstreamFailure, UpstreamRpcError
+from .vetting import Verdicts
 
 log = logging.getLogger("mcp_lossless.gateway")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -104,11 +105,14 @@ class Gateway:
         *,
         store: EventStore | None = None,
         verifier: TokenVerifier | None = None,
+        lenient_config: bool = False,
     ) -> None:
         self.registry = ToolRegistry()
         self.configs = {u.name: u for u in upstreams}
         self.upstreams: dict[str, HttpUpstream | StdioUpstream] = {u.name: open_upstream(u) for u in upstreams}
-        self.catalog = Catalog(canonical_resource(server.canonical_uri), self.configs, self.upstreams)
+        self.verdicts = Verdicts(self.configs, lenient=lenient_config)
+        """Each upstream's configuration checked against its listings (:mod:`.vetting`): what it is exposed under."""
+        self.catalog = Catalog(canonical_resource(server.canonical_uri), self.configs, self.upstreams, self.verdicts)
         # Its tools change with its upstreams': clients are told (``tools.listChanged``, both eras). Its prompts
         # and resources are listed anew on every list: there is no change to announce.
         capabilities: dict[str, Any] = {"tools": {"listChanged": True}}
@@ -175,6 +179,7 @@ class Gateway:
         await upstream.start(lambda: self._register(name))
         self.metrics.up.labels(name).set(1)
         self.metrics.speaks(upstream)
+        await self.catalog.check(name)  # its prompt and resource names too, before anything of it is exposed
         self._register(name)
 
     async def _keep_trying(self, name: str) -> None:
@@ -191,12 +196,15 @@ class Gateway:
             return
 
     def _register(self, name: str) -> None:
-        """(Re)build ``name``'s part of the table from its current tool list, then republish the server's tools."""
+        """(Re)build ``name``'s part of the table from its current tool list, checked against its configuration
+        (withheld while that names what the list lacks, unless lenient), then republish the server's tools."""
         for exposed in [e for e in self.exposed.values() if e.upstream == name]:
             self.registry.remove(exposed.name)
             del self.exposed[exposed.name]
-        config = self.configs[name]
-        for exposed in expose(config, self.upstreams[name].tools(), taken=self.exposed):
+        tools = self.upstreams[name].tools()
+        self.verdicts.tools_listed(name, {tool.name for tool in tools})
+        config = self.verdicts.effective(name)
+        for exposed in expose(config, tools, taken=self.exposed) if config is not None else ():
             annotations = dict(exposed.tool.annotations)
             if exposed.idempotent:
                 annotations["idempotentHint"] = True
@@ -287,5 +295,6 @@ def create_gateway(
     *,
     store: EventStore | None = None,
     verifier: TokenVerifier | None = None,
+    lenient_config: bool = False,
 ) -> Gateway:
-    return Gateway(server, upstreams, store=store, verifier=verifier)
+    return Gateway(server, upstreams, store=store, verifier=verifier, lenient_config=lenient_config)
