@@ -43,11 +43,11 @@ def test_a_resource_deny_may_name_a_uri_a_template_routes() -> None:
 def test_the_strict_verdict_withholds_until_a_listing_checks_out() -> None:
     config = UpstreamConfig(name="bank", command=("x",), deny=frozenset({"audit"}))
     verdicts = Verdicts({"bank": config}, lenient=False)
-    assert not verdicts.checks_out("bank"), "not listed yet"
+    assert not verdicts.exposed("bank"), "not listed yet"
     verdicts.tools_listed("bank", TOOLS)
-    assert verdicts.effective("bank") is None and not verdicts.checks_out("bank")
+    assert verdicts.effective("bank") is None and not verdicts.exposed("bank")
     verdicts.tools_listed("bank", TOOLS | {"audit"})
-    assert verdicts.effective("bank") == config and verdicts.checks_out("bank")
+    assert verdicts.effective("bank") == config and verdicts.exposed("bank")
     verdicts.tools_listed("bank", TOOLS)
     assert verdicts.effective("bank") is None, "a re-listing that loses the name withholds it again"
 

@@ -133,9 +133,11 @@ class Gateway:
         self.exposed: dict[str, ExposedTool] = {}
         self.metrics = _Metrics(self.app)
         self._keepers: set[asyncio.Task[None]] = set()
+        self.app.readiness_checks["upstreams"] = self.readiness
         for name, upstream in self.upstreams.items():
             if isinstance(upstream, StdioUpstream):
                 upstream.on_restart = self._restarted(upstream)
+            upstream.on_reachability = self._reachability(name)
             self.metrics.up.labels(name).set(0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -174,10 +176,30 @@ class Gateway:
 
         return restarted
 
+    def _reachability(self, name: str) -> Callable[[bool, str], None]:
+        """``upstream_up`` follows what the upstream's probes, streams and calls find, not only its first connect."""
+        up = self.metrics.up.labels(name)
+
+        def changed(reachable: bool, why: str) -> None:
+            up.set(1 if reachable else 0)
+            log_decision("upstream_reachable" if reachable else "upstream_unreachable", upstream=name, why=why)
+
+        return changed
+
+    def readiness(self) -> str:
+        """``/readyz``'s upstreams check: ``ok`` when every upstream is up and its configuration checked out
+        against its listing, else which are not and why (a probe routes no traffic to a gateway whose tools are
+        missing or failing)."""
+        problems = [
+            f"{name} {'down' if not upstream.up else 'not exposed: its configuration does not check out'}"
+            for name, upstream in self.upstreams.items()
+            if not upstream.up or not self.verdicts.exposed(name)
+        ]
+        return "ok" if not problems else "; ".join(problems)
+
     async def _connect(self, name: str) -> None:
         upstream = self.upstreams[name]
         await upstream.start(lambda: self._register(name))
-        self.metrics.up.labels(name).set(1)
         self.metrics.speaks(upstream)
         await self.catalog.check(name)  # its prompt and resource names too, before anything of it is exposed
         self._register(name)

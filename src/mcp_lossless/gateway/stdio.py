@@ -106,6 +106,9 @@ class StdioUpstream:
         self.era: SpokenEra | None = None
         """The era the running child speaks (negotiated at its spawn, or configured)."""
         self.on_restart: Callable[[], None] = lambda: None
+        self.on_reachability: Callable[[bool, str], None] = lambda up, why: None
+        """Told when the child is ready (``True``) and when it exits (``False``): the ``upstream_up`` gauge."""
+        self.up = False
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
         self._proc: asyncio.subprocess.Process | None = None
@@ -190,6 +193,12 @@ class StdioUpstream:
             counted(len(self._tools), "tool"),
         )
         self._ready.set()
+        self._reachable(True, f"child {proc.pid} ready")
+
+    def _reachable(self, up: bool, why: str) -> None:
+        if up != self.up:
+            self.up = up
+            self.on_reachability(up, why)
 
     def _start_failure(self, exc: Exception, status: int | None) -> str:
         """Why a child did not start, in words its operator can act on (an exception's repr names our classes)."""
@@ -223,6 +232,7 @@ class StdioUpstream:
             proc, reader = self._proc, self._reader
             assert proc is not None and reader is not None
             await reader  # stdout ended: the child exited or closed it
+            self._reachable(False, f"child {proc.pid} exited")
             await self._kill(proc)
             if self._closing:
                 return

@@ -152,9 +152,10 @@ class Verdicts:
         catalog = (*self._catalog.get((name, "prompts"), ()), *self._catalog.get((name, "resources"), ()))
         return (*self._tools.get(name, ()), *catalog)
 
-    def checks_out(self, name: str) -> bool:
-        """Listed and checked, and every name of its configuration found (what ``/readyz`` asks of upstreams)."""
-        return name in self._checked and not self.unmatched(name)
+    def exposed(self, name: str) -> bool:
+        """Listed and checked, and exposed: every name of its configuration found, or ``--lenient-config`` (what
+        ``/readyz`` asks of each upstream)."""
+        return name in self._checked and self.effective(name) is not None
 
     def effective(self, name: str) -> UpstreamConfig | None:
         """The configuration ``name`` is exposed under: its own when it checks out, the narrowed one when lenient,

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -89,6 +89,8 @@ class LosslessApp:
         self._verdicts: dict[tuple[bytes | None, bytes | None], str | None] = {}
         self._announcing: set[asyncio.Task[None]] = set()
         self.started = False
+        self.readiness_checks: dict[str, Callable[[], str]] = {}
+        """More checks of ``/readyz`` by name (the gateway's upstreams): each says ``ok`` or what is wrong."""
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
@@ -201,6 +203,7 @@ class LosslessApp:
             await respond_json(send, 200, {"status": "ok"})
             return
         checks = {"store": await self._store_check(), "keys": "ok" if self.state.keys_loaded else "not loaded"}
+        checks |= {name: check() for name, check in self.readiness_checks.items()}
         ready = all(outcome == "ok" for outcome in checks.values())
         await respond_json(send, 200 if ready else 503, {"status": "ready" if ready else "not_ready", "checks": checks})
 
