@@ -198,6 +198,13 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
     )
     p.add_argument("--log-level", choices=LOG_LEVELS, help=default(d.log_level))
     p.add_argument(
+        "--drain-seconds",
+        type=float,
+        metavar="SECONDS",
+        help="on SIGTERM, how long running calls and tasks may finish before they end as execution lost "
+        f"{default(d.drain_seconds)}",
+    )
+    p.add_argument(
         "--metrics-token",
         metavar="SECRET",
         help="/metrics requires 'Authorization: Bearer SECRET' (default: none; the Host/Origin check always applies)",

@@ -292,6 +292,28 @@ class LosslessApp:
         )  # fmt: skip
         return jwt if opaque is None else RoutingVerifier(jwt, opaque)
 
+    async def drain(self, seconds: float) -> None:
+        """SIGTERM, once the server accepts no more connections: running calls and tasks get ``seconds`` to finish
+        (requests on connections still open, a task's poll among them, are still answered); then each one left
+        ends as execution lost — on its stream, or recorded for its poll — and the sessions' streams end, so that
+        every client has its one outcome and no stream is cut when the process exits."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        sessions = self.state.sessions
+        log_decision("draining", running=sessions.running_total(), tasks=len(self.modern.running), seconds=seconds)
+        while (running := self._running()) and loop.time() < deadline:
+            await asyncio.wait(running, timeout=deadline - loop.time())  # then again: calls may have started since
+        left = sessions.running_total()
+        log_decision("drained", execution_lost=left, seconds=round(seconds - max(0.0, deadline - loop.time()), 3))
+        await self.modern.end_running()
+        for session in sessions.all():
+            await session.close("shutdown")
+
+    def _running(self) -> set[asyncio.Task[Any]]:
+        """The tasks of every call and task at work here: each session's, the modern leg's in-request and tasks."""
+        legacy = {task for session in self.state.sessions.all() for task in session.tasks.values()}
+        return legacy | self.modern.in_request | set(self.modern.running.values())
+
     async def shutdown(self) -> None:
         self.started = False
         if self._sweeper is not None:

@@ -72,6 +72,9 @@ class ServerConfig:
     """Longest wait for a client's answer to a server request (sampling, elicitation)."""
     allowed_origins: tuple[str, ...] = ()
     log_level: str = "info"
+    drain_seconds: float = 30.0
+    """SIGTERM: how long running calls and tasks are given to finish once the server stops accepting connections;
+    what is still running then ends as execution lost (each client still gets its one outcome), then it exits."""
     metrics_token: str | None = None
     """Bearer secret ``/metrics`` requires besides the Host/Origin check of the MCP endpoint (none by default)."""
     limits: Limits = field(default_factory=Limits)
@@ -86,7 +89,7 @@ class ServerConfig:
         for name in ("token_ttl", "max_body_bytes", "max_batch", "session_idle_seconds", "client_request_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: must be positive")
-        for name in ("retry_ms", "leeway_seconds"):
+        for name in ("retry_ms", "leeway_seconds", "drain_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: must not be negative")
         if not self.path.startswith("/"):

@@ -335,6 +335,8 @@ class ModernLeg:
         """Seconds a task is kept after its last status change or its owner's last poll (``None``: unlimited)."""
         self.poll_ms = poll_ms
         self.running: dict[str, asyncio.Task[None]] = {}
+        self.in_request: set[asyncio.Task[Any]] = set()
+        """The requests running a tool call within themselves (not as a task): what a drain's deadline ends."""
         """Tasks this process runs, by task id: a live task of this instance missing here was lost."""
         self.cancelling: set[str] = set()
         self.inboxes: dict[str, _Inbox] = {}
@@ -354,6 +356,15 @@ class ModernLeg:
     async def open(self) -> None:
         await self.tasks.open()
         self._state_key = mrtr.state_key(await self.s.store.secret())
+
+    async def end_running(self) -> None:
+        """A drain's deadline: each call running in its request answers execution lost on its stream, each task
+        records itself lost (the process goes); waited for, so every outcome is out before connections close."""
+        ending = [*self.in_request, *self.running.values()]
+        for task in ending:
+            task.cancel("server shutdown")
+        if ending:
+            await asyncio.wait(ending, timeout=SHUTDOWN_SECONDS)
 
     async def close(self) -> None:
         """Shutdown: each running task records itself lost (the process goes), then the store closes."""
@@ -539,7 +550,13 @@ class ModernLeg:
             async def work(ctx: ToolContext) -> dict[str, Any]:
                 return await run_tool(tool, params, ctx)
 
-            await self._run_now(receive, send, grant, rid, params, work, channel)
+            me = asyncio.current_task()
+            assert me is not None
+            self.in_request.add(me)
+            try:
+                await self._run_now(receive, send, grant, rid, params, work, channel)
+            finally:
+                self.in_request.discard(me)
         finally:
             s.sessions.end_call(grant.principal)
 
@@ -671,6 +688,9 @@ class ModernLeg:
             value = outcome.result()
         except InputRequired as asked:
             return 200, frames.result(rid, {**self._input_required(asked, channel), "resultType": "input_required"})
+        except asyncio.CancelledError:  # the server's drain ended it (a client that left was handled before)
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            return 200, frames.execution_lost(rid)
         except MethodError as exc:
             # -32021 is a 400, as the revision asks, when the response has not begun yet
             status = 400 if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY else 200
