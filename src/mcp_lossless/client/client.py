@@ -25,6 +25,7 @@ import orjson
 from ..core import protocol
 from ..core.actions import CallSpec, RecoveryPolicy
 from ..core.protocol import RESOURCE_META_KEY
+from ..tracing import with_trace
 from .catalog import CatalogReads
 from .errors import McpClientError, RequestRejected, ToolFailed
 from .handlers import InputHandler, checked, offered
@@ -213,7 +214,8 @@ class Client(CatalogReads):
 
     async def _read(self, method: str, name: str, params: dict[str, Any], timeout: float | None) -> dict[str, Any]:  # noqa: ASYNC109
         """Sent again when its response breaks, as an idempotent call is."""
-        return await self._require().request(CallSpec(method, params, idempotent=True), self._deadline(timeout))
+        spec = CallSpec(method, with_trace(params), idempotent=True)
+        return await self._require().request(spec, self._deadline(timeout))
 
     async def call_tool(
         self,
@@ -305,7 +307,7 @@ class Client(CatalogReads):
         tool = (self._tools or {}).get(call.name)
         return CallSpec(
             "tools/call",
-            {"name": call.name, "arguments": dict(call.arguments)},
+            with_trace({"name": call.name, "arguments": dict(call.arguments)}),  # its caller's trace goes on
             resources=frozenset({tool.resource}) if tool is not None and tool.resource else frozenset(),
             idempotent=tool.idempotent if tool is not None else False,
             reissue=call.reissue,

@@ -10,6 +10,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serve import STARTUP_FAILURE, UsageError, build_config
     from ..server.observability import configure_logging
     from ..server.serving import lossless_server
+    from ..tracing import configure_export
     from .config import GatewayConfigError, parse_upstreams
     from .gateway import create_gateway
 
@@ -23,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     except (GatewayConfigError, ValueError) as exc:
         raise UsageError(f"{args.config}: {exc}") from None
     configure_logging(config.log_level)
+    configure_export()
     banner = [
         f"mcp-lossless gateway: MCP endpoint  {config.canonical_uri}",
         f"mcp-lossless gateway: metadata      {gateway.state.prm_url}",

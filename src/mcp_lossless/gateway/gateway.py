@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from .. import tracing
 from ..asgi import Receive, Scope, Send, run_lifespan
 from ..core import errors
 from ..core.resources import canonical_resource
@@ -253,6 +254,18 @@ class Gateway:
         return run
 
     async def _call(self, exposed: ExposedTool, ctx: ToolContext, arguments: dict[str, Any]) -> ToolReturn:
+        """The upstream call in a client span of its own: the upstream request carries its trace context (our
+        clients write it into ``_meta``), so the upstream's spans join the caller's trace."""
+        upstream = exposed.upstream
+        named = {
+            "mcp.method.name": "tools/call",
+            "gen_ai.tool.name": exposed.tool.name,
+            "mcp_lossless.upstream": upstream,
+        }
+        with tracing.span(f"tools/call {exposed.tool.name}", named, kind="client"):
+            return await self._call_upstream(exposed, ctx, arguments)
+
+    async def _call_upstream(self, exposed: ExposedTool, ctx: ToolContext, arguments: dict[str, Any]) -> ToolReturn:
         name = exposed.upstream
         upstream: Upstream = self.upstreams[name]
         started = time.perf_counter()

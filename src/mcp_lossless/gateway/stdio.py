@@ -37,6 +37,7 @@ from typing import Any
 
 import orjson
 
+from .. import tracing
 from ..client.errors import ProtocolViolation, describe_failure
 from ..client.handlers import MAX_INPUT_ROUNDS, InputRefused
 from ..client.paging import collect_pages
@@ -423,7 +424,9 @@ class StdioUpstream:
             relay = Relay()
             self._progress[call.token] = functools.partial(_route_progress, relay, reporter)
             self._asking[call.token] = call.asks.put_nowait
-            params = self._speaking({"name": tool, "arguments": arguments, "_meta": {"progressToken": call.token}})
+            meta: dict[str, Any] = {"progressToken": call.token}
+            tracing.inject(meta)  # the gateway call's trace goes on to the child (SEP-414)
+            params = self._speaking({"name": tool, "arguments": arguments, "_meta": meta})
             try:
                 async with relay:
                     try:

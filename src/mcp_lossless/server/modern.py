@@ -24,7 +24,7 @@ from base64 import b64decode
 from collections.abc import Callable, Coroutine, Generator, Iterable
 from typing import Any, NoReturn
 
-from .. import __version__
+from .. import __version__, tracing
 from ..asgi import Receive, Send, respond
 from ..core import errors, frames, mrtr, param_headers, protocol
 from ..core.events import RequestId
@@ -536,29 +536,34 @@ class ModernLeg:
         exceeded = s.sessions.start_call(grant.principal)  # one cap per principal, both eras counted
         if exceeded is not None:
             raise _over_limit(exceeded)
-        try:
-            if tool.task is not None and declared:
-                if tool.input_before_task:
-                    asked = _input_before_task(tool, params, ToolContext(grant, rid, None, channel))
-                    if asked is not None:
-                        await self._answer(send, rid, self._input_required(asked, channel), "input_required")
-                        return
-                task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
-                await self._create_task(send, grant, rid, tool, params, task_channel)
-                return
-
-            async def work(ctx: ToolContext) -> dict[str, Any]:
-                return await run_tool(tool, params, ctx)
-
-            me = asyncio.current_task()
-            assert me is not None
-            self.in_request.add(me)
+        meta = params.get("_meta")
+        called = {"mcp.method.name": "tools/call", "gen_ai.tool.name": tool.name, "jsonrpc.request.id": str(rid)}
+        with tracing.span(
+            f"tools/call {tool.name}", called, carrier=meta if isinstance(meta, dict) else None, kind="server"
+        ):
             try:
-                await self._run_now(receive, send, grant, rid, params, work, channel)
+                if tool.task is not None and declared:
+                    if tool.input_before_task:
+                        asked = _input_before_task(tool, params, ToolContext(grant, rid, None, channel))
+                        if asked is not None:
+                            await self._answer(send, rid, self._input_required(asked, channel), "input_required")
+                            return
+                    task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
+                    await self._create_task(send, grant, rid, tool, params, task_channel)
+                    return
+
+                async def work(ctx: ToolContext) -> dict[str, Any]:
+                    return await run_tool(tool, params, ctx)
+
+                me = asyncio.current_task()
+                assert me is not None
+                self.in_request.add(me)
+                try:
+                    await self._run_now(receive, send, grant, rid, params, work, channel)
+                finally:
+                    self.in_request.discard(me)
             finally:
-                self.in_request.discard(me)
-        finally:
-            s.sessions.end_call(grant.principal)
+                s.sessions.end_call(grant.principal)
 
     def _require(self, grant: Grant, tags: frozenset[str]) -> None:
         """403 naming what the token lacks of ``tags`` (a tool's, or an extra method request's), with its challenge."""
@@ -963,6 +968,14 @@ class ModernLeg:
         if not declared:
             raise self._missing_extension()
         task_id: str = params["taskId"]  # checked against Mcp-Name above: a string
+        meta = params.get("_meta")
+        polled = {"mcp.method.name": method, "mcp_lossless.task": task_id, "jsonrpc.request.id": str(rid)}
+        with tracing.span(method, polled, carrier=meta if isinstance(meta, dict) else None, kind="server"):
+            await self._task_request_traced(send, grant, rid, method, params, task_id)
+
+    async def _task_request_traced(
+        self, send: Send, grant: Grant, rid: RequestId, method: str, params: dict[str, Any], task_id: str
+    ) -> None:
         at = now()
         record = await self.tasks.get(task_id)
         verdict = authorize(task_id, record, grant, self.s.policy, at)
