@@ -43,6 +43,7 @@ from ..core.actions import RecoveryPolicy
 from ..core.param_headers import InvalidAnnotation, Mirrored, header_safe, mirrored_params, param_headers
 from ..core.sse import SseDecoder
 from ..core.tasks import EXTENSION
+from ..tracing import inject
 from .catalog import CatalogReads
 from .client import Client, Tool, ToolResult, _tool_result
 from .errors import (
@@ -232,6 +233,7 @@ class ModernClient(CatalogReads):
         self, method: str, params: Mapping[str, Any], declared: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
         meta = request_meta(self._capabilities if declared is None else declared, self._client_info)
+        inject(meta)  # the caller's trace context, per request (SEP-414)
         body = {**params, "_meta": {**meta, **params.get("_meta", {})}}
         return {"jsonrpc": "2.0", "id": f"m-{next(self._ids)}", "method": method, "params": body}
 

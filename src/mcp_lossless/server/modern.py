@@ -24,7 +24,7 @@ from base64 import b64decode
 from collections.abc import Callable, Coroutine, Generator, Iterable
 from typing import Any, NoReturn, assert_never
 
-from .. import __version__
+from .. import __version__, tracing
 from ..asgi import Receive, Send, respond
 from ..core import denials, errors, frames, mrtr, param_headers, protocol
 from ..core.events import RequestId
@@ -349,6 +349,8 @@ class ModernLeg:
         """Seconds a task is kept after its last status change or its owner's last poll (``None``: unlimited)."""
         self.poll_ms = poll_ms
         self.running: dict[str, asyncio.Task[None]] = {}
+        self.in_request: set[asyncio.Task[Any]] = set()
+        """The requests running a tool call within themselves (not as a task): what a drain's deadline ends."""
         """Tasks this process runs, by task id: a live task of this instance missing here was lost."""
         self.cancelling: set[str] = set()
         self.inboxes: dict[str, _Inbox] = {}
@@ -377,6 +379,15 @@ class ModernLeg:
     async def open(self) -> None:
         await self.tasks.open()
         self._state_key = mrtr.state_key(await self.s.store.secret())
+
+    async def end_running(self) -> None:
+        """A drain's deadline: each call running in its request answers execution lost on its stream, each task
+        records itself lost (the process goes); waited for, so every outcome is out before connections close."""
+        ending = [*self.in_request, *self.running.values()]
+        for task in ending:
+            task.cancel("server shutdown")
+        if ending:
+            await asyncio.wait(ending, timeout=SHUTDOWN_SECONDS)
 
     async def close(self) -> None:
         """Shutdown: each running task records itself lost (the process goes), then the store closes."""
@@ -565,23 +576,34 @@ class ModernLeg:
         exceeded = s.sessions.start_call(grant.principal)  # one cap per principal, both eras counted
         if exceeded is not None:
             raise _over_limit(exceeded)
-        try:
-            if tool.task is not None and declared:
-                if tool.input_before_task:
-                    asked = _input_before_task(tool, params, ToolContext(grant, rid, None, channel))
-                    if asked is not None:
-                        await self._answer(send, rid, self._input_required(asked, channel), "input_required")
-                        return
-                task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
-                await self._create_task(send, grant, rid, tool, params, task_channel)
-                return
+        meta = params.get("_meta")
+        called = {"mcp.method.name": "tools/call", "gen_ai.tool.name": tool.name, "jsonrpc.request.id": str(rid)}
+        with tracing.span(
+            f"tools/call {tool.name}", called, carrier=meta if isinstance(meta, dict) else None, kind="server"
+        ):
+            try:
+                if tool.task is not None and declared:
+                    if tool.input_before_task:
+                        asked = _input_before_task(tool, params, ToolContext(grant, rid, None, channel))
+                        if asked is not None:
+                            await self._answer(send, rid, self._input_required(asked, channel), "input_required")
+                            return
+                    task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
+                    await self._create_task(send, grant, rid, tool, params, task_channel)
+                    return
 
-            async def work(ctx: ToolContext) -> dict[str, Any]:
-                return await run_tool(tool, params, ctx)
+                async def work(ctx: ToolContext) -> dict[str, Any]:
+                    return await run_tool(tool, params, ctx)
 
-            await self._run_now(receive, send, grant, rid, params, work, channel)
-        finally:
-            s.sessions.end_call(grant.principal)
+                me = asyncio.current_task()
+                assert me is not None
+                self.in_request.add(me)
+                try:
+                    await self._run_now(receive, send, grant, rid, params, work, channel)
+                finally:
+                    self.in_request.discard(me)
+            finally:
+                s.sessions.end_call(grant.principal)
 
     def _require(self, grant: Grant, tags: frozenset[str]) -> None:
         """403 naming what the token lacks of ``tags`` (a tool's, or an extra method request's), with its challenge."""
@@ -711,6 +733,9 @@ class ModernLeg:
             value = outcome.result()
         except InputRequired as asked:
             return 200, frames.result(rid, {**self._input_required(asked, channel), "resultType": "input_required"})
+        except asyncio.CancelledError:  # the server's drain ended it (a client that left was handled before)
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            return 200, frames.execution_lost(rid)
         except MethodError as exc:
             # -32021 is a 400, as the revision asks, when the response has not begun yet
             status = 400 if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY else 200
@@ -988,6 +1013,14 @@ class ModernLeg:
         if not declared:
             raise self._missing_extension()
         task_id: str = params["taskId"]  # checked against Mcp-Name in _validate: a string
+        meta = params.get("_meta")
+        polled = {"mcp.method.name": method, "mcp_lossless.task": task_id, "jsonrpc.request.id": str(rid)}
+        with tracing.span(method, polled, carrier=meta if isinstance(meta, dict) else None, kind="server"):
+            await self._task_request_traced(send, grant, rid, method, params, task_id)
+
+    async def _task_request_traced(
+        self, send: Send, grant: Grant, rid: RequestId, method: str, params: dict[str, Any], task_id: str
+    ) -> None:
         match await self._look(grant, task_id, Purpose.POLL):
             case Unknown():
                 await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, UNKNOWN_MESSAGE), b"application/json")

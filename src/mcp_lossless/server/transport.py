@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from time import perf_counter
 from typing import Any, Protocol
 
-from .. import __version__
+from .. import __version__, tracing
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
 from ..core import denials, errors, frames, protocol
 from ..core import limits as verdicts
@@ -475,7 +475,9 @@ class Transport:
             if record.lost is not None:  # ended without its producer: the unanswered requests' outcome ends it
                 lost = StreamLost(record.lost, event_id(record.last_seq) if record.last_seq >= 0 else None)
             source = StoredSource(plan.events, plan.cursor.seq, tail, lost)
-        await writer.run(receive, send, source, b"retry: %d\n\n" % state.config.retry_ms)
+        decided = {"mcp_lossless.decision": "replay", "mcp_lossless.cursor": last_event_id}
+        with tracing.span("resume", {**decided, "mcp_lossless.replayed": len(plan.events)}, kind="server"):
+            await writer.run(receive, send, source, b"retry: %d\n\n" % state.config.retry_ms)
 
     def _cursor_rejected(self, session: ServerSession, rejected: CursorRejected) -> Refused:
         self.state.metrics.resumes.labels(rejected.problem.value).inc()
@@ -486,6 +488,8 @@ class Transport:
             reason=rejected.problem.value,
             cursor=rejected.cursor[:80],
         )
+        rejection = {"mcp_lossless.reason": rejected.problem.value, "mcp_lossless.cursor": rejected.cursor[:80]}
+        tracing.decision("resume", {"mcp_lossless.decision": "rejected", **rejection})
         return Refused(rejected.status, rejected.body)
 
     def _replay_refused(self, session: ServerSession, refusal: Refusal, needed: frozenset[str]) -> Refused:
@@ -502,6 +506,8 @@ class Transport:
             missing=list(refusal.missing),
             cursor=refusal.cursor,
         )
+        refused = {"mcp_lossless.reason": refusal.reason.value, "mcp_lossless.cursor": refusal.cursor}
+        tracing.decision("resume", {"mcp_lossless.decision": "refused", **refused})
         description = frames.refusal_message(refusal)
         body = {"error": "replay_refused", "error_description": description, **frames.refusal_data(refusal)}
         challenge = metadata.insufficient_scope(description, state.prm_url, refusal.missing, needed)
