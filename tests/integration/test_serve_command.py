@@ -18,6 +18,7 @@ from mcp_lossless.cli import LIMIT_FLAGS, UsageError, _serve_parser, build_confi
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.server.config import ServerConfig
 from mcp_lossless.server.targets import TargetError, load_registry
+from mcp_lossless.stores.redis import WAIT_ON_CLUSTER
 from tests.support.mcp_http import Peer, call
 from tests.support.processes import CLI, free_port, started_cli_server
 
@@ -202,8 +203,8 @@ def test_a_refused_exposure_is_a_usage_error_of_serve_exit_2() -> None:
         # it exited 1 as "mcp-lossless: unknown store ...", unlike every other bad flag (2, "mcp-lossless serve: ...")
         (
             "postgres://db",
-            "unknown store 'postgres://db': use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?S=V] or "
-            "redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB][?S=V]",
+            "unknown store 'postgres://db': use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?S=V], "
+            "redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB][?S=V] or redis+cluster://HOST:PORT[,HOST:PORT…][?S=V]",
         ),
         # passed on to redis-py, which refused it only at the first connection: a traceback and exit 3
         (
@@ -215,6 +216,8 @@ def test_a_refused_exposure_is_a_usage_error_of_serve_exit_2() -> None:
             "redis+sentinel://u:s3cret/x@127.0.0.1/mcpl",
             "redis+sentinel store: Sentinel address 1 is not HOST[:PORT] (comma-separated)",
         ),
+        # WAIT cannot be tied to the connection a cluster write went on: refused, never silently unacknowledged
+        ("redis+cluster://127.0.0.1:1,127.0.0.1:2?wait_replicas=1", WAIT_ON_CLUSTER),
     ],
 )
 def test_a_bad_store_is_a_usage_error_of_serve_exit_2_before_connecting(store: str, message: str) -> None:

@@ -49,6 +49,7 @@ import orjson
 from redis import exceptions as rx
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import Connection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
@@ -82,8 +83,16 @@ _RETRIES = 1
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 """Specs naming Sentinels and a service rather than one Redis: the master is looked up by name."""
 SENTINEL_PORT = 26379
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+"""Specs naming nodes of a Redis Cluster: any of them tells redis-py the slot map, and it routes each key."""
+REDIS_PORT = 6379
 _SENTINEL_SETTINGS = ("sentinel_username", "sentinel_password")
 """Query parameters of a ``redis+sentinel://`` spec that are the Sentinels' own credentials, not the master's."""
+WAIT_ON_CLUSTER = (
+    "redis+cluster store: wait_replicas is not supported on a cluster: WAIT covers only the writes sent on its own"
+    " connection, and redis-py's cluster client may send a write again on another one (after a MOVED reply or a"
+    " slot map refresh), so a WAIT could confirm a write it did not cover (docs/redis.md, Redis Cluster)"
+)
 _OUTAGE_REPLIES = ("MISCONF", "NOREPLICAS", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "LOADING")
 """Error replies that mean "cannot serve now" rather than "bad command" (OOM and READONLY have classes)."""
 
@@ -237,7 +246,10 @@ class SentinelTarget:
         if "?" in netloc:
             raise ValueError("redis+sentinel store: the spec needs /SERVICE_NAME after the Sentinel addresses")
         userinfo, _, hosts = netloc.rpartition("@")
-        sentinels = tuple(_sentinel_address(number, host) for number, host in enumerate(hosts.split(","), 1))
+        sentinels = tuple(
+            _address("redis+sentinel store: Sentinel", number, host, SENTINEL_PORT)
+            for number, host in enumerate(hosts.split(","), 1)
+        )
         names = path.split("/") if slash else []
         if not 1 <= len(names) <= 2 or not names[0]:
             raise ValueError("redis+sentinel store: name the master as /SERVICE_NAME[/DB] after the Sentinel addresses")
@@ -272,8 +284,8 @@ class SentinelTarget:
         return f"master {self.service!r} via Sentinel {','.join(f'{host}:{port}' for host, port in self.sentinels)}"
 
 
-def _sentinel_address(number: int, text: str) -> tuple[str, int]:
-    """``host``, ``host:port`` or ``[IPv6]:port`` (the port defaults to Sentinel's 26379).
+def _address(what: str, number: int, text: str, default_port: int) -> tuple[str, int]:
+    """``host``, ``host:port`` or ``[IPv6]:port`` (the port defaults to ``default_port``).
 
     A bad one is named by its number, not its text: a password with an unescaped ``/`` or ``@`` would end up
     in the addresses, and messages never show a password.
@@ -282,14 +294,63 @@ def _sentinel_address(number: int, text: str) -> tuple[str, int]:
     if text.startswith("["):
         host, _, after = text[1:].partition("]")
         malformed = bool(after) and not after.startswith(":")
-        port = after[1:] if after else str(SENTINEL_PORT)
+        port = after[1:] if after else str(default_port)
     else:
         host, colon, port = text.rpartition(":")
         if not colon:
-            host, port = text, str(SENTINEL_PORT)
+            host, port = text, str(default_port)
     if malformed or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"redis+sentinel store: Sentinel address {number} is not HOST[:PORT] (comma-separated)")
+        raise ValueError(f"{what} address {number} is not HOST[:PORT] (comma-separated)")
     return host, int(port)
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    """What a ``redis+cluster://[user:pass@]host[:port][,host[:port]...][/][?settings]`` spec names: startup nodes
+    (any reachable one tells redis-py the slot map) and the redis-py settings of every node connection
+    (``rediss+cluster://``: TLS). A cluster has one database, so the spec has no ``/DB``.
+    """
+
+    nodes: tuple[tuple[str, int], ...]
+    settings: dict[str, Any]
+
+    @classmethod
+    def parse(cls, url: str) -> ClusterTarget:
+        """Split ``url``; a malformed one is a one-line :class:`ValueError` that never repeats the password."""
+        scheme, _, rest = url.partition("://")
+        netloc, _, tail = rest.partition("/")
+        netloc, _, query = netloc.partition("?")
+        path, _, path_query = tail.partition("?")
+        if path:
+            raise ValueError("redis+cluster store: a cluster has one database: nothing goes after the node addresses")
+        userinfo, _, hosts = netloc.rpartition("@")
+        nodes = tuple(
+            _address("redis+cluster store: node", number, host, REDIS_PORT)
+            for number, host in enumerate(hosts.split(","), 1)
+        )
+        settings: dict[str, Any] = dict(parse_url(f"redis://localhost?{query or path_query}"))  # redis-py's typing
+        del settings["host"]
+        if userinfo:
+            user, has_password, password = userinfo.partition(":")
+            if user:
+                settings["username"] = unquote(user)
+            if has_password:
+                settings["password"] = unquote(password)
+        if scheme == "rediss+cluster":
+            settings["ssl"] = True
+        return cls(nodes, settings)
+
+    def client(self, **defaults: Any) -> RedisCluster:
+        """A cluster client of these nodes; the spec's settings win over ``defaults``, as in a ``redis://`` spec."""
+        startup = [ClusterNode(host, port) for host, port in self.nodes]
+        try:
+            return RedisCluster(startup_nodes=startup, **{**defaults, **self.settings})
+        except rx.RedisClusterException as exc:  # e.g. db=1: a cluster has only database 0
+            raise ValueError(f"redis+cluster store: {exc}") from None
+
+    def describe(self) -> str:
+        """For messages: the startup nodes, never a credential."""
+        return "Redis Cluster via " + ",".join(f"{host}:{port}" for host, port in self.nodes)
 
 
 _OUTAGE_ERRORS = (
@@ -300,6 +361,9 @@ _OUTAGE_ERRORS = (
     rx.ReadOnlyError,
     rx.ClusterDownError,  # MASTERDOWN too: a replica cut off from its master, with replica-serve-stale-data no
     rx.TryAgainError,
+    rx.ClusterError,  # CLUSTERDOWN, MASTERDOWN
+    rx.SlotNotCoveredError,  # a cluster with a slot no live primary serves (a failover not done yet)
+    rx.RedisClusterUnreachableError,  # no startup or known node answers
 )
 """redis-py's classes for "Redis cannot serve now"; they carry the reply without its code, so a prefix test misses
 them."""
@@ -358,15 +422,23 @@ class _SentinelMaster(Redis):
                 await self.discovery.aclose()
 
 
-def connect(url: str, *, socket_timeout: float | None, socket_connect_timeout: float, **settings: Any) -> Redis:
+Client = Redis | RedisCluster
+"""A client of one Redis master (direct or found through Sentinel) or of a Redis Cluster."""
+
+
+def connect(url: str, *, socket_timeout: float | None, socket_connect_timeout: float, **settings: Any) -> Client:
     """A client of the Redis master ``url`` names: ``redis://`` / ``rediss://`` directly, ``redis+sentinel://``
     through Sentinel. There every new connection asks the Sentinels for the master's address, so after a
     failover the next command reaches the promoted replica; until then a dead or demoted master is a
     connection error (redis-py turns a READONLY reply from a demoted master into one, and so does
     :class:`_PrimaryConnection` for ``redis://``), which the stores report as :class:`StoreUnavailable`.
+    ``redis+cluster://`` is redis-py's cluster client: it routes each command by its key's slot, follows
+    ``MOVED`` replies and refreshes its slot map after a failover.
     Settings in the URL win over the keyword arguments, as redis-py's do.
     """
     defaults = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_connect_timeout, **settings}
+    if url.startswith(CLUSTER_SCHEMES):
+        return ClusterTarget.parse(url).client(**defaults)
     if not url.startswith(SENTINEL_SCHEMES):
         primary = _PrimarySSLConnection if url.startswith("rediss://") else _PrimaryConnection
         return Redis.from_url(url, connection_class=primary, **defaults)
@@ -392,8 +464,8 @@ class RedisStore:
         "wait_replicas": int,
         "wait_timeout_ms": int,
     }
-    """Store settings a ``redis://`` or ``redis+sentinel://`` spec may carry as query parameters (others go to
-    redis-py, or are the Sentinels' credentials)."""
+    """Store settings a ``redis://``, ``redis+sentinel://`` or ``redis+cluster://`` spec may carry as query
+    parameters (others go to redis-py, or are the Sentinels' credentials)."""
 
     def __init__(
         self,
@@ -425,12 +497,16 @@ class RedisStore:
         self.wait_timeout_ms = wait_timeout_ms
         if url.startswith(SENTINEL_SCHEMES):
             self._where = SentinelTarget.parse(url).describe()
+        elif url.startswith(CLUSTER_SCHEMES):
+            if wait_replicas:
+                raise ValueError(WAIT_ON_CLUSTER)
+            self._where = ClusterTarget.parse(url).describe()
         else:
             parts = urlsplit(url)
             self._where = f"{parts.hostname}:{parts.port or 6379}"
         """For messages: never the URL, which may carry a password."""
-        self._redis: Redis | None = None
-        self._blocking: Redis | None = None
+        self._redis: Client | None = None
+        self._blocking: Client | None = None
         """Connections for XREAD BLOCK: no socket timeout, bounded per call instead."""
         self._secret: bytes | None = None
         self._instance: str | None = None
@@ -450,7 +526,8 @@ class RedisStore:
     @classmethod
     def from_spec(cls, spec: str) -> RedisStore:
         """``redis://[user:pass@]host:port[/db][?prefix=P&retention_seconds=S&...]`` (``rediss://`` for TLS), or
-        ``redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db][?...]`` (``rediss+sentinel://``)."""
+        ``redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db][?...]`` (``rediss+sentinel://``), or
+        ``redis+cluster://[user:pass@]host:port[,host:port...][?...]`` (``rediss+cluster://``)."""
         parts = urlsplit(spec)
         settings: dict[str, Any] = {}
         passed = []
@@ -467,13 +544,15 @@ class RedisStore:
             except ValueError:
                 raise ValueError(f"redis store: {name}={value!r} is not a valid {kind.__name__}") from None
         sentinel = spec.startswith(SENTINEL_SCHEMES)
-        if sentinel:  # not through urlunsplit, which would drop an empty address list's '//' (and so the scheme)
-            url = spec.partition("?")[0] + (f"?{urlencode(passed)}" if passed else "")
+        if sentinel or spec.startswith(CLUSTER_SCHEMES):  # not through urlunsplit, which would drop an empty
+            url = spec.partition("?")[0] + (f"?{urlencode(passed)}" if passed else "")  # address list's '//'
         else:
             url = urlunsplit(parts._replace(query=urlencode(passed)))
         try:  # redis-py takes the rest, but would refuse an unknown one only when it first connects: check it now
             if sentinel:
                 SentinelTarget.parse(url).check()
+            elif spec.startswith(CLUSTER_SCHEMES):
+                ClusterTarget.parse(url).client()  # makes no connection: nodes are first reached when used
             else:
                 pool = ConnectionPool.from_url(url)
                 pool.connection_class(**pool.connection_kwargs)
@@ -485,7 +564,7 @@ class RedisStore:
 
     # -- plumbing ------------------------------------------------------------------------------------
 
-    def _client(self, socket_timeout: float | None) -> Redis:
+    def _client(self, socket_timeout: float | None) -> Client:
         """A client of the master: with Sentinel, each new connection looks the master up again (:func:`connect`)."""
         return connect(
             self.url,
@@ -495,7 +574,7 @@ class RedisStore:
         )
 
     @property
-    def _r(self) -> Redis:
+    def _r(self) -> Client:
         if self._redis is None:
             raise RuntimeError("RedisStore used before open()")
         return self._redis
@@ -505,7 +584,7 @@ class RedisStore:
         """Turn "Redis cannot serve now" into :class:`StoreUnavailable`; let real bugs through."""
         try:
             yield
-        except (rx.RedisError, TimeoutError) as exc:
+        except (rx.RedisError, rx.RedisClusterException, TimeoutError) as exc:
             if not is_outage(exc):
                 raise
             raise StoreUnavailable(f"redis store at {self._where} unavailable: {exc or type(exc).__name__}") from exc
@@ -547,7 +626,7 @@ class RedisStore:
             self._remember(stream, sid)
         return sid
 
-    def _acknowledge(self, pipe: Pipeline) -> None:
+    def _acknowledge(self, pipe: Pipeline | ClusterPipeline) -> None:
         """End ``pipe`` with ``WAIT`` for :attr:`wait_replicas`: it covers every write sent on the pipeline's
         connection before it, so one ``WAIT`` acknowledges a whole batch."""
         if self.wait_replicas:
@@ -835,22 +914,29 @@ class RedisStore:
         queued.update(held)
         return batch
 
-    async def _append_batch(self, batch: list[_QueuedAppend]) -> list[Exception | None]:
-        script = self._scripts.get(_APPEND)
+    async def _scripted(self, source: str, calls: list[tuple[list[str], list[EncodableT]]]) -> list[Any]:
+        """Run ``calls`` (keys, arguments) of the Lua script ``source`` as one pipeline ended by :meth:`_acknowledge`;
+        its replies, errors among them. A node that lacks the script (Redis restarted, or a replica was promoted
+        since it was loaded) answers NOSCRIPT: the script is loaded (on every primary of a cluster) and the
+        pipeline sent again, once; the scripts are safe to run twice."""
+        script = self._scripts.get(source)
         if script is None:
-            script = self._scripts[_APPEND] = self._r.register_script(_APPEND)
-        calls = [self._append_call(event, completes) for event, completes, _future in batch]
+            script = self._scripts[source] = self._r.register_script(source)
         for attempt in range(2):
             with self._guard():
                 async with self._r.pipeline(transaction=False) as pipe:
                     for keys, args in calls:
-                        pipe.evalsha(script.sha, 3, *keys, *args)
+                        pipe.evalsha(script.sha, len(keys), *keys, *args)
                     self._acknowledge(pipe)
                     replies = await pipe.execute(raise_on_error=False)
             if attempt or not any(isinstance(reply, rx.NoScriptError) for reply in replies):
                 break
-            with self._guard():  # Redis restarted and lost its script cache: load it, send the batch again
-                await self._r.script_load(_APPEND)
+            with self._guard():
+                await self._r.script_load(source)
+        return replies
+
+    async def _append_batch(self, batch: list[_QueuedAppend]) -> list[Exception | None]:
+        replies = await self._scripted(_APPEND, [self._append_call(event, completes) for event, completes, _ in batch])
         try:
             replies = self._acknowledged(replies)
         except StoreUnavailable as exc:  # not held by enough replicas: none of it may be published yet
@@ -1004,14 +1090,12 @@ class RedisStore:
         if sid is None:
             return None
         keys = [self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._key(sid, "streams")]
-        script = self._scripts.get(_MARK_LOST)
-        if script is None:
-            script = self._scripts[_MARK_LOST] = self._r.register_script(_MARK_LOST)
-        with self._guard():
-            async with self._r.pipeline(transaction=False) as pipe:
-                await script(keys=keys, args=[owner, loss.value, *self._completion(stream)], client=pipe)
-                self._acknowledge(pipe)
-                [reply] = self._acknowledged(await pipe.execute())
+        [reply] = self._acknowledged(
+            await self._scripted(_MARK_LOST, [(keys, [owner, loss.value, *self._completion(stream)])])
+        )
+        if isinstance(reply, Exception):
+            with self._guard():  # an outage is StoreUnavailable; anything else is a bug, raised as it is
+                raise reply
         if reply == b"taken":
             raise StreamTakenOver(f"stream {stream} is produced by another instance than {owner}")
         if reply == b"ok":

@@ -15,11 +15,10 @@ from dataclasses import replace
 from typing import Any, cast
 
 from redis import exceptions as rx
-from redis.asyncio import Redis
 
 from ..core.tasks import TaskRecord, decode_task, encode_task
 from .base import StoreUnavailable
-from .redis import connect, is_outage
+from .redis import Client, connect, is_outage
 
 EXPIRY_GRACE_SECONDS = 60.0
 """Redis drops a task this long after the core considers it expired (clock skew between replicas)."""
@@ -63,10 +62,10 @@ class RedisTaskStore:
     def __init__(self, url: str, *, prefix: str = "mcpl") -> None:
         self.url = url
         self.prefix = prefix
-        self._redis: Redis | None = None
+        self._redis: Client | None = None
 
     async def open(self) -> None:
-        self._redis = connect(self.url, socket_timeout=5.0, socket_connect_timeout=2.0)  # redis:// or Sentinel
+        self._redis = connect(self.url, socket_timeout=5.0, socket_connect_timeout=2.0)  # any redis store spec
 
     async def close(self) -> None:
         if self._redis is not None:
@@ -74,12 +73,16 @@ class RedisTaskStore:
             self._redis = None
 
     @contextlib.contextmanager
-    def _guard(self) -> Iterator[Redis]:
+    def _guard(self) -> Iterator[Client]:
         if self._redis is None:
             raise RuntimeError("RedisTaskStore used before open()")
         try:
             yield self._redis
-        except (rx.RedisError, TimeoutError) as exc:  # NOREPLICAS (min-replicas-to-write), MISCONF… as well
+        except (
+            rx.RedisError,
+            rx.RedisClusterException,
+            TimeoutError,
+        ) as exc:  # NOREPLICAS (min-replicas-to-write), MISCONF… as well
             if not is_outage(exc):
                 raise
             raise StoreUnavailable(f"redis task store unavailable: {exc or type(exc).__name__}") from exc
