@@ -10,6 +10,7 @@ cluster too (tests/integration/test_store_contract.py).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
 import uuid
@@ -21,9 +22,12 @@ import httpx
 import pytest
 
 from mcp_lossless.core.errors import DELIVERY_REFUSED, EXECUTION_LOST
-from mcp_lossless.stores.redis import WAIT_ON_CLUSTER, RedisStore
+from mcp_lossless.stores import StoreUnavailable
+from mcp_lossless.stores.redis import RedisStore
 from tests.integration.test_redis_failover import LiveRead, contents, outcome, posting
 from tests.integration.test_redis_replicas import Deployment, on
+from tests.integration.test_redis_wait import stopped
+from tests.integration.test_store_contract import event, session, stream
 from tests.support.mcp_http import Peer, call, dev_token
 from tests.support.processes import ServerProcess, free_port
 from tests.support.redis_cluster import RedisClusterNodes, redis_cluster
@@ -38,9 +42,6 @@ CALLS = 6
 
 
 def test_a_cluster_spec_is_checked_before_connecting() -> None:
-    with pytest.raises(ValueError) as refused:
-        RedisStore.from_spec("redis+cluster://127.0.0.1:7000,127.0.0.1:7001?wait_replicas=1")
-    assert str(refused.value) == WAIT_ON_CLUSTER
     with pytest.raises(ValueError, match=r"^redis store: unknown setting 'bogus'"):
         RedisStore.from_spec("redis+cluster://127.0.0.1:7000?bogus=1")
     with pytest.raises(ValueError, match=r"^redis\+cluster store: node address 2 is not HOST"):
@@ -53,10 +54,12 @@ def test_a_cluster_spec_is_checked_before_connecting() -> None:
 
 
 @contextlib.contextmanager
-def deployed(spec: str, directory: Path, *names: str) -> Iterator[tuple[Deployment, list[ServerProcess]]]:
+def deployed(
+    spec: str, directory: Path, *names: str, settings: str = ""
+) -> Iterator[tuple[Deployment, list[ServerProcess]]]:
     """mcp-lossless replicas on the cluster, with a prefix of their own (a dead replica's lease runs out after 1 s)."""
     with contextlib.ExitStack() as stack:
-        store = f"{spec}?prefix=cl-{uuid.uuid4().hex[:12]}&lease_seconds=1"
+        store = f"{spec}?prefix=cl-{uuid.uuid4().hex[:12]}&lease_seconds=1{settings}"
         shared = Deployment(store, directory / "dev-keys.json", f"http://127.0.0.1:{free_port()}/mcp", directory)
         yield shared, shared.start(stack, *names)
 
@@ -103,12 +106,16 @@ async def test_sessions_spread_over_the_primaries_and_a_call_resumes_on_another_
 
 
 async def live_calls(
-    cluster: RedisClusterNodes, http: httpx.AsyncClient, tmp_path: Path, fail: Callable[[RedisServer], object]
+    cluster: RedisClusterNodes,
+    http: httpx.AsyncClient,
+    tmp_path: Path,
+    fail: Callable[[RedisServer], object],
+    settings: str = "",
 ) -> list[tuple[LiveRead, bool]]:
     """Start one call per session on replicas A and B in turn, let each send a few events, run ``fail(primary)``
     on the primary that serves the first session, and return each call's read once every call has ended, with
     whether its session was on the failed primary."""
-    with deployed(cluster.spec, tmp_path, "a", "b") as (shared, (a, b)):
+    with deployed(cluster.spec, tmp_path, "a", "b", settings=settings) as (shared, (a, b)):
         token = await dev_token(http, a.base, shared.canonical)
         peers = [Peer(http, (a, b)[n % 2].base, token) for n in range(CALLS)]
         for peer in peers:
@@ -131,10 +138,13 @@ async def live_calls(
         return [(live, failed) for (live, _run), failed in zip(calls, on_failing, strict=True)]
 
 
+@pytest.mark.parametrize("settings", ["", "&wait_replicas=1&wait_timeout_ms=500"], ids=["unacknowledged", "wait"])
 async def test_a_graceful_failover_mid_stream_loses_nothing_and_every_call_completes(
-    own_cluster: RedisClusterNodes, http: httpx.AsyncClient, tmp_path: Path
+    own_cluster: RedisClusterNodes, http: httpx.AsyncClient, tmp_path: Path, settings: str
 ) -> None:
-    reads = await live_calls(own_cluster, http, tmp_path, own_cluster.failover)
+    # CLUSTER FAILOVER waits for the replica to catch up and leaves the old primary as its replica: with wait_replicas
+    # the new primary has a replica to acknowledge from the start
+    reads = await live_calls(own_cluster, http, tmp_path, own_cluster.failover, settings)
     assert any(failed for _, failed in reads)
     for live, _ in reads:
         final = outcome(live.read, 5)
@@ -164,3 +174,40 @@ async def test_a_primary_killed_mid_stream_ends_every_call_in_one_explicit_outco
             assert live.read.events[-1].id is None
     assert any(failed for _, failed in reads) and not all(failed for _, failed in reads)
     contents(*(live.read for live, _ in reads))
+
+
+async def test_acknowledged_writes_wait_on_each_primary_that_took_them(own_cluster: RedisClusterNodes) -> None:
+    """``wait_replicas=1`` on a cluster: each primary's writes are acknowledged by its own replica. With one replica
+    stopped, writes to its primary's slots are an outage (never published), writes to the other primaries in the very
+    same pipeline batch are stored."""
+    store = RedisStore.from_spec(f"{own_cluster.spec}?prefix=ack&wait_replicas=1&wait_timeout_ms=300")
+    await store.open()
+    try:
+        sessions = [f"s{n}" for n in range(CALLS)]
+        for sid in sessions:
+            await store.put_session(session(sid))
+            await store.open_stream(stream(f"k-{sid}", sid))
+        await asyncio.gather(*(store.enqueue(event(f"k-{sid}", 0, session_id=sid)) for sid in sessions))
+        primaries = {sid: own_cluster.primary_of(f"ack:{{{sid}}}:session") for sid in sessions}
+        for sid, primary in primaries.items():  # acknowledged: the replica of the session's primary holds it now
+            with own_cluster.client(own_cluster.replica_of(primary)) as direct:
+                direct.execute_command("READONLY")
+                assert direct.xlen(f"ack:{{{sid}}}:e:k-{sid}") == 1
+
+        lagging, *others = list(dict.fromkeys(primaries.values()))
+        assert others, "the sessions all landed on one primary"
+        held_back = next(sid for sid, primary in primaries.items() if primary is lagging)
+        going_on = next(sid for sid, primary in primaries.items() if primary is not lagging)
+        with stopped(own_cluster.replica_of(lagging)):  # both appends in one batch: each node answers for its own
+            stored, refused = await asyncio.gather(
+                store.enqueue(event(f"k-{going_on}", 1, session_id=going_on)),
+                store.enqueue(event(f"k-{held_back}", 1, session_id=held_back)),
+                return_exceptions=True,
+            )
+        assert stored is None
+        assert isinstance(refused, StoreUnavailable) and "0 of 1 replicas acknowledged" in str(refused), refused
+        await store.append(event(f"k-{held_back}", 1, session_id=held_back))  # the retry, once the replica answers
+        for sid in (going_on, held_back):
+            assert [e.seq for e in await store.read_after(f"k-{sid}", -1)] == [0, 1]
+    finally:
+        await store.close()

@@ -18,7 +18,6 @@ from mcp_lossless.cli import LIMIT_FLAGS, UsageError, _serve_parser, build_confi
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.server.config import ServerConfig
 from mcp_lossless.server.targets import TargetError, load_registry
-from mcp_lossless.stores.redis import WAIT_ON_CLUSTER
 from tests.support.mcp_http import Peer, call
 from tests.support.processes import CLI, free_port, started_cli_server
 
@@ -216,8 +215,10 @@ def test_a_refused_exposure_is_a_usage_error_of_serve_exit_2() -> None:
             "redis+sentinel://u:s3cret/x@127.0.0.1/mcpl",
             "redis+sentinel store: Sentinel address 1 is not HOST[:PORT] (comma-separated)",
         ),
-        # WAIT cannot be tied to the connection a cluster write went on: refused, never silently unacknowledged
-        ("redis+cluster://127.0.0.1:1,127.0.0.1:2?wait_replicas=1", WAIT_ON_CLUSTER),
+        (
+            "redis+cluster://127.0.0.1:1,127.0.0.1:2/0",
+            "redis+cluster store: a cluster has one database: nothing goes after the node addresses",
+        ),
     ],
 )
 def test_a_bad_store_is_a_usage_error_of_serve_exit_2_before_connecting(store: str, message: str) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -88,11 +89,6 @@ CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 REDIS_PORT = 6379
 _SENTINEL_SETTINGS = ("sentinel_username", "sentinel_password")
 """Query parameters of a ``redis+sentinel://`` spec that are the Sentinels' own credentials, not the master's."""
-WAIT_ON_CLUSTER = (
-    "redis+cluster store: wait_replicas is not supported on a cluster: WAIT covers only the writes sent on its own"
-    " connection, and redis-py's cluster client may send a write again on another one (after a MOVED reply or a"
-    " slot map refresh), so a WAIT could confirm a write it did not cover (docs/redis.md, Redis Cluster)"
-)
 _OUTAGE_REPLIES = ("MISCONF", "NOREPLICAS", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "LOADING")
 """Error replies that mean "cannot serve now" rather than "bad command" (OOM and READONLY have classes)."""
 
@@ -348,6 +344,10 @@ class ClusterTarget:
         except rx.RedisClusterException as exc:  # e.g. db=1: a cluster has only database 0
             raise ValueError(f"redis+cluster store: {exc}") from None
 
+    def node_client(self, host: str, port: int, **defaults: Any) -> Redis:
+        """A plain (not cluster-aware) client of one node, with the same settings as the cluster client's."""
+        return Redis(host=host, port=port, **{**defaults, **self.settings})
+
     def describe(self) -> str:
         """For messages: the startup nodes, never a credential."""
         return "Redis Cluster via " + ",".join(f"{host}:{port}" for host, port in self.nodes)
@@ -451,6 +451,89 @@ def connect(url: str, *, socket_timeout: float | None, socket_connect_timeout: f
     return client
 
 
+class _Writes:
+    """The write pipeline of one store operation, ended by ``WAIT`` (:meth:`RedisStore._acknowledge`): one pipeline,
+    except on a Redis Cluster with ``wait_replicas``.
+
+    ``WAIT`` counts the replicas holding the writes sent before it *on its own connection*, and on a cluster it is a
+    node's own. redis-py's cluster pipeline may send a command again on another connection (after ``MOVED`` or
+    ``ASK``, or a retry after a slot map refresh) and routes a keyless ``WAIT`` by a rule of its own, so a ``WAIT`` in
+    it could confirm writes it did not cover. With ``cluster`` given, each write goes instead on a plain pipeline to
+    the primary the cluster client's slot map names for its key, and each of those pipelines ends with its own
+    ``WAIT``: the node's writes and their acknowledgement share one connection. A write whose slot moved meanwhile is
+    answered ``MOVED`` and never sent elsewhere: the operation is an outage (retried, as every write is), and the
+    cluster client corrects its slot map first (:meth:`RedisStore._correct_slots`).
+    """
+
+    def __init__(self, store: RedisStore, cluster: RedisCluster | None) -> None:
+        self._store = store
+        self._cluster = cluster
+        self._pipes: dict[str, Pipeline | ClusterPipeline] = {}
+        self._keys: dict[str, list[str]] = {}
+        """Keys written per pipeline: what :meth:`RedisStore._correct_slots` asks about after a failure."""
+        self._order: list[tuple[str, int]] = []
+        """Each command's pipeline and place in it, in the order they were queued."""
+
+    def on(self, key: str) -> Pipeline | ClusterPipeline:
+        """The pipeline for the next command, a write of ``key``: queue exactly one command on it."""
+        if self._cluster is None:
+            name = ""
+            make = functools.partial(self._store._r.pipeline, transaction=False)
+        else:
+            node = self._cluster.get_node_from_key(key)
+            if node is None:
+                raise rx.SlotNotCoveredError(f"no primary serves the slot of {key}")
+            name = node.name
+            make = functools.partial(self._store._node_client(node).pipeline, transaction=False)
+        pipe = self._pipes.get(name)
+        if pipe is None:
+            pipe = self._pipes[name] = make()
+        self._keys.setdefault(name, []).append(key)
+        self._order.append((name, len(pipe)))
+        return pipe
+
+    async def execute(self, *, raise_on_error: bool = True) -> list[Any]:
+        """Every reply in the order the commands were queued, errors among them unless ``raise_on_error`` (then the
+        first is raised). A pipeline whose ``WAIT`` fell short, or in which a slot had moved, answers
+        :class:`StoreUnavailable` for each of its commands, and one that failed as a whole its error: the other
+        pipelines' replies stand, so one node's outage does not hold back writes the others acknowledged."""
+        names = list(self._pipes)
+        for pipe in self._pipes.values():
+            self._store._acknowledge(pipe)
+        sent = [pipe.execute(raise_on_error=False) for pipe in self._pipes.values()]
+        outcomes = await asyncio.gather(*sent, return_exceptions=True)
+        misrouted = [name for name, outcome in zip(names, outcomes, strict=True) if _misrouted(outcome)]
+        if self._cluster is not None and misrouted:
+            await self._store._correct_slots([self._keys[name][0] for name in misrouted])
+        replies = {name: self._replies(name, outcome) for name, outcome in zip(names, outcomes, strict=True)}
+        ordered = [replies[name][place] for name, place in self._order]
+        errors = [reply for reply in ordered if isinstance(reply, Exception)]
+        if raise_on_error and errors:
+            raise errors[0]
+        return ordered
+
+    def _replies(self, name: str, outcome: list[Any] | BaseException) -> list[Any]:
+        count = len(self._keys[name])
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, Exception):  # cancelled: not a reply
+                raise outcome
+            return [outcome] * count
+        try:
+            replies = self._store._acknowledged(outcome)
+        except StoreUnavailable as exc:  # not held by enough replicas: none of this pipeline counts as stored
+            return [exc] * count
+        if self._cluster is not None and _misrouted(replies):
+            moved = StoreUnavailable(f"redis store at {self._store._where}: a slot moved under a write to {name}")
+            return [moved] * count
+        return replies
+
+
+def _misrouted(outcome: Any) -> bool:
+    """Whether a node pipeline failed as a whole (its node may be gone), or a write in it met a slot served elsewhere
+    now (``MOVED``, or ``ASK`` while the slot migrates: redis-py's ``MovedError`` is an ``AskError``)."""
+    return isinstance(outcome, BaseException) or any(isinstance(reply, rx.AskError) for reply in outcome)
+
+
 class RedisStore:
     """The :class:`~mcp_lossless.stores.base.EventStore` shared by every replica pointed at one Redis."""
 
@@ -495,17 +578,18 @@ class RedisStore:
         """Replicas that must hold a write (``WAIT``) before it counts as stored: before an event is published, a
         stream or session record is used (0: the primary's word, as Redis replication is asynchronous)."""
         self.wait_timeout_ms = wait_timeout_ms
+        self._cluster = ClusterTarget.parse(url) if url.startswith(CLUSTER_SCHEMES) else None
         if url.startswith(SENTINEL_SCHEMES):
             self._where = SentinelTarget.parse(url).describe()
-        elif url.startswith(CLUSTER_SCHEMES):
-            if wait_replicas:
-                raise ValueError(WAIT_ON_CLUSTER)
-            self._where = ClusterTarget.parse(url).describe()
+        elif self._cluster is not None:
+            self._where = self._cluster.describe()
         else:
             parts = urlsplit(url)
             self._where = f"{parts.hostname}:{parts.port or 6379}"
         """For messages: never the URL, which may carry a password."""
         self._redis: Client | None = None
+        self._nodes: dict[str, Redis] = {}
+        """Plain clients of cluster primaries, by node name, for acknowledged writes (see :class:`_Writes`)."""
         self._blocking: Client | None = None
         """Connections for XREAD BLOCK: no socket timeout, bounded per call instead."""
         self._secret: bytes | None = None
@@ -551,8 +635,10 @@ class RedisStore:
         try:  # redis-py takes the rest, but would refuse an unknown one only when it first connects: check it now
             if sentinel:
                 SentinelTarget.parse(url).check()
-            elif spec.startswith(CLUSTER_SCHEMES):
-                ClusterTarget.parse(url).client()  # makes no connection: nodes are first reached when used
+            elif spec.startswith(CLUSTER_SCHEMES):  # neither makes a connection: nodes are first reached when used
+                target = ClusterTarget.parse(url)
+                target.client()
+                target.node_client("localhost", REDIS_PORT)
             else:
                 pool = ConnectionPool.from_url(url)
                 pool.connection_class(**pool.connection_kwargs)
@@ -626,6 +712,35 @@ class RedisStore:
             self._remember(stream, sid)
         return sid
 
+    async def _writes(self) -> _Writes:
+        """A write pipeline for one operation: :class:`_Writes` per node on a cluster with ``wait_replicas``."""
+        if self._cluster is None or not self.wait_replicas:
+            return _Writes(self, None)
+        cluster = cast(RedisCluster, self._r)
+        await cluster.initialize()  # the slot map on first use; later at once, unless a refresh is due
+        return _Writes(self, cluster)
+
+    def _node_client(self, node: ClusterNode) -> Redis:
+        client = self._nodes.get(node.name)
+        if client is None:
+            assert self._cluster is not None
+            client = self._nodes[node.name] = self._cluster.node_client(
+                node.host,
+                int(node.port),
+                socket_timeout=SOCKET_TIMEOUT,
+                socket_connect_timeout=CONNECT_TIMEOUT,
+                retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), _RETRIES),
+            )
+        return client
+
+    async def _correct_slots(self, keys: list[str]) -> None:
+        """After a plain node pipeline failed or met a moved slot: one command per key through the cluster client,
+        which follows ``MOVED`` and refreshes its slot map after a failover, so the next attempt goes to the node
+        that serves the key now. Its own failure changes nothing: the caller reports the outage anyway."""
+        for key in keys:
+            with contextlib.suppress(rx.RedisError, rx.RedisClusterException, TimeoutError):
+                await self._r.exists(key)
+
     def _acknowledge(self, pipe: Pipeline | ClusterPipeline) -> None:
         """End ``pipe`` with ``WAIT`` for :attr:`wait_replicas`: it covers every write sent on the pipeline's
         connection before it, so one ``WAIT`` acknowledges a whole batch."""
@@ -672,10 +787,11 @@ class RedisStore:
             with contextlib.suppress(rx.RedisError):
                 await self._redis.delete(self._instance_key(self._instance))
             self._instance = None
-        for client in (self._redis, self._blocking):
+        for client in (self._redis, self._blocking, *self._nodes.values()):
             if client is not None:
                 await client.aclose()
         self._redis = self._blocking = None
+        self._nodes.clear()
         self._scripts.clear()
 
     async def secret(self) -> bytes:
@@ -695,22 +811,21 @@ class RedisStore:
         p = record.principal
         key = self._key(record.session_id, "session")
         with self._guard():
-            async with self._r.pipeline(transaction=False) as pipe:
-                pipe.zadd(self._sessions_key, {record.session_id: record.last_seen})
-                pipe.hset(
-                    key,
-                    mapping={
-                        "iss": p.issuer,
-                        "sub": p.subject,
-                        "cid": p.client_id,
-                        "ver": record.protocol_version,
-                        "created": repr(record.created_at),
-                        "seen": repr(record.last_seen),
-                    },
-                )
-                pipe.pexpire(key, self._retention_ms)
-                self._acknowledge(pipe)
-                self._acknowledged(await pipe.execute())
+            writes = await self._writes()
+            writes.on(self._sessions_key).zadd(self._sessions_key, {record.session_id: record.last_seen})
+            writes.on(key).hset(
+                key,
+                mapping={
+                    "iss": p.issuer,
+                    "sub": p.subject,
+                    "cid": p.client_id,
+                    "ver": record.protocol_version,
+                    "created": repr(record.created_at),
+                    "seen": repr(record.last_seen),
+                },
+            )
+            writes.on(key).pexpire(key, self._retention_ms)
+            await writes.execute()
         self._held.counts.bind(record.session_id, p)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
@@ -787,24 +902,24 @@ class RedisStore:
         sid = record.session_id
         rk = self._key(sid, "s:", record.stream)
         streams = self._key(sid, "streams")
+        fields: dict[EncodableT, EncodableT] = {
+            "kind": record.kind.value,
+            "owner": record.owner,
+            "req": encode_requests(record.requests),
+            "last": record.last_seq,
+            "first": record.last_seq + 1,
+            "done": int(record.completed),
+        }
+        fields.update({"a:" + encode_json(rid).decode(): 1 for rid in record.answered})
+        idx = self._idx_key(record.stream)
         with self._guard():
-            async with self._r.pipeline(transaction=False) as pipe:
-                pipe.set(self._idx_key(record.stream), sid)
-                pipe.delete(rk, self._key(sid, "e:", record.stream))
-                fields: dict[EncodableT, EncodableT] = {
-                    "kind": record.kind.value,
-                    "owner": record.owner,
-                    "req": encode_requests(record.requests),
-                    "last": record.last_seq,
-                    "first": record.last_seq + 1,
-                    "done": int(record.completed),
-                }
-                fields.update({"a:" + encode_json(rid).decode(): 1 for rid in record.answered})
-                pipe.hset(rk, mapping=fields)
-                pipe.zremrangebyscore(streams, "-inf", repr(time.time()))
-                pipe.zadd(streams, {record.stream: math.inf})
-                self._acknowledge(pipe)
-                self._acknowledged(await pipe.execute())
+            writes = await self._writes()
+            writes.on(idx).set(idx, sid)
+            writes.on(rk).delete(rk, self._key(sid, "e:", record.stream))
+            writes.on(rk).hset(rk, mapping=fields)
+            writes.on(streams).zremrangebyscore(streams, "-inf", repr(time.time()))
+            writes.on(streams).zadd(streams, {record.stream: math.inf})
+            await writes.execute()
         self._remember(record.stream, sid)
         self._held.opened(sid, record.stream)
 
@@ -915,7 +1030,7 @@ class RedisStore:
         return batch
 
     async def _scripted(self, source: str, calls: list[tuple[list[str], list[EncodableT]]]) -> list[Any]:
-        """Run ``calls`` (keys, arguments) of the Lua script ``source`` as one pipeline ended by :meth:`_acknowledge`;
+        """Run ``calls`` (keys, arguments) of the Lua script ``source`` as one acknowledged write (:class:`_Writes`);
         its replies, errors among them. A node that lacks the script (Redis restarted, or a replica was promoted
         since it was loaded) answers NOSCRIPT: the script is loaded (on every primary of a cluster) and the
         pipeline sent again, once; the scripts are safe to run twice."""
@@ -924,11 +1039,10 @@ class RedisStore:
             script = self._scripts[source] = self._r.register_script(source)
         for attempt in range(2):
             with self._guard():
-                async with self._r.pipeline(transaction=False) as pipe:
-                    for keys, args in calls:
-                        pipe.evalsha(script.sha, len(keys), *keys, *args)
-                    self._acknowledge(pipe)
-                    replies = await pipe.execute(raise_on_error=False)
+                writes = await self._writes()
+                for keys, args in calls:
+                    writes.on(keys[0]).evalsha(script.sha, len(keys), *keys, *args)
+                replies = await writes.execute(raise_on_error=False)
             if attempt or not any(isinstance(reply, rx.NoScriptError) for reply in replies):
                 break
             with self._guard():
@@ -937,10 +1051,6 @@ class RedisStore:
 
     async def _append_batch(self, batch: list[_QueuedAppend]) -> list[Exception | None]:
         replies = await self._scripted(_APPEND, [self._append_call(event, completes) for event, completes, _ in batch])
-        try:
-            replies = self._acknowledged(replies)
-        except StoreUnavailable as exc:  # not held by enough replicas: none of it may be published yet
-            return [exc] * len(batch)
         completed = [
             event.stream
             for (event, completes, _future), reply in zip(batch, replies, strict=True)
@@ -1090,9 +1200,7 @@ class RedisStore:
         if sid is None:
             return None
         keys = [self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._key(sid, "streams")]
-        [reply] = self._acknowledged(
-            await self._scripted(_MARK_LOST, [(keys, [owner, loss.value, *self._completion(stream)])])
-        )
+        [reply] = await self._scripted(_MARK_LOST, [(keys, [owner, loss.value, *self._completion(stream)])])
         if isinstance(reply, Exception):
             with self._guard():  # an outage is StoreUnavailable; anything else is a bug, raised as it is
                 raise reply
