@@ -361,7 +361,6 @@ _OUTAGE_ERRORS = (
     rx.ReadOnlyError,
     rx.ClusterDownError,  # MASTERDOWN too: a replica cut off from its master, with replica-serve-stale-data no
     rx.TryAgainError,
-    rx.ClusterError,  # CLUSTERDOWN, MASTERDOWN
     rx.SlotNotCoveredError,  # a cluster with a slot no live primary serves (a failover not done yet)
     rx.RedisClusterUnreachableError,  # no startup or known node answers
 )
