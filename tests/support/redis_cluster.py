@@ -25,11 +25,12 @@ import redis
 
 from tests.support.debian import installed_binary
 from tests.support.processes import free_port
-from tests.support.redis_server import PACKAGE, RedisServer, redis_server_binary
+from tests.support.redis_server import RedisServer, redis_server_binary
 
 NODE_TIMEOUT_MS = 1000
 """``cluster-node-timeout``: a primary silent this long is failing, and its replica takes over soon after."""
 CREATE_OPTIONS = ("--cluster-replicas", "1", "--cluster-yes")
+"""One replica per primary, and no prompt to accept the proposed layout."""
 CLI_PACKAGE = "redis-tools"
 """Debian's package with ``redis-cli`` (which ``redis-server`` depends on, so it is usually there already)."""
 
@@ -41,7 +42,7 @@ def redis_cli_binary() -> str:
 
 
 class RedisClusterNodes:
-    """The six processes of one cluster; roles change with failovers, so every question asks the nodes."""
+    """The processes of one cluster; roles change with failovers, so every question asks the nodes."""
 
     def __init__(self, nodes: list[RedisServer]) -> None:
         self.nodes = nodes
@@ -166,7 +167,7 @@ def redis_cluster(directory: Path, primaries: int = 3) -> Iterator[RedisClusterN
             check=False,
         )
         if create.returncode != 0:
-            raise RuntimeError(f"redis-cli --cluster create failed ({PACKAGE}):\n{create.stdout}\n{create.stderr}")
+            raise RuntimeError(f"redis-cli --cluster create failed:\n{create.stdout}\n{create.stderr}")
         cluster = RedisClusterNodes(nodes)
         cluster._wait(lambda: cluster._all_ok() and cluster._all_synced(), 30, "start")
         yield cluster
