@@ -499,8 +499,15 @@ class _Writes:
         names = list(self._pipes)
         for pipe in self._pipes.values():
             self._store._acknowledge(pipe)
-        sent = [pipe.execute(raise_on_error=False) for pipe in self._pipes.values()]
-        outcomes = await asyncio.gather(*sent, return_exceptions=True)
+        outcomes: list[list[Any] | BaseException]
+        if len(self._pipes) == 1:  # the usual case, and all there is without a cluster: no task for one pipeline
+            try:
+                outcomes = [await self._pipes[names[0]].execute(raise_on_error=False)]
+            except Exception as exc:
+                outcomes = [exc]
+        else:
+            sent = [pipe.execute(raise_on_error=False) for pipe in self._pipes.values()]
+            outcomes = await asyncio.gather(*sent, return_exceptions=True)
         misrouted = [name for name, outcome in zip(names, outcomes, strict=True) if _misrouted(outcome)]
         if self._cluster is not None and misrouted:
             await self._store._correct_slots([self._keys[name][0] for name in misrouted])
