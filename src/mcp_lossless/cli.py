@@ -105,7 +105,8 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
     p.add_argument(
         "--store",
         help="memory | sqlite:PATH[?S=V&…] | redis://HOST:PORT[/DB][?S=V&…] | "
-        "redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB][?S=V&…], settings in docs/stores.md "
+        "redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB][?S=V&…] | "
+        "redis+cluster://HOST:PORT[,HOST:PORT…][?S=V&…], settings in docs/stores.md "
         f"{default(d.store)}",
     )
     p.add_argument(

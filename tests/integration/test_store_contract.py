@@ -41,7 +41,7 @@ OpenStore = Callable[[int | None], Awaitable[EventStore]]
 """Opens a fresh store; the argument is its eviction limit (memory: total events, sqlite and redis: per stream)."""
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster"])
 async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OpenStore]:
     opened: list[EventStore] = []
 
@@ -51,8 +51,11 @@ async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
             store = MemoryStore() if limit is None else MemoryStore(max_events=limit)
         elif request.param == "sqlite":
             store = SqliteStore(str(tmp_path / f"store{len(opened)}.db"), max_events_per_stream=limit)
-        else:
-            url = request.getfixturevalue("redis_url")
+        else:  # a cluster spreads the sessions of one test over its three primaries: no command may span slots
+            cluster = request.param == "redis-cluster"
+            url = (
+                request.getfixturevalue("redis_cluster_nodes").spec if cluster else request.getfixturevalue("redis_url")
+            )
             store = RedisStore(url, prefix=f"contract-{uuid.uuid4().hex}", max_events_per_stream=limit)
         await store.open()
         opened.append(store)

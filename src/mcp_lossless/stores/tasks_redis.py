@@ -25,11 +25,10 @@ from dataclasses import replace
 from typing import Any, cast
 
 from redis import exceptions as rx
-from redis.asyncio import Redis
 
 from ..core.tasks import TaskRecord, decode_task, encode_task
 from .base import StoreUnavailable
-from .redis import RedisStore, is_outage
+from .redis import RedisClient, RedisStore, is_outage
 from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
 
 EXPIRY_GRACE_SECONDS = 60.0
@@ -109,10 +108,14 @@ class RedisTaskStore:
         return None
 
     @contextlib.contextmanager
-    def _guard(self) -> Iterator[Redis]:
+    def _guard(self) -> Iterator[RedisClient]:
         try:
             yield self.events.client
-        except (rx.RedisError, TimeoutError) as exc:  # NOREPLICAS (min-replicas-to-write), MISCONF… as well
+        except (
+            rx.RedisError,
+            rx.RedisClusterException,
+            TimeoutError,
+        ) as exc:  # NOREPLICAS (min-replicas-to-write), MISCONF… as well
             if not is_outage(exc):
                 raise
             where = self.events.where
