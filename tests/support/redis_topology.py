@@ -295,6 +295,24 @@ class RedisTopology:
                 raise AssertionError(f"the old primary did not sync with the promoted replica in {timeout}s")
             time.sleep(0.02)  # readiness of another process: there is no event to await
 
+    def swap_after_failover(self, timeout: float = 20) -> None:
+        """Re-establish the pair after a failover to the replica, so the next failover can be staged the same way.
+
+        The killed primary starts again as a replica of the promoted one, replicating *through the link relay*
+        (re-targeted at the promoted node, thawed), and the two swap roles: :attr:`primary` is the promoted node,
+        :attr:`replica` the old primary, and :meth:`freeze_link` makes it lag as before. Returns once it synced
+        (what the old primary had that the promoted one never received is discarded, as Redis does).
+        """
+        promoted, old = self.replica, self.primary
+        with self.client(promoted) as direct:  # a full sync at once, not after Redis's 5 s wait for more replicas
+            direct.config_set("repl-diskless-sync-delay", 0)
+        self.link.flip(promoted.port)
+        self.link.thaw()
+        old.extra_args = ["--repl-diskless-sync-delay", "0", "--replicaof", "127.0.0.1", str(self.link.port)]
+        old.start()
+        self.primary, self.replica = promoted, old
+        self._wait_replica_linked(timeout)
+
     def demote_primary(self) -> None:
         """The (live) primary follows the replica, as after a failover it survived: it answers writes ``READONLY``
         and ends blocking reads with ``UNBLOCKED``, on connections that stay open. Promote the replica first."""
