@@ -16,6 +16,7 @@ whole, enough to replay it with ``@example``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -28,7 +29,8 @@ from tests.faults.harness import CallPlan, budget, soak
 
 DEFAULT_SCHEDULES = 6
 SOAK_SCHEDULES = 400
-SCHEDULES = budget(DEFAULT_SCHEDULES, SOAK_SCHEDULES)
+SCHEDULES = int(os.environ.get("MCP_LOSSLESS_FAILOVER_SCHEDULES", "0")) or budget(DEFAULT_SCHEDULES, SOAK_SCHEDULES)
+"""``MCP_LOSSLESS_FAILOVER_SCHEDULES=N`` runs N (freshly random in a soak, else from the fixed seed)."""
 EXAMPLES = 4
 
 
