@@ -556,9 +556,16 @@ def _check_ids(events: Sequence[WireEvent]) -> None:
             raise Violation(f"event id {event.id} named two contents: {seen[event.id]!r} and {event.data!r}")
 
 
+EXPLICIT_LOSSES = frozenset({"410 lost", "410 evicted"})
+"""What a resume from an id a server sent may be refused with: the store lost it. ``evicted`` is what a resume
+gets when the failover took the stream's record itself (its first events were never replicated): the store cannot
+tell that from retention (``decide_resume``, record absent); explicit and final, though it names retention."""
+
+
 def _check_resumes(recorder: RecordingTransport) -> dict[str, int]:
     """Every id the client resumes from is one a server sent it: never answered 400 ``unknown`` (a store that lost
-    it says ``lost``, 410), nor any other refusal of the cursor. Returns the answers by status (and error)."""
+    it says so, 410, not resumable), nor any other refusal of the cursor. Returns the answers by status (and
+    error)."""
     statuses: dict[str, int] = {}
     for exchange in recorder.to("/mcp"):
         if exchange.method != "GET" or exchange.last_event_id is None:
@@ -567,8 +574,10 @@ def _check_resumes(recorder: RecordingTransport) -> dict[str, int]:
         error = answer.get("error") if isinstance(answer, dict) and exchange.status >= 400 else None
         key = f"{exchange.status}{f' {error}' if isinstance(error, str) else ''}"
         statuses[key] = statuses.get(key, 0) + 1
-        if 400 <= exchange.status < 500 and key != "410 lost":
+        if 400 <= exchange.status < 500 and key not in EXPLICIT_LOSSES:
             raise Violation(f"the resume from {exchange.last_event_id} was answered {key}: {answer}")
+        if key in EXPLICIT_LOSSES and answer.get("resumable") is not False:
+            raise Violation(f"the resume from {exchange.last_event_id} was answered {key}, resumable: {answer}")
     return statuses
 
 
