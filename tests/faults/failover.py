@@ -44,6 +44,7 @@ from mcp_lossless.client import (
     McpClientError,
     ProgressUpdate,
     RecoveryPolicy,
+    RequestRejected,
     ToolCall,
     ToolResult,
 )
@@ -81,6 +82,8 @@ DOWN_AFTER_MS = 1000
 """The Sentinels' ``down-after-milliseconds``: with 500 a loaded machine makes them fail over by themselves."""
 FAILOVER_TIMEOUT_MS = 2000
 WAIT_TIMEOUT_MS = 300
+START_TRIES = 5
+"""Sessions started per schedule while the server answers ``initialize`` 503 (the store still settling)."""
 BALANCER_GRACE = 30.0
 """While a server restarts, the balancer holds new connections for up to this long."""
 
@@ -351,6 +354,8 @@ class FailoverHarness:
         if run.moved:
             stats.count(stats.faults, "cut and moved" if schedule.replicas == 2 else "cut")
         stats.count(stats.faults, "re-issued", run.reissued)
+        if run.start_refusals:
+            stats.count(stats.faults, "session start answered 503, started again", run.start_refusals)
         for status, n in run.resumes.items():
             stats.count(stats.faults, f"resume answered {status}", n)
 
@@ -385,6 +390,7 @@ class FailoverRun:
     killed: bool = False
     moved: bool = False
     reissued: int = 0
+    start_refusals: int = 0
     resumes: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -413,18 +419,30 @@ class FailoverRun:
             ToolCall(plan.tool, arguments(plan.tool, self.argument(i), plan), self.progress[i].append)
             for i, plan in enumerate(plans)
         ]
-        client = Client(
-            url,
-            auth=OAuth(CLIENT_ID, CLIENT_SECRET),
-            http=http,
-            timeout=CALL_DEADLINE,
-            backoff=Backoff(initial=0.05, maximum=1.0, jitter=0.25),
-            policy=RecoveryPolicy(max_fruitless_reconnects=15),
-        )
-        async with client:
-            await client.list_tools()
-            begin()  # events are numbered from the calls' first one
-            self.outcomes = await _one_by_one(client, calls)
+        for attempt in range(START_TRIES):
+            client = Client(
+                url,
+                auth=OAuth(CLIENT_ID, CLIENT_SECRET),
+                http=http,
+                timeout=CALL_DEADLINE,
+                backoff=Backoff(initial=0.05, maximum=1.0, jitter=0.25),
+                policy=RecoveryPolicy(max_fruitless_reconnects=15),
+            )
+            try:
+                async with client:
+                    await client.list_tools()
+                    begin()  # events are numbered from the calls' first one
+                    self.outcomes = await _one_by_one(client, calls)
+                return
+            except RequestRejected as exc:
+                # The session could not start: a store still settling after the last failover answered 503
+                # "retry later" (Retry-After: 1), which the client does not retry itself. No call was sent yet,
+                # so the application starts a new session after the server's Retry-After (a protocol delay, not a
+                # synchronisation), as it would; counted.
+                if "HTTP 503" not in exc.reason or attempt == START_TRIES - 1:
+                    raise
+                self.start_refusals += 1
+                await anyio.sleep(1)
 
     def outcome_kinds(self) -> list[str]:
         return [kind_of(outcome) for outcome in self.outcomes]
