@@ -216,11 +216,12 @@ class FailoverHarness:
         return site.pairs[wait_replicas]
 
     def settle(self, site: Site, timeout: float = 30) -> None:
-        """Before a schedule: the Sentinels agree that the primary is the one this harness staged.
+        """Before and after a schedule: the Sentinels agree that the primary is the one this harness staged.
 
-        On a loaded machine a primary may miss ``down-after-milliseconds`` and the Sentinels fail it over by
-        themselves (counted as a fault: the servers meet it as any other); the pair is then re-established the
-        other way round. Readiness of other processes: polled, with a deadline.
+        On a loaded machine a primary may miss ``down-after-milliseconds`` (an ``appendfsync always`` write stuck
+        behind other processes' disk traffic) and the Sentinels fail it over by themselves, even while the link is
+        frozen (counted as a fault: the servers meet it as any other); the pair is then re-established the other
+        way round. Readiness of other processes: polled, with a deadline.
         """
         topology = site.topology
         if site.promotion != "sentinel":
@@ -289,7 +290,9 @@ class FailoverHarness:
         pair.balancer.reset(None)
         if run.frozen and not run.killed:
             await anyio.to_thread.run_sync(site.topology.thaw_link)
-            await anyio.to_thread.run_sync(site.topology.wait_replicated)
+            run.frozen = False
+        await anyio.to_thread.run_sync(self.settle, site)  # the Sentinels may have failed over by themselves
+        await anyio.to_thread.run_sync(site.topology.wait_replicated)
         check(run, recorder)
         return run
 
@@ -301,7 +304,7 @@ class FailoverHarness:
             if run.finished:
                 return
             await anyio.to_thread.run_sync(topology.freeze_link)
-            run.frozen = True
+            run.frozen = run.froze = True
         if schedule.kill_after is None:
             return
         await triggers["kill"].wait()
@@ -387,6 +390,7 @@ class FailoverRun:
     elapsed: float = 0.0
     finished: bool = False
     frozen: bool = False
+    froze: bool = False
     killed: bool = False
     moved: bool = False
     reissued: int = 0
@@ -395,7 +399,7 @@ class FailoverRun:
 
     @property
     def frozen_ever(self) -> bool:
-        return self.frozen or (self.killed and self.schedule.freeze_after is not None)
+        return self.froze
 
     def argument(self, position: int) -> str:
         """Unique per call across the whole run: a result carrying another call's output cannot pass."""
