@@ -190,3 +190,49 @@ async def test_a_killed_task_streams_its_events_then_execution_lost(tmp_path: Pa
             assert end["error"]["code"] == TASK_EXECUTION_LOST and end["error"]["data"]["taskId"] == task_id
             again = await stream(peer, task_id, cursor)
             assert [_unnumbered(m) for m in again.messages] == [_unnumbered(m) for m in after.messages], "every time"
+
+
+async def test_a_second_active_stream_of_a_task_on_one_connection_is_invalid_params(http: httpx.AsyncClient) -> None:
+    """SEP-2694: one active ``tasks/stream`` per task per connection; a second is ``-32602``, and nothing of the
+    task's events comes on it. The server counts a connection by the address its ASGI server reports (``client``).
+
+    HTTP/1.1 carries one response at a time on a TCP connection, so two streams active at once on one connection
+    exist only where the ASGI server multiplexes (HTTP/2) or reports one address for many (a trusted proxy's
+    ``X-Forwarded-For``, which the test's uvicorn honours from loopback): the test takes the second way, two TCP
+    connections the server sees as one. Another address gets its own stream of the same task at the same time.
+    """
+
+    def make(port: int) -> object:
+        return create_app(ServerConfig(port=port, store="memory", dev_clients=CLIENTS), store=MemoryStore())
+
+    with lossless_server(make) as base:
+        peer = ModernPeer(http, base, await dev_token(http, base, f"{base}/mcp"))
+        created = answer(await peer.call("fetch", url="https://example.com/two", steps=200, delay_ms=50))
+        task_id = created["result"]["taskId"]
+        one = {"x-forwarded-for": "203.0.113.7:4711"}
+        message = peer.message("tasks/stream", {"taskId": task_id})
+        headers = peer.headers(message) | one
+        async with http.stream("POST", peer.url, content=orjson.dumps(message), headers=headers) as first:
+            assert first.headers["content-type"].startswith("text/event-stream")
+            chunks = first.aiter_text()
+            assert "notifications/tasks/event" in await anext(chunks), "the first stream is active"
+            second = await _raw_stream(peer, task_id, one)
+            error = orjson.loads(second.body)["error"]
+            assert second.status == 200 and error["code"] == INVALID_PARAMS and "already active" in error["message"]
+            assert b"notifications/tasks/event" not in second.body
+            other = {"x-forwarded-for": "203.0.113.8:4711"}
+            third = await stream_head(peer, task_id, other)
+            assert third.startswith("text/event-stream"), "another connection streams the same task meanwhile"
+        await peer.task("tasks/cancel", task_id)
+
+
+async def _raw_stream(peer: ModernPeer, task_id: str, headers: dict[str, str]) -> StreamRead:
+    return await peer.send(peer.message("tasks/stream", {"taskId": task_id}), headers=headers)
+
+
+async def stream_head(peer: ModernPeer, task_id: str, headers: dict[str, str]) -> str:
+    """The content type of a ``tasks/stream`` response, read without waiting for the stream's end."""
+    message = peer.message("tasks/stream", {"taskId": task_id})
+    sent = peer.headers(message) | headers
+    async with peer.http.stream("POST", peer.url, content=orjson.dumps(message), headers=sent) as response:
+        return str(response.headers.get("content-type", ""))
