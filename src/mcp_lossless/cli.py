@@ -44,6 +44,7 @@ LIMIT_FLAGS: dict[str, tuple[type, str]] = {
         "bytes one principal's sessions make the event store hold (events, streams); past it 429, or a running "
         "call ends with the refusal",
     ),
+    "idempotency_keys_per_principal": (int, "idempotency keys one principal holds within their window (429)"),
 }
 """Every :class:`~mcp_lossless.core.limits.Limits` field as a flag ``--max-header-bytes`` (docs/limits.md)."""
 

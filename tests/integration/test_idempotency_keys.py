@@ -1,11 +1,13 @@
 """SEP-3182 idempotency keys on the legacy leg (ADR 0029), over real HTTP with real dev-AS JWTs, on the memory and
 SQLite stores: a duplicate replays without running, a narrowed token is refused before any byte and the key then
 answers a covering one, other arguments conflict, another principal's same key runs as new, a duplicate of a call
-still running is "in progress" and names where to resume it."""
+still running is "in progress" and names where to resume it. On Redis, two `mcp-lossless serve` replicas share
+their keys: a duplicate sent to the other replica is in progress while the call runs, then replayed."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,9 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from mcp_lossless.core.errors import FORBIDDEN, IDEMPOTENCY_IN_PROGRESS, INVALID_PARAMS
+from mcp_lossless.core.errors import FORBIDDEN, IDEMPOTENCY_IN_PROGRESS, INVALID_PARAMS, LIMIT_EXCEEDED
 from mcp_lossless.core.idempotency import CONFLICT, IN_PROGRESS, KEY_PARAM, REPLAYED_META_KEY
+from mcp_lossless.core.limits import Limits
 from mcp_lossless.server import ServerConfig, ToolRegistry, create_app
+from mcp_lossless.server.app import LosslessApp
+from mcp_lossless.stores.base import StoreUnavailable
+from tests.integration.test_redis_replicas import deployment
 from tests.support.mcp_http import Peer, call, dev_token
 from tests.support.uvicorn_server import lossless_server
 
@@ -172,3 +178,105 @@ async def test_a_batch_carries_keys_too(server: str, http: httpx.AsyncClient, le
     assert again[3]["result"]["content"] == first[1]["result"]["content"]
     assert again[3]["result"]["_meta"][REPLAYED_META_KEY] is True
     assert sorted(ledger.charges) == ["1", "2"]
+
+
+async def test_redis_replicas_share_keys_a_duplicate_on_b_is_in_progress_then_replayed_without_running(
+    redis_url: str, tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    with contextlib.ExitStack() as stack:
+        shared = deployment(redis_url, tmp_path, lease_seconds=1.0)
+        a, b = shared.start(stack, "a", "b")
+        token = await dev_token(http, a.base, shared.canonical)
+        on_a, on_b = Peer(http, a.base, token), Peer(http, b.base, token)
+        for replica in (on_a, on_b):
+            assert (await replica.initialize())["capabilities"]["tools"]["idempotency"] == {}
+        first = call(1, "search", progress="p", query="once", steps=60, delay_ms=50)
+        first["params"][KEY_PARAM] = KEY
+        started = await on_a.post(first, stop_after=2)  # the priming event and one progress: the tool runs on A
+
+        duplicate = {**first, "id": 2}
+        busy = (await on_b.post(duplicate)).messages[-1]
+        assert busy["error"]["code"] == IDEMPOTENCY_IN_PROGRESS, busy
+        assert busy["error"]["data"]["type"] == IN_PROGRESS and busy["error"]["data"][KEY_PARAM] == KEY
+
+        answered = (await on_a.resume(started.ids[-1])).messages[-1]
+        assert answered["result"]["content"][0]["text"] == "search results for 'once': 3 documents"
+        replayed = await on_b.post({**first, "id": 3})
+        assert [m.get("method") for m in replayed.messages] == [None], "no progress: the tool did not run on B"
+        result = replayed.messages[-1]
+        assert result["id"] == 3 and result["result"]["content"] == answered["result"]["content"]
+        assert result["result"]["_meta"][REPLAYED_META_KEY] is True
+        other = await on_b.post({**first, "id": 4, "params": {**first["params"], "arguments": {"query": "x"}}})
+        assert other.messages[-1]["error"]["data"] == {"type": CONFLICT, KEY_PARAM: KEY}
+
+
+@pytest.fixture
+def bounded(ledger: Ledger) -> Iterator[tuple[str, LosslessApp]]:
+    """A memory-store server holding at most two keys and one running call per principal."""
+    limits = Limits(idempotency_keys_per_principal=2, calls_per_principal=1)
+    apps: list[LosslessApp] = []
+
+    def make(port: int) -> object:
+        apps.append(
+            create_app(ServerConfig(port=port, store="memory", dev_clients=CLIENTS, limits=limits), tools(ledger))
+        )
+        return apps[-1]
+
+    with lossless_server(make) as base:
+        yield base, apps[0]
+
+
+async def test_keys_past_the_principals_bound_are_refused_as_every_limit_is(
+    bounded: tuple[str, LosslessApp], http: httpx.AsyncClient, ledger: Ledger
+) -> None:
+    base, app = bounded
+    alice = await peer(http, base)
+    for n in (1, 2):
+        assert "result" in (await alice.post(keyed(n, "charge", f"k-{n}", amount=n))).messages[-1]
+    refused = await alice.post(keyed(3, "charge", "k-3", amount=3))
+    assert refused.status == 429 and refused.headers["retry-after"] == "60"
+    error = refused.json()["error"]
+    assert error["code"] == LIMIT_EXCEEDED
+    assert error["data"] == {"limit": "idempotency_keys_per_principal", "maximum": 2, "retryAfter": 60}
+    assert 'mcp_lossless_limit_refusals_total{limit="idempotency_keys_per_principal"} 1.0' in (
+        app.state.metrics.render().decode()
+    )
+    replayed = (await alice.post(keyed(4, "charge", "k-1", amount=1))).messages[-1]
+    assert replayed["result"]["_meta"][REPLAYED_META_KEY] is True, "a key repeated records nothing: not refused"
+    assert "result" in (await alice.post(call(5, "charge", amount=5))).messages[-1], "an unkeyed call is not bounded"
+    bob = await peer(http, base, "bob")
+    assert "result" in (await bob.post(keyed(1, "charge", "k-3", amount=3))).messages[-1], "nor another principal"
+    assert ledger.charges == ["1", "2", "5", "3"]
+
+
+async def test_a_key_that_cannot_be_stored_is_a_503_that_leaves_no_call_counted(
+    bounded: tuple[str, LosslessApp], http: httpx.AsyncClient, ledger: Ledger
+) -> None:
+    """At ``calls_per_principal = 1``, a keyed call refused 503 (its key's record not stored) must not stay counted
+    as running: the next call would be refused 429."""
+    base, app = bounded
+    store = app.state.store
+    opened = store.enqueue_open
+
+    def failing(record: Any, keys: Any = ()) -> asyncio.Future[None]:
+        if not keys:
+            return opened(record, keys)
+        failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        failed.set_exception(StoreUnavailable("the test's store refuses keyed records"))
+        return failed
+
+    alice = await peer(http, base)
+    store.enqueue_open = failing  # type: ignore[method-assign]
+    try:
+        refused = await alice.post(keyed(1, "charge", amount=1))
+    finally:
+        store.enqueue_open = opened  # type: ignore[method-assign]
+    assert refused.status == 503 and ledger.charges == []
+    assert app.state.sessions.running_calls(alice_principal(app)) == 0
+    answered = (await alice.post(keyed(2, "charge", amount=1))).messages[-1]
+    assert answered["result"]["content"][0]["text"] == "charged 1 (run 1)", "the key was not held either"
+
+
+def alice_principal(app: LosslessApp) -> Any:
+    [principal] = {session.principal for session in app.state.sessions.all()}
+    return principal

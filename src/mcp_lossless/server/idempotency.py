@@ -1,23 +1,27 @@
-"""The legacy leg's idempotency keys (SEP-3182, ADR 0029): what a POST's keyed ``tools/call`` gets, and which keys
-its stream records.
+"""Idempotency keys (SEP-3182, ADR 0029) in both eras: what a keyed ``tools/call`` gets, and which keys its stream
+records (a legacy POST's stream, or the stream of its own that a 2026-07-28 keyed call records its answer on).
 
 The decision is :func:`~mcp_lossless.core.idempotency.decide_duplicate`'s; this module finds its facts (the key's
 record, the state of the stream it names) and carries out the verdict: a first use is recorded with the stream's
 record, the rest are answered at once with the recorded outcome or the SEP's errors. A first use is *claimed* in
 process from its decision until its record is stored, so that a duplicate arriving in that window is "in progress"
-rather than a second run (one process owns a SQLite file or a memory store; the record's commit decides the rest).
+rather than a second run (one process owns a SQLite file or a memory store). On a shared store (Redis) the record's
+write decides between processes: the store sets each key only if no one holds it, and the loser decides again, now
+finding the winner's record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 
 from ..core import frames
+from ..core import limits as verdicts
 from ..core.errors import INVALID_PARAMS
-from ..core.events import Loss, PendingRequest
+from ..core.events import Loss, PendingRequest, StreamRecord
 from ..core.idempotency import (
     REPLAYED_META_KEY,
     Conflict,
@@ -36,12 +40,18 @@ from ..core.idempotency import (
     decide_duplicate,
     key_of,
 )
+from ..core.limits import LimitExceeded
 from ..core.principal import Grant, Principal
-from ..stores.base import EventsEvicted
+from ..stores.base import EventsEvicted, KeyTaken, StoreUnavailable
+from .errors import Refused
+from .observability import now
 from .sessions import ServerSession
 from .state import ServerState
 
 ClaimKey = tuple[Principal, str]
+_OPEN_ATTEMPTS = 3
+"""Decisions a keyed POST takes at most: a key lost to another replica is found held at the next one (a third only
+if that holder's key expired meanwhile); beyond, the store is not answering consistently (503)."""
 
 
 class Keys:
@@ -51,9 +61,45 @@ class Keys:
         self.state = state
         self._claims: dict[ClaimKey, KeyRecord] = {}
 
+    async def open(
+        self, session: ServerSession | None, grant: Grant, record: StreamRecord, requests: Sequence[dict[str, Any]],
+        pending: Sequence[PendingRequest], refuse: Callable[[LimitExceeded], Exception] = Refused.over,
+        alone: bool = False,
+    ) -> tuple[dict[int, bytes], asyncio.Future[None] | None]:  # fmt: skip
+        """Decide the keyed calls and enqueue ``record`` with the keys of their first uses: the answers of the
+        others, by index, and the record's write, stored already when any key goes with it (a key is recorded
+        before its tool starts). :class:`StoreUnavailable` when it cannot be stored; ``refuse`` (the era's 429)
+        when the first uses would take the principal past ``idempotency_keys_per_principal``, before anything is
+        stored. Either way the caller releases what it counted (a legacy POST counts its calls only once
+        dispatched; a 2026-07-28 call counts itself first). ``alone``: the stream holds the keyed call only (a
+        2026-07-28 call's): not opened, and no future, when no key goes with it."""
+        state = self.state
+        store = state.store
+        for _ in range(_OPEN_ATTEMPTS):
+            at = now()
+            answers, keys = await self.judge(session, grant, record.stream, requests, pending, at)
+            if keys:
+                held = store.keys_held(grant.principal, at)
+                exceeded = verdicts.new_keys(state.config.limits, held, len(keys))
+                if exceeded is not None:
+                    self.release(keys)
+                    state.metrics.limit_refusals.labels(exceeded.limit).inc()
+                    raise refuse(exceeded)
+            if not keys:
+                return answers, None if alone else store.enqueue_open(record)
+            opening = store.enqueue_open(record, keys)
+            try:
+                await opening
+            except KeyTaken:
+                continue  # another replica's first use won: decided again, a duplicate of it
+            finally:
+                self.release(keys)
+            return answers, opening
+        raise StoreUnavailable("idempotency keys changed hands during every decision")
+
     async def judge(
         self,
-        session: ServerSession,
+        session: ServerSession | None,
         grant: Grant,
         stream: str,
         requests: Sequence[dict[str, Any]],
@@ -94,7 +140,7 @@ class Keys:
             self._claims.pop((key.principal, key.key), None)
 
     async def _decide(
-        self, session: ServerSession, grant: Grant, key: str, request: PendingRequest, hashed: str, now: float
+        self, session: ServerSession | None, grant: Grant, key: str, request: PendingRequest, hashed: str, now: float
     ) -> bytes | None:
         """``None`` to run it; else its one answer."""
         state = self.state
@@ -126,7 +172,8 @@ class Keys:
                         await state.store.mark_lost(target.stream, stream.owner, Loss.OWNER)
         raise AssertionError("a settled key is decided as lost")
 
-    async def _target_state(self, session: ServerSession, record: KeyRecord) -> tuple[TargetState, str | None]:
+    async def _target_state(self, session: ServerSession | None, record: KeyRecord) -> tuple[TargetState, str | None]:
+        """``session``: the duplicate's legacy session, whose live stream a running first use is resumed from."""
         target = record.target
         assert isinstance(target, StreamTarget)
         store = self.state.store
@@ -138,7 +185,7 @@ class Keys:
         if stream.completed:
             return TargetState.LOST, None
         if stream.owner == self.state.instance or await store.owner_alive(stream.owner):
-            live = session.live.get(target.stream)
+            live = None if session is None else session.live.get(target.stream)
             return TargetState.RUNNING, live.event_id(live.record.last_seq) if live is not None else None
         return TargetState.OWNER_DEAD, None
 

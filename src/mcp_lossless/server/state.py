@@ -69,7 +69,7 @@ class ServerState:
             {**self.capabilities, "tools": tools_capability} if store.idempotency_keys else self.capabilities
         )
         """What the legacy ``initialize`` declares: with ``tools.idempotency`` where the store records keys (ADR
-        0029). The 2026-07-28 leg's ``server/discover`` declares ``capabilities`` until it records keys too."""
+        0029); the 2026-07-28 leg's ``server/discover`` declares it on the same condition (``ModernLeg``)."""
         self.metrics = Metrics()
         refusals = self.metrics.limit_refusals
         self.sessions = SessionRegistry(store, config.limits, lambda limit: refusals.labels(limit).inc())

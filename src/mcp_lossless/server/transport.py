@@ -20,7 +20,6 @@ from ..core import denials, errors, frames, protocol
 from ..core import limits as verdicts
 from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
-from ..core.idempotency import KeyRecord
 from ..core.limits import LimitExceeded
 from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal
@@ -44,7 +43,6 @@ from . import checks, metadata
 from .auth import CALLER, InvalidToken, VerifierUnavailable
 from .dispatch import Dispatcher
 from .errors import Refused, rpc_error
-from .idempotency import Keys
 from .keys import stream_key
 from .modern import ModernLeg, is_modern
 from .observability import fingerprint, log_decision, now
@@ -86,8 +84,8 @@ class Transport:
     def __init__(self, state: ServerState, modern: ModernLeg) -> None:
         self.state = state
         self.dispatcher = Dispatcher(state)
-        self.keys = Keys(state)
-        """Idempotency keys between their decision and their record (ADR 0029)."""
+        self.keys = modern.keys
+        """Idempotency keys between their decision and their record (ADR 0029): one claim set for both eras."""
         self.producers = Producers(state.store, state.instance, state.metrics.lost.inc)
         self.modern = modern
         """The 2026-07-28 leg: a POST that opens the modern way goes there (docs/decisions/0012)."""
@@ -272,19 +270,15 @@ class Transport:
         record = StreamRecord(session.id, stream_key(), StreamKind.POST, state.instance, tuple(pending), 0)
         json_response = state.config.json_response
         decided: dict[int, bytes] = {}
-        keys: list[KeyRecord] = []
         if state.store.idempotency_keys and any(p.tool is not None for p in pending):
-            decided, keys = await self.keys.judge(session, grant, record.stream, requests, pending, now())
-        # Queued, not awaited: the record goes into the store's next write with the call's first events (its answer,
-        # if it answers at once), one transaction. No id of the stream goes out before it is stored (below).
-        opening = state.store.enqueue_open(record, keys)
-        if keys:  # but a key is recorded before its tool starts: such a call waits for the record's commit
-            try:
-                await opening
+            try:  # a key is recorded before its tool starts: a keyed call waits for the record's commit
+                decided, opening = await self.keys.open(session, grant, record, requests, pending)
             except StoreUnavailable:
                 raise Refused.rpc(503, errors.INTERNAL_ERROR, "the event store is unavailable") from None
-            finally:
-                self.keys.release(keys)
+        else:
+            # Queued, not awaited: the record goes into the store's next write with the call's first events (its
+            # answer, if it answers at once), one transaction. No id of the stream goes out before it is stored.
+            opening = state.store.enqueue_open(record)
         live = state.live_stream(record, answers_only=json_response, opening=opening)
         session.live[record.stream] = live
         state.metrics.post_streams.inc()

@@ -46,6 +46,11 @@ class EventsLost(StoreUnavailable):
         """The last position of the stream the store holds (``None``: not even the stream)."""
 
 
+class KeyTaken(Exception):
+    """Another process recorded one of the idempotency keys first (concurrent first uses on a shared store): the
+    stream was not opened and none of its keys is held; the caller decides those calls again, as duplicates."""
+
+
 @dataclass(slots=True)
 class SessionRecord:
     session_id: str
@@ -116,12 +121,21 @@ class EventStore(Protocol):
 
         ``keys`` (only where :attr:`idempotency_keys`): the idempotency keys whose first use this stream runs, stored
         in the same write as the record, so a key is never held without the stream that holds its outcome (nor a
-        keyed stream without its key). A key of the same principal and string replaces an expired one.
+        keyed stream without its key). A key of the same principal and string replaces an expired one. A shared
+        store records each key only if no other process holds it (one concurrent first use wins); when one is held,
+        the future fails with :class:`KeyTaken` and nothing of the stream or its keys is kept. A keyed stream is
+        kept, once completed, as long as its key.
         """
         ...
 
     async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
         """The principal's record of ``key``, or ``None`` (never one, expired at ``now``, or another principal's)."""
+        ...
+
+    def keys_held(self, principal: Principal, now: float) -> int:
+        """The principal's idempotency keys live at ``now`` (what ``idempotency_keys_per_principal`` bounds), read
+        from process memory, without a round trip, as :meth:`stored_bytes`; a shared store counts those this process
+        recorded."""
         ...
 
     async def get_stream(self, stream: str) -> StreamRecord | None: ...

@@ -11,6 +11,7 @@ keys, the B-tree's own overhead), so a flood of empty events or of POSTs is boun
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -104,6 +105,47 @@ class HeldBytes:
             self._held[principal] = total
         else:
             self._held.pop(principal, None)
+
+
+class HeldKeys:
+    """Each principal's live idempotency keys, in process memory: counted (what ``idempotency_keys_per_principal``
+    bounds, asked on every keyed POST: no store round trip) and known by name. A key counts until it expires; a
+    shared store counts the keys this process recorded, as it counts bytes (docs/decisions/0026). A store one process
+    owns (SQLite) knows every key, so :meth:`known` tells a first use, the common case, without reading the file."""
+
+    __slots__ = ("_expiries", "_live")
+
+    def __init__(self) -> None:
+        self._expiries: dict[Principal, list[tuple[float, str]]] = {}
+        """Per principal, a heap of its keys' expiry times, with the key."""
+        self._live: dict[tuple[Principal, str], float] = {}
+        """Each key's expiry time (a key recorded again, once expired, has its new one)."""
+
+    def add(self, principal: Principal, key: str, expires: float) -> None:
+        heapq.heappush(self._expiries.setdefault(principal, []), (expires, key))
+        self._live[principal, key] = expires
+
+    def known(self, principal: Principal, key: str, now: float) -> bool:
+        expires = self._live.get((principal, key))
+        return expires is not None and expires > now
+
+    def held(self, principal: Principal, now: float) -> int:
+        expiries = self._expiries.get(principal)
+        if expiries is None:
+            return 0
+        live = self._live
+        while expiries and expiries[0][0] <= now:
+            expires, key = heapq.heappop(expiries)
+            if live.get((principal, key)) == expires:
+                del live[principal, key]
+        if not expiries:
+            del self._expiries[principal]
+        return len(expiries)
+
+    def purge(self, now: float) -> None:
+        """Forget every expired key (the store's periodic sweep), not only those of principals that key again."""
+        for principal in list(self._expiries):
+            self.held(principal, now)
 
 
 class ExpiringHeld:

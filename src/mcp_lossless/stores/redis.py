@@ -11,14 +11,18 @@ Key layout (``P`` is the prefix; ``{sid}`` is a Redis Cluster hash tag, so one s
   ``retention_seconds`` after the last touch.
 - ``P:{sid}:streams`` — sorted set of the session's streams, scored by when their keys expire
   (``+inf`` while open), so deleting a session finds every stream still retained.
-- ``P:{sid}:s:<stream>`` — hash: the stream record (kind, owner, requests, last, first, done) and one
-  ``a:<request id JSON>`` field per answered request.
+- ``P:{sid}:s:<stream>`` — hash: the stream record (kind, owner, requests, last, first, done; ``keep``, when
+  its idempotency keys expire, for a keyed stream) and one ``a:<request id JSON>`` field per answered request.
 - ``P:{sid}:e:<stream>`` — a Redis Stream holding the events. Event ``seq`` is stored at entry id
   ``<seq>-1``: ids order by their first part, so entries order by position and "after ``seq``" is the
   exclusive id ``(<seq>-1`` for XRANGE and ``<seq>-1`` for XREAD (``0-0``, the only id below ``0-1``, is
   not a valid entry id, hence the ``-1``). Every entry has the same six fields in the same order
   (``i`` compact event id, ``r`` request id JSON, ``t`` tool JSON, ``g`` resource tags JSON, ``x``
   terminal, ``d`` data), which lets Redis store the field names once per node instead of per entry.
+- ``P:key:<SHA-256 of the principal and key>`` — an idempotency key (ADR 0029): JSON ``[tool, arguments hash,
+  session id, stream, request id, created, expires]``, expiring with the key. Written with ``SET NX`` in the
+  pipeline of its stream's record, after the record, so that whoever finds the key finds the stream too, and
+  exactly one of several concurrent first uses (on any replica) holds it; a loser deletes its stream record.
 
 Appends run as one Lua script on the session's slot: the entry, ``last``, the answered request and the
 advanced ``first`` after a length trim are written together or not at all. The script also refuses a
@@ -36,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import logging
 import math
 import os
@@ -60,7 +65,7 @@ from redis.sentinel import DEMOTED_MASTER_UNBLOCKED_ERROR
 from redis.typing import EncodableT
 
 from ..core.events import Loss, StoredEvent, StreamKind, StreamRecord
-from ..core.idempotency import KeyRecord
+from ..core.idempotency import KeyRecord, StreamTarget
 from ..core.principal import Principal
 from ._codec import (
     CACHE_LIMIT,
@@ -72,8 +77,8 @@ from ._codec import (
     encode_tags,
     full_event_id,
 )
-from .base import EventsEvicted, EventsLost, SessionRecord, StoreUnavailable, StreamTakenOver
-from .held import ExpiringHeld
+from .base import EventsEvicted, EventsLost, KeyTaken, SessionRecord, StoreUnavailable, StreamTakenOver
+from .held import ExpiringHeld, HeldKeys
 
 log = logging.getLogger("mcp_lossless.stores.redis")
 
@@ -95,13 +100,26 @@ _OUTAGE_REPLIES = ("MISCONF", "NOREPLICAS", "BUSY", "MASTERDOWN", "CLUSTERDOWN",
 
 _MARK_COMPLETE = """
 local function mark_complete(ms, expiry, stream)
+  local keep = tonumber(redis.call('HGET', KEYS[1], 'keep') or '0')
+  if keep > tonumber(expiry) then
+    ms = tonumber(ms) + math.ceil((keep - tonumber(expiry)) * 1000)
+    expiry = keep
+  end
   redis.call('HSET', KEYS[1], 'done', 1)
   redis.call('PEXPIRE', KEYS[1], ms)
   redis.call('PEXPIRE', KEYS[2], ms)
   redis.call('ZADD', KEYS[3], expiry, stream)
 end
 """
-"""What completing a stream means, for the scripts that do it. KEYS: record, events, session's streams."""
+"""What completing a stream means, for the scripts that do it. KEYS: record, events, session's streams. A keyed
+stream is kept until its keys expire (``keep``) if that is later than the retention: a key's outcome is its
+stream's answer."""
+
+_DROP_KEY = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+"""KEYS: an idempotency key. ARGV: the value this process set. Deletes the key only if it is still that one."""
 
 _APPEND = (
     _MARK_COMPLETE
@@ -611,6 +629,8 @@ class RedisStore:
         self._flusher: asyncio.Task[None] | None = None
         self._opening: dict[str, asyncio.Task[None]] = {}
         """Stream records being written (:meth:`enqueue_open`), by stream: its appends wait for it."""
+        self._held_keys = HeldKeys()
+        """The keys this process recorded, for ``idempotency_keys_per_principal`` (Redis expires them itself)."""
         self._held = ExpiringHeld(retention_seconds)
         """What each principal's sessions hold in Redis through this process's writes (docs/decisions/0026)."""
 
@@ -881,8 +901,10 @@ class RedisStore:
     async def expire_sessions(self, idle_before: float) -> list[str]:
         """Idle sessions by the ``P:sessions`` index, so ones whose hash already expired are swept too.
 
-        Every replica sweeps; ``ZREM`` decides which one deletes (and reports) each session.
+        Every replica sweeps; ``ZREM`` decides which one deletes (and reports) each session. Forgets the keys
+        this process counted that expired (Redis expires the keys themselves).
         """
+        self._held_keys.purge(time.time())
         with self._guard():
             candidates = cast(list[bytes], await self._r.zrangebyscore(self._sessions_key, "-inf", f"({idle_before!r}"))
             if not candidates:
@@ -918,11 +940,12 @@ class RedisStore:
 
     # -- streams -------------------------------------------------------------------------------------
 
-    async def open_stream(self, record: StreamRecord) -> None:
+    async def open_stream(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> None:
         """Create ``record``'s stream; opening an existing key starts it afresh, as the memory store does.
 
         Open streams carry no TTL: a call may stay silent longer than the retention. Their keys go with
-        their session, or expire after :meth:`complete_stream`.
+        their session, or expire after :meth:`complete_stream` (a keyed one not before its idempotency keys).
+        ``keys`` are set after the record, each only if no one holds it (:class:`KeyTaken` otherwise).
         """
         sid = record.session_id
         rk = self._key(sid, "s:", record.stream)
@@ -936,7 +959,10 @@ class RedisStore:
             "done": int(record.completed),
         }
         fields.update({"a:" + encode_json(rid).decode(): 1 for rid in record.answered})
+        if keys:
+            fields["keep"] = repr(max(key.expires for key in keys))
         idx = self._idx_key(record.stream)
+        values = [self._key_value(key, sid) for key in keys]
         with self._guard():
             writes = await self.writes()
             writes.on(idx).set(idx, sid)
@@ -944,21 +970,51 @@ class RedisStore:
             writes.on(rk).hset(rk, mapping=fields)
             writes.on(streams).zremrangebyscore(streams, "-inf", repr(time.time()))
             writes.on(streams).zadd(streams, {record.stream: math.inf})
-            await writes.execute()
+            for key, value in zip(keys, values, strict=True):  # each only if no one holds it: one first use wins
+                name = self._key_name(key.principal, key.key)
+                writes.on(name).set(name, value, nx=True, pxat=math.ceil(key.expires * 1000))
+            replies = await writes.execute()
+        if not all(replies[len(replies) - len(keys) :]):
+            await self._unopen(record, keys, values)
+            raise KeyTaken(f"another request holds an idempotency key of stream {record.stream}")
+        for key in keys:
+            self._held_keys.add(key.principal, key.key, key.expires)
         self._remember(record.stream, sid)
         self._held.opened(sid, record.stream)
 
-    idempotency_keys = False
-    """Not yet (ADR 0029): the key's ``SET NX`` belongs in the stream record's pipeline; until then a server on
-    Redis does not declare ``tools.idempotency`` and is never given a key to record."""
+    async def _unopen(self, record: StreamRecord, keys: Sequence[KeyRecord], values: list[bytes]) -> None:
+        """Undo an open that lost a key to another process: its stream record and the keys it did set go."""
+        sid, stream = record.session_id, record.stream
+        with self._guard():
+            async with self._r.pipeline(transaction=False) as pipe:  # rare: EVAL, no script cache to keep
+                for key, value in zip(keys, values, strict=True):
+                    pipe.eval(_DROP_KEY, 1, self._key_name(key.principal, key.key), value)
+                pipe.delete(self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._idx_key(stream))
+                pipe.zrem(self._key(sid, "streams"), stream)
+                await pipe.execute()
+
+    def _key_name(self, principal: Principal, key: str) -> str:
+        """Hashed: a key string is the client's (any length, any character), and the name must be a plain one."""
+        identity = orjson.dumps([principal.issuer, principal.subject, principal.client_id, key])
+        return f"{self.prefix}:key:{hashlib.sha256(identity).hexdigest()}"
+
+    @staticmethod
+    def _key_value(key: KeyRecord, sid: str) -> bytes:
+        """The stream's session goes with it: the stream-to-session index expires with the retention, the keyed
+        stream only with its key."""
+        assert isinstance(key.target, StreamTarget), "a key recorded with a stream names that stream"
+        target = key.target
+        return orjson.dumps(
+            [key.tool, key.arguments_hash, sid, target.stream, target.request_id, key.created, key.expires]
+        )
+
+    idempotency_keys = True
 
     def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
         """:meth:`open_stream` in a task of its own; appends enqueued after it go in a pipeline sent once it is
         done, so the record is in Redis before any of its events (or they are refused: unknown stream)."""
-        if keys:
-            raise ValueError("the Redis store does not record idempotency keys")
         key = record.stream
-        task = asyncio.ensure_future(self.open_stream(record.copy()))  # as it is now: its stream goes on meanwhile
+        task = asyncio.ensure_future(self.open_stream(record.copy(), keys))  # as it is now: its stream goes on
         self._opening[key] = task
         task.add_done_callback(lambda _done: self._opened(key, task))
         return task
@@ -967,8 +1023,19 @@ class RedisStore:
         if self._opening.get(key) is task:
             del self._opening[key]
 
+    def keys_held(self, principal: Principal, now: float) -> int:
+        return self._held_keys.held(principal, now)
+
     async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
-        return None  # none is ever recorded here (idempotency_keys is False)
+        with self._guard():
+            raw = cast(bytes | None, await self._r.get(self._key_name(principal, key)))
+        if raw is None:
+            return None
+        tool, arguments_hash, sid, stream, request_id, created, expires = orjson.loads(raw)
+        if expires <= now:
+            return None
+        self._remember(stream, sid)  # its index may be gone: the key keeps its stream longer than the retention
+        return KeyRecord(principal, key, tool, arguments_hash, StreamTarget(stream, request_id), created, expires)
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         sid = await self._sid(stream)

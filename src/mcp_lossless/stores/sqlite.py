@@ -40,7 +40,7 @@ from ..core.idempotency import KeyRecord, StreamTarget
 from ..core.principal import Principal
 from ._codec import CACHE_LIMIT, Interner, decode_requests, encode_requests, encode_tags
 from .base import EventsEvicted, SessionRecord, StoreFull, StoreUnavailable, StreamTakenOver
-from .held import ROW_BYTES, STREAM_BYTES, HeldBytes
+from .held import ROW_BYTES, STREAM_BYTES, HeldBytes, HeldKeys
 
 T = TypeVar("T")
 
@@ -162,6 +162,8 @@ DROP TABLE streams_v2;
 _MIGRATE_FROM_3 = "DROP INDEX IF EXISTS streams_by_session;"
 """Version 3 had schema 4's tables with one index by (session, completion time); version 4 one by session: both
 replaced by ``session_streams``, which the first indexing fills with every stream."""
+_KEYED = "SELECT 1 FROM idempotency_keys AS k WHERE k.stream = streams.stream AND k.expires > ?5"
+"""A live idempotency key names the stream (?5: now): kept past its session's count as past its age (ADR 0029)."""
 _SESSION_STREAMS = (
     "SELECT stream_id FROM session_streams WHERE session_id = ?1"
     " UNION ALL SELECT id FROM streams WHERE id > ?2 AND session_id = ?1"
@@ -561,6 +563,7 @@ class SqliteStore:
         self.max_bytes = max_bytes
         self._clock = clock
         self._counts = HeldBytes()
+        self._held_keys = HeldKeys()
         """What each principal's sessions hold in the file (writer thread only, but for :meth:`stored_bytes`)."""
         self._forgotten: list[str] = []
         """Sessions the writer's transaction deletes: their counts go from its counts once it committed."""
@@ -738,6 +741,11 @@ class SqliteStore:
             " FROM events AS e JOIN streams AS s ON s.id = e.stream_id GROUP BY s.session_id"
         ):
             counts.add(session_id, held)
+        keys = self._held_keys
+        for issuer, subject, client_id, key, expires in db.execute(
+            "SELECT issuer, subject, client_id, key, expires FROM idempotency_keys WHERE expires > ?", (self._clock(),)
+        ):
+            keys.add(Principal(issuer, subject, client_id), key, expires)
 
     def _index_sessions(self, db: sqlite3.Connection) -> None:
         """Enter the streams opened since the last indexing in ``session_streams``, in one transaction."""
@@ -895,8 +903,8 @@ class SqliteStore:
             for (session_id,) in crowded:
                 doomed += db.execute(
                     f"SELECT session_id, id FROM streams WHERE id IN ({_SESSION_STREAMS}) AND completed_at IS NOT NULL"
-                    " ORDER BY completed_at DESC LIMIT ?3 OFFSET ?4",
-                    (session_id, self._indexed_through, _SWEEP_CHUNK - len(doomed), keep),
+                    f" AND NOT EXISTS ({_KEYED}) ORDER BY completed_at DESC LIMIT ?3 OFFSET ?4",
+                    (session_id, self._indexed_through, _SWEEP_CHUNK - len(doomed), keep, now),
                 ).fetchall()
                 if len(doomed) >= _SWEEP_CHUNK:
                     break
@@ -1050,6 +1058,9 @@ class SqliteStore:
         db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
 
     async def expire_sessions(self, idle_before: float) -> list[str]:
+        """Also forgets the expired keys held in memory (the sweep deletes their rows)."""
+        self._held_keys.purge(self._clock())
+
         def expire(db: sqlite3.Connection) -> list[str]:
             gone = [row[0] for row in db.execute("SELECT session_id FROM sessions WHERE last_seen < ?", (idle_before,))]
             for session_id in gone:
@@ -1072,9 +1083,17 @@ class SqliteStore:
         its idempotency keys' rows go in the same transaction."""
         future = self._future()
         self._submit(_Open(record.copy(), future, keys))
+        for key in keys:
+            self._held_keys.add(key.principal, key.key, key.expires)
         return future
 
+    def keys_held(self, principal: Principal, now: float) -> int:
+        return self._held_keys.held(principal, now)
+
     async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
+        """A key this process never recorded (nor found at open) is none: only a duplicate reads the file."""
+        if not self._held_keys.known(principal, key, now):
+            return None
         row = await self._read(
             lambda db: db.execute(
                 "SELECT tool, arguments_hash, stream, request_id, created, expires FROM idempotency_keys"
