@@ -730,8 +730,9 @@ class RedisStore:
             self._remember(stream, sid)
         return sid
 
-    async def _writes(self) -> _Writes:
-        """A write pipeline for one operation: :class:`_Writes` per node on a cluster with ``wait_replicas``."""
+    async def writes(self) -> _Writes:
+        """A write pipeline for one operation, acknowledged by ``wait_replicas`` replicas before it counts (this
+        store's and its facets', :mod:`.tasks_redis`): :class:`_Writes` per node on a cluster with ``wait_replicas``."""
         if self._cluster is None or not self.wait_replicas:
             return _Writes(self, None)
         cluster = cast(RedisCluster, self._r)
@@ -835,7 +836,7 @@ class RedisStore:
         p = record.principal
         key = self._key(record.session_id, "session")
         with self._guard():
-            writes = await self._writes()
+            writes = await self.writes()
             writes.on(self._sessions_key).zadd(self._sessions_key, {record.session_id: record.last_seen})
             writes.on(key).hset(
                 key,
@@ -937,7 +938,7 @@ class RedisStore:
         fields.update({"a:" + encode_json(rid).decode(): 1 for rid in record.answered})
         idx = self._idx_key(record.stream)
         with self._guard():
-            writes = await self._writes()
+            writes = await self.writes()
             writes.on(idx).set(idx, sid)
             writes.on(rk).delete(rk, self._key(sid, "e:", record.stream))
             writes.on(rk).hset(rk, mapping=fields)
@@ -1072,7 +1073,7 @@ class RedisStore:
             script = self._scripts[source] = self._r.register_script(source)
         for attempt in range(2):
             with self._guard():
-                writes = await self._writes()
+                writes = await self.writes()
                 for keys, args in calls:
                     writes.on(keys[0]).evalsha(script.sha, len(keys), *keys, *args)
                 replies = await writes.execute(raise_on_error=False)
