@@ -44,7 +44,7 @@ OpenStore = Callable[[int | None], Awaitable[EventStore]]
 """Opens a fresh store; the argument is its eviction limit (memory: total events, sqlite and redis: per stream)."""
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster"])
 async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OpenStore]:
     opened: list[EventStore] = []
 
@@ -54,8 +54,11 @@ async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
             store = MemoryStore() if limit is None else MemoryStore(max_events=limit)
         elif request.param == "sqlite":
             store = SqliteStore(str(tmp_path / f"store{len(opened)}.db"), max_events_per_stream=limit)
-        else:
-            url = request.getfixturevalue("redis_url")
+        else:  # a cluster spreads the sessions of one test over its three primaries: no command may span slots
+            cluster = request.param == "redis-cluster"
+            url = (
+                request.getfixturevalue("redis_cluster_nodes").spec if cluster else request.getfixturevalue("redis_url")
+            )
             store = RedisStore(url, prefix=f"contract-{uuid.uuid4().hex}", max_events_per_stream=limit)
         await store.open()
         opened.append(store)
@@ -548,13 +551,13 @@ async def test_memory_store_purges_expired_keys_in_its_sweep() -> None:
     assert [name for _principal, name in store._keys] == ["kept"]
 
 
-async def test_redis_one_of_concurrent_first_uses_of_a_key_wins_on_every_replica(open_store: OpenStore) -> None:
+async def test_redis_one_of_concurrent_first_uses_of_a_key_wins_on_every_replica(redis_url: str) -> None:
     """Two replicas (two stores on one prefix) record the same key at once: exactly one holds it; the other's open
-    fails with KeyTaken and leaves nothing of its stream behind."""
-    first = await open_store(None)
-    if not isinstance(first, RedisStore):
-        pytest.skip("single-process stores: the server's in-process claim decides (tests/integration)")
-    second = RedisStore(first.url, prefix=first.prefix)
+    fails with KeyTaken and leaves nothing of its stream behind. (In a single-process store the server's in-process
+    claim decides: tests/integration/test_idempotency_keys.py.)"""
+    prefix = f"contract-{uuid.uuid4().hex}"
+    first, second = RedisStore(redis_url, prefix=prefix), RedisStore(redis_url, prefix=prefix)
+    await first.open()
     await second.open()
     try:
         for store in (first, second):
@@ -578,6 +581,7 @@ async def test_redis_one_of_concurrent_first_uses_of_a_key_wins_on_every_replica
             assert await store.get_key(ALICE, f"mine-{loser}", time.time()) is None, "and the keys it did set"
             assert await store.get_key(ALICE, f"mine-{winner}", time.time()) is not None
     finally:
+        await first.close()
         await second.close()
 
 

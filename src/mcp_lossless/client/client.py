@@ -27,6 +27,7 @@ from ..core import idempotency, protocol
 from ..core.actions import CallSpec, RecoveryPolicy
 from ..core.idempotency import REPLAYED_META_KEY
 from ..core.protocol import RESOURCE_META_KEY
+from ..tracing import with_trace
 from .catalog import CatalogReads
 from .errors import McpClientError, RequestRejected, ToolFailed
 from .handlers import InputHandler, checked, offered
@@ -225,7 +226,8 @@ class Client(CatalogReads):
 
     async def _read(self, method: str, name: str, params: dict[str, Any], timeout: float | None) -> dict[str, Any]:  # noqa: ASYNC109
         """Sent again when its response breaks, as an idempotent call is."""
-        return await self._require().request(CallSpec(method, params, idempotent=True), self._deadline(timeout))
+        spec = CallSpec(method, with_trace(params), idempotent=True)
+        return await self._require().request(spec, self._deadline(timeout))
 
     async def call_tool(
         self,
@@ -326,7 +328,7 @@ class Client(CatalogReads):
             key = params[idempotency.KEY_PARAM] = call.idempotency_key or str(uuid.uuid4())
         return CallSpec(
             "tools/call",
-            params,
+            with_trace(params),  # its caller's trace goes on
             resources=frozenset({tool.resource}) if tool is not None and tool.resource else frozenset(),
             idempotent=tool.idempotent if tool is not None else False,
             reissue=call.reissue,

@@ -75,6 +75,7 @@ from .actions import (
     SendCall,
     StreamKey,
 )
+from .denials import remedy
 from .errors import DELIVERY_REFUSED, EXECUTION_LOST, IDEMPOTENCY_IN_PROGRESS
 from .idempotency import KEY_PARAM
 from .sse import SseEvent
@@ -419,8 +420,8 @@ class Ledger:
             code = error.get("code")
             data = error.get("data")
             resumable = isinstance(data, dict) and data.get("resumable") is True
-            if code == DELIVERY_REFUSED and resumable:
-                return self._refused(stream, call, data if isinstance(data, dict) else {})
+            if code == DELIVERY_REFUSED and resumable and isinstance(data, dict):
+                return self._refused(stream, call, data)
             keyed = call.spec.idempotency_key is not None
             if code == IDEMPOTENCY_IN_PROGRESS and keyed and isinstance(data, dict):
                 return self._in_progress(stream, call, data.get("retryAfter"))
@@ -449,12 +450,13 @@ class Ledger:
             # cursor to resume it from, so sending it again under its id would be a duplicate request.
             reason = f"delivery refused before any event id ({data.get('reason', 'refused')}), cannot resume"
             return self._recover_calls(stream, [call], FailureKind.MAY_HAVE_RUN, reason)
+        helps = remedy(data)  # the SEP-2643 envelope where the server sent one, our own fields where not
+        if helps.reauthorize is False:
+            reason = f"delivery refused at event {data.get('eventId')!r}; the server says re-authorizing cannot help"
+            return self._fail(call, FailureKind.AUTHORIZATION, reason)
         call.refused = True
-        required, scopes = data.get("requiredResources"), data.get("requiredScopes")
-        if isinstance(required, list):
-            stream.required.update(r for r in required if isinstance(r, str))
-        if isinstance(scopes, list):
-            stream.required_scopes.update(s for s in scopes if isinstance(s, str))
+        stream.required.update(helps.resources)
+        stream.required_scopes.update(helps.scopes)
         out: list[Action] = []
         theirs = data.get("lastEventId")
         if theirs is not None and theirs != stream.cursor:

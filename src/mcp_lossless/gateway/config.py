@@ -50,6 +50,7 @@ _KNOWN = frozenset(
         "era",
         "prompts",
         "resources",
+        "relist_seconds",
     }
 )
 
@@ -143,6 +144,9 @@ class UpstreamConfig:
     era: Era = "auto"
     prompts: CatalogRule = CatalogRule()
     resources: CatalogRule = CatalogRule()
+    relist_seconds: float = 30.0
+    """HTTP: how often the tools of an upstream that announces no list changes are listed again (a tool it gained
+    after a restart appears, its configuration is checked again, and the listing probes that it is up)."""
 
     @property
     def exposed_prefix(self) -> str:
@@ -270,6 +274,9 @@ def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
             required[tool] = scope_tokens(f"{where}: scopes.{tool}", _strings(where, f"scopes.{tool}", listed))
         except ValueError as exc:
             raise GatewayConfigError(str(exc)) from None
+    relist = raw.get("relist_seconds", 30.0)
+    if not isinstance(relist, int | float) or isinstance(relist, bool) or not 1 <= relist <= 86400:
+        raise GatewayConfigError(f"{where}: relist_seconds must be a number of seconds in [1, 86400]")
     era = raw.get("era", "auto")
     if era not in ERAS:
         raise GatewayConfigError(f"{where}: era must be one of {', '.join(ERAS)} (got {era!r})")
@@ -296,6 +303,7 @@ def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
         era=era,
         prompts=_catalog_rule(where, "prompts", raw.get("prompts", {})),
         resources=_catalog_rule(where, "resources", raw.get("resources", {})),
+        relist_seconds=float(relist),
     )
 
 

@@ -87,6 +87,9 @@ class ServerConfig:
     (Stripe's 24 h): a repeat within it is answered from the record, never run again (ADR 0029)."""
     allowed_origins: tuple[str, ...] = ()
     log_level: str = "info"
+    drain_seconds: float = 30.0
+    """SIGTERM: how long running calls and tasks are given to finish once the server stops accepting connections;
+    what is still running then ends as execution lost (each client still gets its one outcome), then it exits."""
     metrics_token: str | None = None
     """Bearer secret ``/metrics`` requires besides the Host/Origin check of the MCP endpoint (none by default)."""
     limits: Limits = field(default_factory=Limits)
@@ -109,7 +112,7 @@ class ServerConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: must be positive")
-        for name in ("retry_ms", "leeway_seconds"):
+        for name in ("retry_ms", "leeway_seconds", "drain_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: must not be negative")
         unsupported = sorted(set(self.dpop_algorithms) - DPOP_ALGORITHMS)

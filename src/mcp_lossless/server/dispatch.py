@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from .. import tracing
 from ..core import errors, frames
 from ..core.events import PendingRequest
 from ..core.principal import Grant
@@ -198,7 +199,12 @@ class Dispatcher:
         channel = StreamChannel(session, live, request, state.config.client_request_seconds, state.sessions)
         ctx = ToolContext(grant, rid, None if token is None or not is_request_id(token) else token, channel)
         session.contexts[rid] = ctx
-        return self._run(session, live, request, ctx, work)
+        run = self._run(session, live, request, ctx, work)
+        if request.tool is None:
+            return run
+        # The call's span covers the tool and the commit of its answer, its parent the trace in the request's _meta.
+        named = {"mcp.method.name": "tools/call", "gen_ai.tool.name": request.tool, "jsonrpc.request.id": str(rid)}
+        return _traced(run, f"tools/call {request.tool}", named, meta if isinstance(meta, dict) else None)
 
     def _tool_work(self, request: PendingRequest, params: dict[str, Any]) -> Work:
         tool = self.state.tools[request.tool or ""]
@@ -281,3 +287,10 @@ class Dispatcher:
         future = session.outbound.get(message.get("id"))  # type: ignore[arg-type]
         if future is not None and not future.done():
             future.set_result(message)
+
+
+async def _traced(
+    run: Coroutine[Any, Any, None], name: str, attributes: dict[str, str], carrier: dict[str, Any] | None
+) -> None:
+    with tracing.span(name, attributes, carrier=carrier, kind="server"):
+        await run

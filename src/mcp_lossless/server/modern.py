@@ -28,15 +28,16 @@ from base64 import b64decode
 from collections.abc import Callable, Coroutine, Generator, Iterable
 from typing import Any, NoReturn, assert_never
 
-from .. import __version__
+from .. import __version__, tracing
 from ..asgi import Receive, Send, respond
-from ..core import errors, frames, mrtr, param_headers, protocol
+from ..core import denials, errors, frames, mrtr, param_headers, protocol
 from ..core.eventids import EventIdCodec
 from ..core.events import Loss, PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
 from ..core.idempotency import CAPABILITY, InvalidKey, key_of
 from ..core.limits import LimitExceeded, new_running_task
 from ..core.principal import Grant
 from ..core.resources import describe, requirement, resources_in, scopes_in
+from ..core.task_stream import STREAM_EXTENSION, EventType, StreamDenied, stream_denial_error
 from ..core.tasks import (
     EXTENSION,
     UNKNOWN_MESSAGE,
@@ -73,6 +74,7 @@ from .idempotency import Keys
 from .keys import stream_key
 from .observability import log_decision, now
 from .state import ServerState
+from .task_stream import TaskEvents, TaskStreams
 from .tools import (
     InputRequests,
     InputRequired,
@@ -284,8 +286,12 @@ class _TaskChannel(_RequestChannel):
         return None
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
+        if method == "notifications/message":
+            await self.leg.events.emit(self.task_id, EventType.LOG, _picked(params, ("level", "logger", "data")))
         if method != "notifications/progress":
             return
+        progress = _picked(params, ("progress", "total", "message"))
+        await self.leg.events.emit(self.task_id, EventType.PROGRESS, progress)  # every one: the stream is the record
         at = now()
         if at - self.described_at < DESCRIBE_EVERY_SECONDS:
             return
@@ -299,6 +305,11 @@ class _TaskChannel(_RequestChannel):
         if rest:
             got.update(await self.leg.await_input(self.task_id, rest))
         return got
+
+
+def _picked(params: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of a notification a task event keeps (its ``_meta`` and token are the request's, not the task's)."""
+    return {key: params[key] for key in keys if key in params}
 
 
 def _progress_token(params: dict[str, Any]) -> str | int | None:
@@ -356,6 +367,8 @@ class ModernLeg:
         """Seconds a task is kept after its last status change or its owner's last poll (``None``: unlimited)."""
         self.poll_ms = poll_ms
         self.running: dict[str, asyncio.Task[None]] = {}
+        self.in_request: set[asyncio.Task[Any]] = set()
+        """The requests running a tool call within themselves (not as a task): what a drain's deadline ends."""
         """Tasks this process runs, by task id: a live task of this instance missing here was lost."""
         self.keys = Keys(state)
         """Idempotency keys between their decision and their record (ADR 0029), shared with the legacy leg."""
@@ -375,12 +388,30 @@ class ModernLeg:
         capabilities = {k: v for k, v in state.capabilities.items() if k != "logging"}
         if state.store.idempotency_keys:  # keyed calls, inline or creating a task, are recorded here too
             capabilities["tools"] = {**capabilities.get("tools", {}), CAPABILITY: {}}
-        self.capabilities = {**capabilities, "extensions": {**capabilities.get("extensions", {}), EXTENSION: {}}}
+        extensions = {
+            **capabilities.get("extensions", {}),
+            EXTENSION: {},
+            denials.DENIALS_EXTENSION: {},
+            STREAM_EXTENSION: {},
+        }
+        self.capabilities = {**capabilities, "extensions": extensions}
         self.server_info = {"name": "mcp-lossless", "version": __version__}
+        self.events = TaskEvents(state.store, state.instance)
+        """Each running task's events, kept as a stream of the event store (SEP-2694, ADR 0031)."""
+        self.streams = TaskStreams(self.events, state.policy)
 
     async def open(self) -> None:
         await self.tasks.open()
         self._state_key = mrtr.state_key(await self.s.store.secret())
+
+    async def end_running(self) -> None:
+        """A drain's deadline: each call running in its request answers execution lost on its stream, each task
+        records itself lost (the process goes); waited for, so every outcome is out before connections close."""
+        ending = [*self.in_request, *self.running.values()]
+        for task in ending:
+            task.cancel("server shutdown")
+        if ending:
+            await asyncio.wait(ending, timeout=SHUTDOWN_SECONDS)
 
     async def close(self) -> None:
         """Shutdown: each running task records itself lost (the process goes), then the store closes."""
@@ -394,12 +425,19 @@ class ModernLeg:
     # -- the request ---------------------------------------------------------------------------------
 
     async def serve(
-        self, receive: Receive, send: Send, grant: Grant, index: dict[bytes, bytes], message: dict[str, Any]
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        index: dict[bytes, bytes],
+        message: dict[str, Any],
+        connection: object = None,
     ) -> None:
-        """Answer one modern request; a refusal goes up to the transport, which renders it (ADR 0010)."""
+        """Answer one modern request; a refusal goes up to the transport, which renders it (ADR 0010).
+        ``connection``: the client's address (ASGI ``client``), what "one stream per task per connection" counts by."""
         rid: RequestId | None = message.get("id")
         try:
-            await self._serve(receive, send, grant, index, message)
+            await self._serve(receive, send, grant, index, message, connection)
         except Refused as refused:
             if isinstance(refused.body, dict) and refused.body.get("id") is None:
                 refused.body["id"] = rid  # raised where found, which need not know the request's id
@@ -414,7 +452,13 @@ class ModernLeg:
             ) from None
 
     async def _serve(
-        self, receive: Receive, send: Send, grant: Grant, index: dict[bytes, bytes], message: dict[str, Any]
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        index: dict[bytes, bytes],
+        message: dict[str, Any],
+        connection: object = None,
     ) -> None:
         if "method" not in message:
             raise _refused(400, errors.INVALID_REQUEST, f"clients send no responses on {protocol.STATELESS}")
@@ -427,6 +471,9 @@ class ModernLeg:
         capabilities = self._validate(index, method, params)
         rid: RequestId = message["id"]
         declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
+        if method == "tasks/stream":
+            await self._task_stream(receive, send, grant, rid, params, declared, connection)
+            return
         if method in TASK_METHODS:  # a poll needs no channel and no request state: straight to its decision
             await self._task_request(send, grant, rid, method, params, declared)
             return
@@ -558,26 +605,37 @@ class ModernLeg:
         exceeded = s.sessions.start_call(grant.principal)  # one cap per principal, both eras counted
         if exceeded is not None:
             raise _over_limit(exceeded)
-        try:  # whatever refuses the call below (a 503 included) comes after the count: the finally releases it
-            if key is not None:
-                await self._keyed_call(receive, send, grant, rid, tool, params, declared, channel)
-                return
-            if tool.task is not None and declared:
-                if tool.input_before_task:
-                    asked = _input_before_task(tool, params, ToolContext(grant, rid, None, channel))
-                    if asked is not None:
-                        await self._answer(send, rid, self._input_required(asked, channel), "input_required")
-                        return
-                task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
-                await self._answer(send, rid, await self._create_task(grant, tool, params, task_channel), "task")
-                return
+        meta = params.get("_meta")
+        called = {"mcp.method.name": "tools/call", "gen_ai.tool.name": tool.name, "jsonrpc.request.id": str(rid)}
+        with tracing.span(
+            f"tools/call {tool.name}", called, carrier=meta if isinstance(meta, dict) else None, kind="server"
+        ):
+            try:  # whatever refuses the call below (a 503 included) comes after the count: the finally releases it
+                if key is not None:
+                    await self._keyed_call(receive, send, grant, rid, tool, params, declared, channel)
+                    return
+                if tool.task is not None and declared:
+                    if tool.input_before_task:
+                        asked = _input_before_task(tool, params, ToolContext(grant, rid, None, channel))
+                        if asked is not None:
+                            await self._answer(send, rid, self._input_required(asked, channel), "input_required")
+                            return
+                    task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
+                    await self._answer(send, rid, await self._create_task(grant, tool, params, task_channel), "task")
+                    return
 
-            async def work(ctx: ToolContext) -> dict[str, Any]:
-                return await run_tool(tool, params, ctx)
+                async def work(ctx: ToolContext) -> dict[str, Any]:
+                    return await run_tool(tool, params, ctx)
 
-            await self._run_now(receive, send, grant, rid, params, work, channel)
-        finally:
-            s.sessions.end_call(grant.principal)
+                me = asyncio.current_task()
+                assert me is not None
+                self.in_request.add(me)
+                try:
+                    await self._run_now(receive, send, grant, rid, params, work, channel)
+                finally:
+                    self.in_request.discard(me)
+            finally:
+                s.sessions.end_call(grant.principal)
 
     async def _keyed_call(
         self,
@@ -720,7 +778,7 @@ class ModernLeg:
         if missing:
             s.metrics.refusals.labels("insufficient_audience", "call").inc()
             description = f"token does not cover {describe(missing)}"
-            data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
+            data = denials.refusal_fields(" ".join(sorted(tags)), missing)
             raise _refused(403, errors.TOOL_FORBIDDEN, description, data, self._challenge(description, missing, tags))
 
     def _mirrored(self, tool: RegisteredTool) -> tuple[_Mirrored, ...]:
@@ -838,6 +896,9 @@ class ModernLeg:
             value = outcome.result()
         except InputRequired as asked:
             return 200, frames.result(rid, {**self._input_required(asked, channel), "resultType": "input_required"})
+        except asyncio.CancelledError:  # the server's drain ended it (a client that left was handled before)
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            return 200, frames.execution_lost(rid)
         except MethodError as exc:
             # -32021 is a 400, as the revision asks, when the response has not begun yet
             status = 400 if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY else 200
@@ -956,6 +1017,8 @@ class ModernLeg:
     async def _update(self, record: TaskRecord) -> TaskRecord | None:
         """Store a task's new state (:meth:`.TaskStore.update`) and wake the listen streams watching it here."""
         stored = await self.tasks.update(record)
+        if stored is not None and record.task_id in self.running:  # this process produces the task's events
+            await self.events.observe(stored)
         for listener in self._task_listeners.get(record.task_id, ()):
             listener.set()
         return stored
@@ -986,6 +1049,7 @@ class ModernLeg:
             await self.tasks.create(record)  # durable before the client hears of it
         except TaskLimitReached as exc:
             raise _refused(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"5")]) from None
+        await self.events.open(record)
         channel.task_id = record.task_id
         self.inboxes[record.task_id] = _Inbox()
         s.sessions.hold_call(grant.principal)  # the task takes its request's place under the principal's cap
@@ -1112,6 +1176,14 @@ class ModernLeg:
         if not declared:
             raise self._missing_extension()
         task_id: str = params["taskId"]  # checked against Mcp-Name in _validate: a string
+        meta = params.get("_meta")
+        polled = {"mcp.method.name": method, "mcp_lossless.task": task_id, "jsonrpc.request.id": str(rid)}
+        with tracing.span(method, polled, carrier=meta if isinstance(meta, dict) else None, kind="server"):
+            await self._task_request_traced(send, grant, rid, method, params, task_id)
+
+    async def _task_request_traced(
+        self, send: Send, grant: Grant, rid: RequestId, method: str, params: dict[str, Any], task_id: str
+    ) -> None:
         match await self._look(grant, task_id, Purpose.POLL):
             case Unknown():
                 await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, UNKNOWN_MESSAGE), b"application/json")
@@ -1148,6 +1220,7 @@ class ModernLeg:
                         facts.runs = await self.s.store.owner_alive(owner)
                 case SettleLost(record=settled):
                     facts.record = await self._update(settled) or settled  # a purged task is answered as settled
+                    await self.events.lost(task_id, settled.owner)
                     log_decision("task_lost", task=task_id[:8])
                 case Unknown() as unknown:
                     return unknown
@@ -1175,6 +1248,34 @@ class ModernLeg:
             "Missing required client capability",
             extension_required(),
         )
+
+    async def _task_stream(
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        rid: RequestId,
+        params: dict[str, Any],
+        declared: bool,
+        connection: object,
+    ) -> None:
+        """``tasks/stream`` (SEP-2694): authorized as a poll is, then event by event (:mod:`.task_stream`)."""
+        if not declared:
+            raise self._missing_extension()
+        task_id: str = params["taskId"]  # checked against Mcp-Name in _validate: a string
+
+        async def look() -> Unknown | Denied | Deliver:
+            return await self._look(grant, task_id, Purpose.POLL)
+
+        await self.streams.serve(receive, send, grant, rid, params, connection, look, self._refuse_stream)
+
+    def _refuse_stream(self, denied: StreamDenied) -> Refused:
+        """A task stream refused before any byte: the 403 with the challenge a refused call gets."""
+        self.s.metrics.refusals.labels("insufficient_audience", "task").inc()
+        log_decision("task_stream_denied", task=denied.task_id[:8], missing=list(denied.missing))
+        error = stream_denial_error(denied)
+        headers = self._challenge(error["message"], denied.missing, denied.missing)
+        return _refused(403, error["code"], error["message"], error["data"], headers)
 
     def _deny(self, denied: Denied) -> NoReturn:
         self.s.metrics.refusals.labels("insufficient_audience", "task").inc()

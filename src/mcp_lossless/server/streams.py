@@ -11,6 +11,7 @@ from functools import partial
 from operator import itemgetter
 from time import perf_counter
 
+from .. import tracing
 from ..core.eventids import EventIdCodec
 from ..core.events import Loss, PendingRequest, StoredEvent, StreamRecord
 from ..core.limits import Limits
@@ -28,6 +29,8 @@ STORE_RETRY_SECONDS = 30.0
 """How long an append waits out a store outage before the event's request is declared lost."""
 UNCOMMITTED_LIMIT = 256
 """Events of one stream queued in the store and not yet stored: a progress append beyond it waits for the store."""
+_UNTRACED = contextlib.nullcontext()
+"""What a progress event's append runs under instead of a span (reusable: nothing to allocate per event)."""
 YIELD_EVERY = 16
 """Progress appends between two turns given to other tasks: a tool reporting in a tight loop never holds the loop."""
 
@@ -484,39 +487,44 @@ class LiveStream:
                 waiting = self._waiting
                 answers = request_id in waiting  # a batch may repeat an id: only its first answer counts
                 completes = answers and len(waiting) == 1
-                started = perf_counter()
-                write = store.enqueue(event, completes)  # handed over: it happens whatever becomes of this task
-                # Stored at once (memory): no task and no turn of the loop, so the writer's one yield finds the
-                # answer and sends the whole response in one write.
-                if not write.done() or write.cancelled() or write.exception() is not None:
-                    if not locking:  # free, as nothing suspended since it was found free: held while this waits
-                        lock = self._append_lock()
-                        lock.take()
-                        locking = True
-                    if not write.done():
-                        # Woken by the store's outcome through a future of its own, not by awaiting ``write``
-                        # (a cancel of this task would cancel that) nor by a task shielded around it (a second
-                        # task and the shield's future per answer): nearly every write succeeds the first time.
-                        try:
-                            await _done(write)
-                        except asyncio.CancelledError:
+                # The commit of an answer is a span of the call's trace (a progress event's is not: the hot path).
+                stored = {"mcp_lossless.stream": event.stream, "mcp_lossless.seq": event.seq} if answers else None
+                with tracing.span("store commit", stored) if answers else _UNTRACED:
+                    started = perf_counter()
+                    write = store.enqueue(event, completes)  # handed over: it happens whatever becomes of this task
+                    # Stored at once (memory): no task and no turn of the loop, so the writer's one yield finds the
+                    # answer and sends the whole response in one write.
+                    if not write.done() or write.cancelled() or write.exception() is not None:
+                        if not locking:  # free, as nothing suspended since it was found free: held while this waits
+                            lock = self._append_lock()
+                            lock.take()
+                            locking = True
+                        if not write.done():
+                            # Woken by the store's outcome through a future of its own, not by awaiting ``write``
+                            # (a cancel of this task would cancel that) nor by a task shielded around it (a second
+                            # task and the shield's future per answer): nearly every write succeeds the first time.
+                            try:
+                                await _done(write)
+                            except asyncio.CancelledError:
+                                retry = asyncio.ensure_future(
+                                    _store_durably(store, event, completes, write, self.recording)
+                                )
+                                await self._settle_cancelled(event, answers, completes, retry)
+                                raise
+                        if write.cancelled() or write.exception() is not None:  # stored again through an outage
                             retry = asyncio.ensure_future(
                                 _store_durably(store, event, completes, write, self.recording)
                             )
-                            await self._settle_cancelled(event, answers, completes, retry)
-                            raise
-                    if write.cancelled() or write.exception() is not None:  # stored again through an outage
-                        retry = asyncio.ensure_future(_store_durably(store, event, completes, write, self.recording))
-                        try:
-                            await asyncio.shield(retry)
-                        except asyncio.CancelledError:
-                            await self._settle_cancelled(event, answers, completes, retry)
-                            raise
-                        except EventsLost as lost:
-                            self._lose(lost)
-                            raise
-                self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
-                self._answer_stored(event, answers, completes)
+                            try:
+                                await asyncio.shield(retry)
+                            except asyncio.CancelledError:
+                                await self._settle_cancelled(event, answers, completes, retry)
+                                raise
+                            except EventsLost as lost:
+                                self._lose(lost)
+                                raise
+                    self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
+                    self._answer_stored(event, answers, completes)
         finally:
             if locking:
                 assert lock is not None

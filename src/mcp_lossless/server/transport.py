@@ -14,16 +14,16 @@ from collections.abc import Callable, Coroutine, Sequence
 from time import perf_counter
 from typing import Any, Protocol
 
-from .. import __version__
+from .. import __version__, tracing
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
-from ..core import errors, frames, protocol
+from ..core import denials, errors, frames, protocol
 from ..core import limits as verdicts
 from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
 from ..core.limits import LimitExceeded
 from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal
-from ..core.resources import describe, resources_in, scopes_in
+from ..core.resources import describe, resources_in
 from ..core.resume import (
     CursorRejected,
     Lookup,
@@ -158,7 +158,7 @@ class Transport:
         if not batch:
             index = headers(scope)
             if is_modern(messages[0], index):
-                await self.modern.serve(receive, send, grant, index, messages[0])
+                await self.modern.serve(receive, send, grant, index, messages[0], scope.get("client"))
                 return
         first = messages[0]
         if first.get("method") == "initialize" and "id" in first:
@@ -248,9 +248,9 @@ class Transport:
         lacks = "audience does not cover" if resources_in(missing) else "lacks"  # scopes only: the audience is fine
         description = f"token {lacks} {describe(missing)}"
         self.state.metrics.refusals.labels("insufficient_audience", "call").inc()
-        data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
-        body = [rpc_error(errors.FORBIDDEN, description, m["id"], data) for m in requests]
         needed = frozenset[str]().union(*(p.resources for p in pending))
+        data = denials.refusal_fields(" ".join(sorted(needed)), missing)
+        body = [rpc_error(errors.FORBIDDEN, description, m["id"], data) for m in requests]
         challenge = metadata.insufficient_scope(description, self.state.prm_url, missing, needed)
         return Refused(403, body if len(body) > 1 else body[0], [(b"www-authenticate", challenge)])
 
@@ -469,7 +469,9 @@ class Transport:
             if record.lost is not None:  # ended without its producer: the unanswered requests' outcome ends it
                 lost = StreamLost(record.lost, event_id(record.last_seq) if record.last_seq >= 0 else None)
             source = StoredSource(plan.events, plan.cursor.seq, tail, lost)
-        await writer.run(receive, send, source, b"retry: %d\n\n" % state.config.retry_ms)
+        decided = {"mcp_lossless.decision": "replay", "mcp_lossless.cursor": last_event_id}
+        with tracing.span("resume", {**decided, "mcp_lossless.replayed": len(plan.events)}, kind="server"):
+            await writer.run(receive, send, source, b"retry: %d\n\n" % state.config.retry_ms)
 
     def _cursor_rejected(self, session: ServerSession, rejected: CursorRejected) -> Refused:
         self.state.metrics.resumes.labels(rejected.problem.value).inc()
@@ -480,6 +482,8 @@ class Transport:
             reason=rejected.problem.value,
             cursor=rejected.cursor[:80],
         )
+        rejection = {"mcp_lossless.reason": rejected.problem.value, "mcp_lossless.cursor": rejected.cursor[:80]}
+        tracing.decision("resume", {"mcp_lossless.decision": "rejected", **rejection})
         return Refused(rejected.status, rejected.body)
 
     def _replay_refused(self, session: ServerSession, refusal: Refusal, needed: frozenset[str]) -> Refused:
@@ -496,6 +500,8 @@ class Transport:
             missing=list(refusal.missing),
             cursor=refusal.cursor,
         )
+        refused = {"mcp_lossless.reason": refusal.reason.value, "mcp_lossless.cursor": refusal.cursor}
+        tracing.decision("resume", {"mcp_lossless.decision": "refused", **refused})
         description = frames.refusal_message(refusal)
         body = {"error": "replay_refused", "error_description": description, **frames.refusal_data(refusal)}
         challenge = metadata.insufficient_scope(description, state.prm_url, refusal.missing, needed)
