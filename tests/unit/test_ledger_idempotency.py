@@ -111,3 +111,21 @@ def test_an_idempotent_tool_whose_key_was_lost_is_tried_again_under_a_new_key() 
     named = error(send.message["id"], EXECUTION_LOST, {"reason": "execution_lost", KEY_PARAM: KEY})
     (again,) = only(ledger.json_body(send.link, orjson.dumps(named)), SendCall)
     assert again.message["params"][KEY_PARAM] not in (KEY, None)
+
+
+def test_an_idempotent_tool_is_tried_again_under_a_new_key_after_more_keyed_reissues_than_the_unkeyed_bound() -> None:
+    """A keyed call re-issued under its key more often than an unkeyed call may be (each safe: the server runs a key
+    once), whose key's execution was then lost, still runs once more under a new key: it is safe to run twice."""
+    ledger = Ledger("c")
+    spec = CallSpec("tools/call", {"name": "search", KEY_PARAM: KEY}, idempotent=True, idempotency_key=KEY)
+    _, actions = ledger.begin(spec)
+    (send,) = only(actions, SendCall)
+    for _ in range(ledger.policy.max_reissues + 1):
+        busy = error(
+            send.message["id"], IDEMPOTENCY_IN_PROGRESS, {"type": IN_PROGRESS, KEY_PARAM: KEY, "retryAfter": 0}
+        )
+        (send,) = only(ledger.json_body(send.link, orjson.dumps(busy)), SendCall)
+        assert send.message["params"][KEY_PARAM] == KEY
+    named = error(send.message["id"], EXECUTION_LOST, {"reason": "execution_lost", KEY_PARAM: KEY})
+    (again,) = only(ledger.json_body(send.link, orjson.dumps(named)), SendCall)
+    assert again.message["params"][KEY_PARAM] not in (KEY, None), "a new operation, not a may-have-run"

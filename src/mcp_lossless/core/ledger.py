@@ -430,7 +430,7 @@ class Ledger:
                 if keyed and isinstance(data, dict) and data.get(KEY_PARAM) == call.spec.idempotency_key:
                     # The key is never run again. A tool safe to run twice is tried once more as a new operation,
                     # under a new key (the SEP's way to ask again); any other ends here, as may-have-run.
-                    if not self._may_reissue(call, keyed=False):
+                    if not self._may_run_again(call):
                         return self._fail(call, FailureKind.MAY_HAVE_RUN, f"{reason}; the key is not run again", error)
                     self._rekey(call)
                 return self._recover_calls(stream, [call], FailureKind.MAY_HAVE_RUN, reason, error)
@@ -558,11 +558,22 @@ class Ledger:
                 out += self._fail(call, kind, why, error)
         return out
 
-    def _may_reissue(self, call: _Call, keyed: bool = True) -> bool:
-        """Whether ``call`` may be sent again; ``keyed=False`` asks today's rule, as if it carried no key."""
-        if keyed and call.spec.idempotency_key is not None and call.spec.reissue is not False:
+    def _may_reissue(self, call: _Call) -> bool:
+        """Whether ``call`` may be sent again: under its key, always (the server runs a key once), within the keyed
+        bound; without one, only a tool safe to run twice (idempotent, or the caller opted in)."""
+        if call.spec.idempotency_key is not None and call.spec.reissue is not False:
             return call.reissues < self.policy.max_keyed_reissues
         if call.reissues >= self.policy.max_reissues:
+            return False
+        if call.spec.reissue is not None:
+            return call.spec.reissue
+        return call.spec.idempotent and self.policy.reissue_idempotent
+
+    def _may_run_again(self, call: _Call) -> bool:
+        """Whether a keyed call whose key's execution was lost may run again as a new operation (a new key): only a
+        tool safe to run twice (idempotent, or the caller opted in). Its re-issues so far were under a key, each
+        safe whatever its count, so the keyed bound applies, not the bound of re-issues without a key."""
+        if call.reissues >= self.policy.max_keyed_reissues:
             return False
         if call.spec.reissue is not None:
             return call.spec.reissue
