@@ -44,6 +44,7 @@ LIMIT_FLAGS: dict[str, tuple[type, str]] = {
         "bytes one principal's sessions make the event store hold (events, streams); past it 429, or a running "
         "call ends with the refusal",
     ),
+    "idempotency_keys_per_principal": (int, "idempotency keys one principal holds within their window (429)"),
 }
 """Every :class:`~mcp_lossless.core.limits.Limits` field as a flag ``--max-header-bytes`` (docs/limits.md)."""
 
@@ -86,6 +87,13 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
             required=True,
             help="TOML file: server settings as for serve, and one [[upstream]] table per upstream",
         )
+        p.add_argument(
+            "--lenient-config",
+            action="store_true",
+            help="expose an upstream whose allow/deny/scopes/idempotent name what it does not offer, with a warning; "
+            "each such deny and scope is kept on the closest real name, or on all of the upstream (default: such an "
+            "upstream is not exposed)",
+        )
         p.set_defaults(target=None, conformance=False)
     p.add_argument("--host", help=f"interface to listen on {default(d.host)}")
     p.add_argument("--port", type=int, help=f"TCP port {default(d.port)}")
@@ -98,7 +106,8 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
     p.add_argument(
         "--store",
         help="memory | sqlite:PATH[?S=V&…] | redis://HOST:PORT[/DB][?S=V&…] | "
-        "redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB][?S=V&…], settings in docs/stores.md "
+        "redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB][?S=V&…] | "
+        "redis+cluster://HOST:PORT[,HOST:PORT…][?S=V&…], settings in docs/stores.md "
         f"{default(d.store)}",
     )
     p.add_argument(
@@ -190,6 +199,13 @@ def _serve_parser(sub: Any, command: str = "serve") -> None:
         help="an Origin accepted besides the server's own (and loopback ones on loopback), repeatable (default: none)",
     )
     p.add_argument("--log-level", choices=LOG_LEVELS, help=default(d.log_level))
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        metavar="SECONDS",
+        help="on SIGTERM, how long running calls and tasks may finish before they end as execution lost "
+        f"{default(d.drain_seconds)}",
+    )
     p.add_argument(
         "--metrics-token",
         metavar="SECRET",

@@ -95,11 +95,13 @@ def serve(args: argparse.Namespace) -> int:
     from .server.observability import configure_logging
     from .server.serving import freeze_startup_heap, lossless_server
     from .server.targets import TargetError, load_registry
+    from .tracing import configure_export
 
     config = build_config(args)
     if args.target is not None and args.conformance:
         raise UsageError("--conformance serves its own fixtures: give no TARGET")
     configure_logging(config.log_level)
+    configure_export()
     try:
         tools = None if args.target is None else load_registry(args.target)
     except TargetError as exc:

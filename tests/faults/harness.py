@@ -17,7 +17,6 @@ server restart. :func:`check` then holds every outcome to the invariants; a viol
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import threading
@@ -45,8 +44,7 @@ from mcp_lossless.client.oauth import OAuth
 from mcp_lossless.client.transport import Backoff
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
-from mcp_lossless.server.demo import demo_tools
-from mcp_lossless.server.tools import ToolContext, ToolRegistry
+from tests.faults.fault_tools import fault_tools
 from tests.support.processes import ServerProcess, free_port
 from tests.support.proxy import CuttingProxy, Fault
 from tests.support.recording import RecordingTransport
@@ -111,22 +109,6 @@ class Schedule:
 
 
 # ---- the servers -------------------------------------------------------------------------------------
-
-
-def fault_tools() -> ToolRegistry:
-    """The demo tools (``search``, ``fetch``: idempotent) and ``charge``, which is not."""
-    registry = demo_tools()
-
-    @registry.tool(idempotent=False)
-    async def charge(ctx: ToolContext, amount: str, steps: int = 3, delay_ms: int = 100) -> str:
-        """Pretend to charge ``amount``; sends ``steps`` progress notifications ``delay_ms`` apart."""
-        for step in range(1, steps + 1):
-            if delay_ms > 0:
-                await asyncio.sleep(delay_ms / 1000)
-            await ctx.report_progress(step, steps, f"charge step {step}/{steps}")
-        return f"charged {amount}"
-
-    return registry
 
 
 def expected_text(tool: str, argument: str) -> str:

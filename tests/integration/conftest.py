@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
+from tests.support.redis_cluster import RedisClusterNodes, redis_cluster
 from tests.support.redis_server import RedisServer, redis_server
 from tests.support.uvicorn_server import lossless_server
 
@@ -33,3 +36,10 @@ def redis() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def redis_url(redis: RedisServer) -> str:
     return redis.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_nodes() -> Iterator[RedisClusterNodes]:
+    """A Redis Cluster on loopback, three primaries with one replica each; tests that fail nodes over make their own."""
+    with tempfile.TemporaryDirectory(prefix="mcpl-cluster-") as directory, redis_cluster(Path(directory)) as cluster:
+        yield cluster

@@ -125,7 +125,11 @@ async def test_discover_names_both_eras_and_the_tasks_extension(http: httpx.Asyn
     result = answer(read)["result"]
     assert result["resultType"] == "complete"
     assert result["supportedVersions"] == [MODERN, "2025-11-25", "2025-06-18", "2025-03-26"]
-    assert result["capabilities"]["extensions"] == {"io.modelcontextprotocol/tasks": {}}
+    assert result["capabilities"]["extensions"] == {
+        "io.modelcontextprotocol/tasks": {},
+        "io.modelcontextprotocol/structured-authorization-denials": {},
+        "io.modelcontextprotocol/task-event-streams": {},
+    }
     assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-lossless"
     assert (result["ttlMs"], result["cacheScope"]) == (0, "private"), "what a principal sees depends on its token"
     listed = answer(await peer.request("tools/list"))["result"]
@@ -234,13 +238,16 @@ async def test_a_narrowed_token_is_denied_resumably_and_the_result_outlives_the_
         assert denied.status == 403, denied.body
         error = error_of(denied)
         assert error["code"] == TASK_DENIED and not -32768 <= error["code"] <= -32000
+        envelope = error["data"].pop("authorization")
         assert error["data"] == {
             "reason": "insufficient_audience",
             "taskId": task_id,
             "requiredResources": [f"{base}/mcp/tools/fetch"],
             "requiredScopes": [],
             "resumable": True,
+            "_meta": {"io.modelcontextprotocol/authorization": envelope},
         }
+        assert envelope["reason"] == "insufficient_authorization", "SEP-2643's envelope on every denied poll"
         challenge = denied.headers["www-authenticate"]
         assert 'error="insufficient_scope"' in challenge and f'resource="{base}/mcp/tools/fetch"' in challenge
         assert b"contents of" not in denied.body and b"example.com/a" not in denied.body, "not a byte of the result"

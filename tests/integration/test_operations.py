@@ -118,7 +118,8 @@ def test_healthz_and_readyz_on_the_memory_store_under_the_metrics_host_and_origi
         assert (health.status_code, health.json()) == (200, {"status": "ok"})
         ready = http.get("/readyz")
         assert ready.status_code == 200, ready.text
-        assert ready.json() == {"status": "ready", "checks": {"store": "ok", "keys": "ok"}}
+        checks = {"store": "ok", "keys": "ok"} | ({"upstreams": "ok"} if command == "gateway" else {})
+        assert ready.json() == {"status": "ready", "checks": checks}
         assert http.head("/readyz").status_code == 200
         for path in ("/healthz", "/readyz", "/metrics"):  # one rule for the three (DNS rebinding)
             assert http.get(path, headers={"host": "evil.example"}).status_code == 403, path

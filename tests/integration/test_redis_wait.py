@@ -18,9 +18,12 @@ import anyio
 import pytest
 from redis.asyncio import Redis
 
+from mcp_lossless.core.tasks import TaskStatus, advance
 from mcp_lossless.stores import StoreUnavailable
 from mcp_lossless.stores.redis import RedisStore
+from mcp_lossless.stores.tasks_redis import RedisTaskStore
 from tests.integration.test_store_contract import event, session, stream
+from tests.integration.test_task_stores import T0, task
 from tests.support.redis_server import RedisServer, redis_server_binary
 
 pytestmark = pytest.mark.anyio
@@ -94,6 +97,30 @@ async def test_an_append_counts_only_once_a_replica_holds_it(
         await store.append(event("k1", 1))  # the same append again (the server's retry): stored once, now held
         assert await to_replica.xlen("mcpl:{s1}:e:k1") == 2
         assert [e.seq for e in await store.read_after("k1", -1)] == [0, 1]
+    finally:
+        await store.close()
+
+
+async def test_a_task_record_counts_only_once_a_replica_holds_it(
+    pair: tuple[RedisServer, RedisServer], linked: tuple[RedisServer, Redis, Redis]
+) -> None:
+    primary, _ = pair
+    replica, _, to_replica = linked
+    store = RedisStore(primary.url, wait_replicas=1, wait_timeout_ms=300)
+    await store.open()
+    tasks = RedisTaskStore(store)
+    try:
+        await tasks.create(task("t-1"))
+        assert await to_replica.exists("mcpl:task:t-1") == 1, "acknowledged: the replica holds the task already"
+        with stopped(replica):
+            with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
+                await tasks.create(task("t-2"))
+            done = advance(task("t-1"), TaskStatus.COMPLETED, T0 + 1, result={"content": []})
+            with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):  # an outcome not held is not stored
+                await tasks.update(done)
+        assert (await tasks.update(done)) is not None  # the same write again, now held
+        got = await tasks.get("t-1")
+        assert got is not None and got.status is TaskStatus.COMPLETED
     finally:
         await store.close()
 

@@ -209,6 +209,9 @@ async def test_a_call_is_admitted_only_with_every_scope_of_its_tool(scoped: Scop
     forbidden = await peer.post(call(2, "write_file", path="/tmp/x"))
     assert forbidden.status == 403
     error = forbidden.json()["error"]
+    envelope = error["data"].pop("authorization")  # SEP-2643's, beside our own fields (ADR 0031)
+    assert error["data"].pop("_meta") == {"io.modelcontextprotocol/authorization": envelope}
+    assert (envelope["reason"], envelope["remediation"]) == ("insufficient_authorization", "available")
     assert error["data"] == {"requiredResources": [], "requiredScopes": ["files:write"]}
     assert error["message"] == "token lacks scope files:write"
     challenge = forbidden.headers["www-authenticate"]

@@ -203,8 +203,8 @@ def test_a_refused_exposure_is_a_usage_error_of_serve_exit_2() -> None:
         # it exited 1 as "mcp-lossless: unknown store ...", unlike every other bad flag (2, "mcp-lossless serve: ...")
         (
             "postgres://db",
-            "unknown store 'postgres://db': use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?S=V] or "
-            "redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB][?S=V]",
+            "unknown store 'postgres://db': use memory, sqlite:PATH[?S=V], redis://HOST:PORT[/DB][?S=V], "
+            "redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB][?S=V] or redis+cluster://HOST:PORT[,HOST:PORT…][?S=V]",
         ),
         # passed on to redis-py, which refused it only at the first connection: a traceback and exit 3
         (
@@ -215,6 +215,10 @@ def test_a_refused_exposure_is_a_usage_error_of_serve_exit_2() -> None:
         (
             "redis+sentinel://u:s3cret/x@127.0.0.1/mcpl",
             "redis+sentinel store: Sentinel address 1 is not HOST[:PORT] (comma-separated)",
+        ),
+        (
+            "redis+cluster://127.0.0.1:1,127.0.0.1:2/0",
+            "redis+cluster store: a cluster has one database: nothing goes after the node addresses",
         ),
     ],
 )

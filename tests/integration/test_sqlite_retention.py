@@ -351,7 +351,7 @@ async def test_a_version_2_file_is_carried_forward(tmp_path: Path) -> None:
         assert reopened.execute("PRAGMA user_version").fetchone()[0] == 6
         assert reopened.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0, "the tasks table (schema 6) is made"
         tables = {row[0] for row in reopened.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert tables == {"meta", "sessions", "streams", "events", "session_streams", "tasks"}
+        assert tables == {"meta", "sessions", "streams", "events", "session_streams", "tasks", "idempotency_keys"}
         assert reopened.execute("SELECT count(*) FROM events").fetchone()[0] == 3
 
 

@@ -7,6 +7,7 @@ import re
 import signal
 import sqlite3
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -16,11 +17,13 @@ import anyio
 import pytest
 
 from mcp_lossless.core.events import Loss, PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
+from mcp_lossless.core.idempotency import KeyRecord, StreamTarget
 from mcp_lossless.core.principal import Principal
 from mcp_lossless.stores.base import (
     EventsEvicted,
     EventsLost,
     EventStore,
+    KeyTaken,
     SessionRecord,
     StoreUnavailable,
     StreamTakenOver,
@@ -41,7 +44,7 @@ OpenStore = Callable[[int | None], Awaitable[EventStore]]
 """Opens a fresh store; the argument is its eviction limit (memory: total events, sqlite and redis: per stream)."""
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster"])
 async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OpenStore]:
     opened: list[EventStore] = []
 
@@ -51,8 +54,11 @@ async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
             store = MemoryStore() if limit is None else MemoryStore(max_events=limit)
         elif request.param == "sqlite":
             store = SqliteStore(str(tmp_path / f"store{len(opened)}.db"), max_events_per_stream=limit)
-        else:
-            url = request.getfixturevalue("redis_url")
+        else:  # a cluster spreads the sessions of one test over its three primaries: no command may span slots
+            cluster = request.param == "redis-cluster"
+            url = (
+                request.getfixturevalue("redis_cluster_nodes").spec if cluster else request.getfixturevalue("redis_url")
+            )
             store = RedisStore(url, prefix=f"contract-{uuid.uuid4().hex}", max_events_per_stream=limit)
         await store.open()
         opened.append(store)
@@ -454,6 +460,151 @@ async def test_mark_lost_ends_an_open_stream_of_its_owner_once_writing_no_event(
     again = await store.mark_lost("k1", "instance-1", Loss.STORE)
     assert again == got, "an ended stream is left as it is: a retry, or a second replica, changes nothing"
     assert await store.mark_lost("never-opened", "instance-1", Loss.OWNER) is None
+
+
+def key_record(key: str, stream_key: str, principal: Principal = ALICE, expires: float | None = None) -> KeyRecord:
+    """Times are the wall clock's: a shared store expires keys by its own clock."""
+    created = time.time()
+    when = created + 3600 if expires is None else expires
+    return KeyRecord(principal, key, "a", "hash-of-arguments", StreamTarget(stream_key, 1), created, when)
+
+
+async def test_keys_are_stored_with_their_stream_and_found_only_by_their_principal_until_they_expire(
+    store: EventStore,
+) -> None:
+    call = PendingRequest(1, "tools/call", "a", TOOL_A)
+    await store.put_session(session("s1"))
+    assert store.idempotency_keys
+    now = time.time()
+    kept, brief = key_record("k-1", "keyed"), key_record("k-2", "keyed", expires=now + 60)
+    await store.enqueue_open(stream("keyed", requests=(call,)), [kept, brief])
+    assert await store.get_stream("keyed") is not None, "the key's stream is stored with it"
+    assert await store.get_key(ALICE, "k-1", now) == kept
+    assert await store.get_key(BOB, "k-1", now) is None, "another principal's same string is another key"
+    assert await store.get_key(ALICE, "k-3", now) is None
+    assert await store.get_key(ALICE, "k-2", now) == brief
+    assert await store.get_key(ALICE, "k-2", now + 60) is None, "expired"
+    assert (store.keys_held(ALICE, now), store.keys_held(ALICE, now + 60), store.keys_held(BOB, now)) == (2, 1, 0)
+    answer = event("keyed", 0, request_id=1, terminal=True)
+    await store.append(answer, completes=True)
+    assert await store.read_after("keyed", -1) == [answer], "the key's outcome is its stream's answer"
+
+
+async def test_sqlite_keeps_a_keyed_stream_past_its_sessions_count_of_completed_streams(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "keys.db"), max_completed_streams_per_session=1)
+    await store.open()
+    try:
+        call = PendingRequest(1, "tools/call", "a", TOOL_A)
+        await store.put_session(session("s1"))
+        for name in ("keyed", "old", "new"):
+            keys = [key_record("k", name)] if name == "keyed" else []
+            await store.enqueue_open(stream(name, requests=(call,)), keys)
+            await store.append(event(name, 0, request_id=1, terminal=True), completes=True)
+        await store.sweep()
+        assert [name for name in ("keyed", "old", "new") if await store.get_stream(name)] == ["keyed", "new"]
+    finally:
+        await store.close()
+
+
+async def test_sqlite_numbers_the_keys_of_a_file_keyed_by_principal_and_key_when_it_opens(tmp_path: Path) -> None:
+    """The first layout of the key table (a primary key of principal and key) is copied into the numbered one."""
+    path = tmp_path / "first-layout.db"
+    kept = key_record("k", "keyed")
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE idempotency_keys (issuer TEXT NOT NULL, subject TEXT NOT NULL, client_id TEXT NOT NULL,"
+            " key TEXT NOT NULL, tool TEXT NOT NULL, arguments_hash TEXT NOT NULL, stream TEXT NOT NULL,"
+            " request_id TEXT NOT NULL, created REAL NOT NULL, expires REAL NOT NULL,"
+            " PRIMARY KEY (issuer, subject, client_id, key)) WITHOUT ROWID"
+        )
+        db.execute("CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys (expires)")
+        p = kept.principal
+        db.execute(
+            "INSERT INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (p.issuer, p.subject, p.client_id, "k", "a", "hash-of-arguments", "keyed", "1", kept.created, kept.expires),
+        )
+    db.close()
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        assert await store.get_key(ALICE, "k", time.time()) == kept
+        await store.put_session(session("s1"))
+        call = PendingRequest(1, "tools/call", "a", TOOL_A)
+        await store.enqueue_open(stream("next", requests=(call,)), [key_record("k2", "next")])
+        assert (await store.get_key(ALICE, "k2", time.time())) is not None
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT id, key FROM idempotency_keys ORDER BY id").fetchall()
+    db.close()
+    assert rows == [(1, "k"), (2, "k2")], "numbered in recording order, the next one after them"
+
+
+async def test_memory_store_purges_expired_keys_in_its_sweep() -> None:
+    store = MemoryStore()
+    await store.open()
+    call = PendingRequest(1, "tools/call", "a", TOOL_A)
+    await store.put_session(session("s1"))
+    store.enqueue_open(stream("keyed", requests=(call,)), [key_record("gone", "keyed", expires=time.time() - 1)])
+    store.enqueue_open(stream("kept", requests=(call,)), [key_record("kept", "kept")])
+    await store.expire_sessions(0.0)
+    assert [name for _principal, name in store._keys] == ["kept"]
+
+
+async def test_redis_one_of_concurrent_first_uses_of_a_key_wins_on_every_replica(redis_url: str) -> None:
+    """Two replicas (two stores on one prefix) record the same key at once: exactly one holds it; the other's open
+    fails with KeyTaken and leaves nothing of its stream behind. (In a single-process store the server's in-process
+    claim decides: tests/integration/test_idempotency_keys.py.)"""
+    prefix = f"contract-{uuid.uuid4().hex}"
+    first, second = RedisStore(redis_url, prefix=prefix), RedisStore(redis_url, prefix=prefix)
+    await first.open()
+    await second.open()
+    try:
+        for store in (first, second):
+            await store.put_session(session("s1"))
+        call = PendingRequest(1, "tools/call", "a", TOOL_A)
+        opens = [
+            store.enqueue_open(
+                stream(f"on-{n}", requests=(call,)), [key_record("k", f"on-{n}"), key_record(f"mine-{n}", f"on-{n}")]
+            )
+            for n, store in enumerate((first, second))
+        ]
+        outcomes = await asyncio.gather(*opens, return_exceptions=True)
+        taken = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, KeyTaken)]
+        assert len(taken) == 1 and outcomes.count(None) == 1, outcomes
+        [loser] = taken
+        winner = 1 - loser
+        for store in (first, second):
+            held = await store.get_key(ALICE, "k", time.time())
+            assert held is not None and held.target == StreamTarget(f"on-{winner}", 1)
+            assert await store.get_stream(f"on-{loser}") is None, "the loser's stream record was deleted"
+            assert await store.get_key(ALICE, f"mine-{loser}", time.time()) is None, "and the keys it did set"
+            assert await store.get_key(ALICE, f"mine-{winner}", time.time()) is not None
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_redis_a_completed_keyed_stream_is_kept_as_long_as_its_key(redis_url: str) -> None:
+    store = RedisStore(redis_url, prefix=f"contract-{uuid.uuid4().hex}", retention_seconds=60)
+    await store.open()
+    try:
+        await store.put_session(session("s1"))
+        call = PendingRequest(1, "tools/call", "a", TOOL_A)
+        expires = time.time() + 3600
+        await store.enqueue_open(stream("keyed", requests=(call,)), [key_record("k", "keyed", expires=expires)])
+        await store.open_stream(stream("plain", requests=(call,)))
+        for key in ("keyed", "plain"):
+            await store.append(event(key, 0, request_id=1, terminal=True), completes=True)
+        client = store.client
+        ttl = {key: await client.pttl(f"{store.prefix}:{{s1}}:s:{key}") for key in ("keyed", "plain")}
+        events_ttl = await client.pttl(f"{store.prefix}:{{s1}}:e:keyed")
+        assert 3_500_000 < ttl["keyed"] <= 3_600_000 and 3_500_000 < events_ttl <= 3_600_000
+        assert 0 < ttl["plain"] <= 60_000, "an unkeyed stream keeps the retention"
+        key_ttl = await client.pttl(next(iter(await client.keys(f"{store.prefix}:key:*"))))
+        assert 3_500_000 < key_ttl <= 3_600_000
+    finally:
+        await store.close()
 
 
 async def test_wait_events_answers_at_once_when_events_are_there(store: EventStore) -> None:

@@ -31,6 +31,7 @@ from mcp_lossless.audit.report import (
 from mcp_lossless.audit.tokens import ClientCredentialsGrant
 from mcp_lossless.audit.wire import Credential, Exchange, Wire, WireEvent, all_answered, call_message
 from mcp_lossless.cli import main
+from mcp_lossless.core.tasks import Purpose
 from mcp_lossless.devauth import DevAuthServer
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
@@ -51,6 +52,7 @@ SDK_FINDINGS = {
     "resumed_stream_never_ends",  # R14: resuming a completed stream leaves it open
 }
 TASK_CHECKS = ("task_leak_narrowed", "task_denial_unknown_alike", "task_other_principal")
+STREAM_CHECK = "task_stream_narrowed"
 
 
 def run_audit(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, dict[str, Any], str]:
@@ -122,7 +124,8 @@ def test_our_server_has_no_findings_and_every_check_runs(tmp_path: Path) -> None
     assert "contents of https://example.com/report" not in texts(refused)
     control = exchange(checks["replay_leak_narrowed"], "control")
     assert "contents of https://example.com/report" in texts(control), "the refusal lost nothing"
-    assert exchange(checks["cross_session_replay"], "session B resumes")["response"]["status"] == 409
+    # session B is the second principal's: A's real id reads exactly as an unknown one (invariant 4)
+    assert exchange(checks["cross_session_replay"], "session B resumes")["response"]["status"] == 400
     assert exchange(checks["session_other_principal"], "second principal")["response"]["status"] == 404
     assert exchange(checks["wrong_audience_accepted"], "initialize")["response"]["status"] == 401
     assert {e["response"]["status"] for e in checks["unknown_event_id_empty_200"]["evidence"][1:]} == {400}
@@ -134,6 +137,18 @@ def test_our_server_has_no_findings_and_every_check_runs(tmp_path: Path) -> None
     assert unknown["status"] == 200 and '"code":-32602' in unknown["body"]
     control = exchange(checks["task_leak_narrowed"], "control")["response"]
     assert "contents of https://example.com/report" in control["body"], "the denial cost nothing"
+    streamed = checks[STREAM_CHECK]
+    first = exchange(streamed, "cut after its first event")
+    assert first["response"]["end"] == "dropped" and '"seq":0' in texts(first)
+    resumed = exchange(streamed, "after the cut with the narrowed token")
+    assert orjson.loads(resumed["request"]["body"])["params"]["after"] == 0
+    assert resumed["response"]["status"] == 403 and '"code":-31041' in resumed["response"]["body"]
+    assert (
+        '"lastSeq":0' in resumed["response"]["body"] and "notifications/tasks/event" not in resumed["response"]["body"]
+    )
+    rest = exchange(streamed, "control: resume")
+    assert '"seq":1' in texts(rest) and "contents of https://example.com/report" in texts(rest)
+    assert "an explicit denial" in streamed["summary"] and "lastSeq 0" in streamed["summary"]
     other = exchange(checks["task_other_principal"], "first principal's task")["response"]
     random = exchange(checks["task_other_principal"], "random task id")["response"]
     assert other["status"] == random["status"] == 200
@@ -167,10 +182,12 @@ def test_sdk_server_hazards_are_reported_with_evidence(tmp_path: Path, sdk_peer:
 
     assert status == 1, table
     assert set(report["findings"]) == SDK_FINDINGS
-    assert report["not_run"] == ["refusal_clean_end", *TASK_CHECKS], "the SDK never refused: it leaked; no tasks"
+    assert report["not_run"] == ["refusal_clean_end", *TASK_CHECKS, STREAM_CHECK], "the SDK never refused; no tasks"
     checks = checks_of(report)
     assert {
-        n: c["outcome"] for n, c in checks.items() if n not in {*SDK_FINDINGS, "refusal_clean_end", *TASK_CHECKS}
+        n: c["outcome"]
+        for n, c in checks.items()
+        if n not in {*SDK_FINDINGS, "refusal_clean_end", *TASK_CHECKS, STREAM_CHECK}
     } == {
         "cross_stream_replay": "ok",  # stream ids are request ids, unique within a session
         "session_other_principal": "ok",  # R09: sessions are bound to (client_id, iss, sub)
@@ -200,7 +217,7 @@ def test_sdk_server_hazards_are_reported_with_evidence(tmp_path: Path, sdk_peer:
     assert exchange(checks["resumed_stream_never_ends"], "final event id")["response"]["end"] == "deadline"
     assert exchange(checks["batch_multiplexing"], "batch")["response"]["status"] == 400
     assert exchange(checks["session_other_principal"], "second principal")["response"]["status"] == 404
-    for name in TASK_CHECKS:  # the SDK has no tasks runtime: its modern leg runs the call within the request
+    for name in (*TASK_CHECKS, STREAM_CHECK):  # the SDK has no tasks runtime: its modern leg runs calls in the request
         assert "did not run the call as a task (HTTP 200" in checks[name]["summary"], checks[name]["summary"]
         created = exchange(checks[name], "the call at 2026-07-28")
         assert created["request"]["headers"]["mcp-protocol-version"] == "2026-07-28"
@@ -397,6 +414,71 @@ def fastmcp_tasks_server(log: Path) -> Iterator[TasksPeer]:
                 proc.wait(5)
 
 
+def _authorized_once(app: Any) -> None:
+    """The bug the SEP forbids: a task's stream authorized once, by the token that first streamed it, and every
+    later ``tasks/stream`` of that task served under that token, whatever the request's own."""
+    modern = app.modern
+    serve, first = modern.streams.serve, {}
+
+    async def leaky(receive: Any, send: Any, grant: Any, rid: Any, params: Any, connection: Any, look: Any,
+                    refuse: Any) -> None:  # fmt: skip
+        task_id = params["taskId"]
+        held = first.setdefault(task_id, grant)
+
+        async def looked() -> Any:
+            return await modern._look(held, task_id, Purpose.POLL)
+
+        await serve(receive, send, held, rid, params, connection, looked, refuse)
+
+    modern.streams.serve = leaky
+
+
+def _ends_silently(app: Any) -> None:
+    """A resumed task stream (``after`` given) answered with the empty result, as a finished stream ends."""
+    modern = app.modern
+    serve = modern.streams.serve
+
+    async def silent(receive: Any, send: Any, grant: Any, rid: Any, params: Any, *rest: Any) -> None:
+        if params.get("after") is None:
+            await serve(receive, send, grant, rid, params, *rest)
+            return
+        body = orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": {"resultType": "complete"}})
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+    modern.streams.serve = silent
+
+
+@pytest.mark.parametrize(
+    ("break_it", "found"),
+    [(_authorized_once, "of the task's events after the cut"), (_ends_silently, "a silent end")],
+)
+def test_the_task_stream_check_finds_a_leak_and_a_silent_end(tmp_path: Path, break_it: Any, found: str) -> None:
+    """Our server with its task streams broken on purpose: the check's finding, and only that one."""
+    keys = tmp_path / "dev-keys.json"
+
+    def make(port: int) -> object:
+        app = create_app(ServerConfig(port=port, store="memory", dev_clients={"dev-client": "dev-secret"},
+                                      dev_keys=str(keys)))  # fmt: skip
+        break_it(app)
+        return app
+
+    with lossless_server(make) as base:
+        url = f"{base}/mcp"
+        status, table, report, _ = run_audit(
+            tmp_path,
+            url,
+            "--call",
+            *CALL,
+            "--narrow-resource",
+            f"{url}/tools/search",
+            "--token-command",
+            mint_command(keys, f"{base}/dev-as", "dev-client"),
+        )
+    assert status == 1 and report["findings"] == [STREAM_CHECK], table
+    assert found in checks_of(report)[STREAM_CHECK]["summary"], checks_of(report)[STREAM_CHECK]["summary"]
+
+
 def test_fastmcp_tasks_withholds_a_task_from_a_narrowed_token_and_from_another_principal(tmp_path: Path) -> None:
     """The one tasks runtime there is. Its ``tasks/get`` re-resolves the task's tool under the polling token, so
     a token narrowed to ``search`` gets no byte of ``fetch``'s result: an error (-32603 "Component not found for
@@ -424,6 +506,8 @@ def test_fastmcp_tasks_withholds_a_task_from_a_narrowed_token_and_from_another_p
     checks = checks_of(report)
     assert status == EXIT_NOT_RUN, (table, (tmp_path / "fastmcp-tasks.log").read_text()[-3000:])
     assert report["findings"] == [] and "replay_leak_narrowed" in report["not_run"]
+    assert checks[STREAM_CHECK]["outcome"] == "not_run", "it has no tasks/stream"
+    assert "does not stream the task's events" in checks[STREAM_CHECK]["summary"]
     assert {name: checks[name]["outcome"] for name in TASK_CHECKS} == dict.fromkeys(TASK_CHECKS, "ok"), {
         name: checks[name]["summary"] for name in TASK_CHECKS
     }

@@ -6,8 +6,9 @@ scenario and spawns the driver. Runs, each a real ``conformance client`` process
 - ``--suite auth`` and ``--suite backcompat`` (their scenarios run in parallel inside the suite);
 - ``initialize``, ``tools_call`` and ``json-schema-2020-12-preservation`` one by one;
 - the authorization scenarios the suite files under 2026-07-28 (``auth/resource-mismatch``, ``auth/iss-*``,
-  ...) and the ``auth/client-credentials-basic``, ``auth/dpop`` and ``auth/dpop-nonce`` extensions, at the
-  2025-11-25 wire with ``--force``: what they check is the OAuth flow of the legacy client;
+  ...) and the authorization extensions (``auth/client-credentials-basic`` and ``-jwt``, ``auth/wif-jwt-bearer``,
+  ``auth/enterprise-managed-authorization``, ``auth/dpop``, ``auth/dpop-nonce``), at the 2025-11-25 wire with
+  ``--force``: what they check is the OAuth flow of the legacy client;
 - ``sse-retry`` last and alone: it times the reconnection;
 - in a test of its own, every client scenario the suite runs at the 2026-07-28 wire (:data:`MODERN_SCENARIOS`
   and :data:`MODERN_AUTH`, plus the :data:`EXTENSIONS` with ``--force``), each with
@@ -74,6 +75,9 @@ FORCED = (
     "auth/iss-normalized",
     "auth/metadata-issuer-mismatch",
     "auth/client-credentials-basic",
+    "auth/client-credentials-jwt",
+    "auth/wif-jwt-bearer",
+    "auth/enterprise-managed-authorization",
     "auth/dpop",
     "auth/dpop-nonce",
 )
@@ -117,6 +121,9 @@ EVIDENCE = {
     "auth/metadata-issuer-mismatch": {"sep-2468-client-validate-metadata-issuer"},
     "auth/offline-access-not-supported": {"sep-2207-offline-access-not-requested"},
     "auth/client-credentials-basic": {"client-credentials-basic-auth"},
+    "auth/client-credentials-jwt": {"client-credentials-jwt-verified"},
+    "auth/wif-jwt-bearer": {"wif-assertion-verified"},
+    "auth/enterprise-managed-authorization": {"complete-flow-token-exchange", "complete-flow-jwt-bearer"},
     "auth/dpop": {
         "sep-1932-client-token-request-proof",
         "sep-1932-client-dpop-auth-scheme",
@@ -176,7 +183,14 @@ MODERN_SCENARIOS = {
     "json-schema-ref-no-deref": {"sep-2106-no-network-ref-deref"},
 }
 """The 2026-07-28 client scenarios besides ``auth/*``, and the checks each must show SUCCESS."""
-EXTENSIONS = ("auth/client-credentials-basic", "auth/dpop", "auth/dpop-nonce")
+EXTENSIONS = (
+    "auth/client-credentials-basic",
+    "auth/client-credentials-jwt",
+    "auth/wif-jwt-bearer",
+    "auth/enterprise-managed-authorization",
+    "auth/dpop",
+    "auth/dpop-nonce",
+)
 """Extension scenarios: not on the suite's spec timeline, so run with ``--force`` at either wire."""
 MODERN_AUTH = sorted((SUITES["auth"] | set(FORCED)) - set(EXTENSIONS))
 """The authorization scenarios the suite runs at 2026-07-28 (its extensions, :data:`EXTENSIONS`, are run there

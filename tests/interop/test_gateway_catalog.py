@@ -160,7 +160,7 @@ async def test_denied_unknown_and_uncovered_are_refused_explicitly(deployment: D
         assert refused.status == 403, refused
         error = refused.json()["error"]
         assert error["code"] == FORBIDDEN and error["message"] == "token lacks scope notes:read"
-        assert error["data"] == {"requiredResources": [], "requiredScopes": ["notes:read"]}
+        assert error["data"]["requiredResources"] == [] and error["data"]["requiredScopes"] == ["notes:read"]
         assert 'error="insufficient_scope"' in refused.headers["www-authenticate"]
     assert not any(m["method"] in ("resources/read", "prompts/get") for m in d.sdk.messages()[before:]), (
         "a refused read never reaches the upstream"
@@ -181,7 +181,9 @@ async def test_modern_clients_get_read_and_are_refused_the_same_way(deployment: 
     refused = await peer.request("resources/read", {"uri": "notes://private"})
     assert refused.status == 403
     assert refused.json()["error"]["code"] == TOOL_FORBIDDEN
-    assert refused.json()["error"]["data"] == {"requiredResources": [], "requiredScopes": ["notes:read"]}
+    assert refused.json()["error"]["data"]["requiredResources"] == [] and refused.json()["error"]["data"][
+        "requiredScopes"
+    ] == ["notes:read"]
     reader = await token(http, d, "notes:read")
     missing = modern_answer(await peer.request("resources/read", {"uri": "notes://nowhere"}, token=reader))["error"]
     assert missing["code"] == INVALID_PARAMS and missing["data"] == {"uri": "notes://nowhere"}
@@ -285,7 +287,9 @@ async def test_a_templated_read_needs_its_upstreams_scopes(deployment: Deploymen
     assert open_read["contents"][0]["text"] == "notes on open"
     refused = await peer.post(request(3, "resources/read", uri="test://template/9/data"))
     assert refused.status == 403, refused
-    assert refused.json()["error"]["data"] == {"requiredResources": [], "requiredScopes": ["notes:read"]}
+    assert refused.json()["error"]["data"]["requiredResources"] == [] and refused.json()["error"]["data"][
+        "requiredScopes"
+    ] == ["notes:read"]
     assert 'error="insufficient_scope"' in refused.headers["www-authenticate"]
     narrow = await token(http, d, "notes:read", resource=f"{d.mcp}/tools/sdk_lookup")
     refused = await peer.post(request(4, "resources/read", uri="test://template/9/data"), token=narrow)
@@ -354,7 +358,9 @@ async def test_a_completion_needs_what_its_prompt_or_template_needs(deployment: 
     ]:
         refused = await peer.post(completion(rid, ref, value, "id" if rid == 4 else "topic"))
         assert refused.status == 403, refused
-        assert refused.json()["error"]["data"] == {"requiredResources": [], "requiredScopes": ["notes:read"]}
+        assert refused.json()["error"]["data"]["requiredResources"] == [] and refused.json()["error"]["data"][
+            "requiredScopes"
+        ] == ["notes:read"]
         assert 'error="insufficient_scope"' in refused.headers["www-authenticate"]
     assert not any(m["method"] == "completion/complete" for m in d.sdk.messages()[before:])
     narrow = await token(http, d, "notes:read", resource=f"{d.mcp}/tools/sdk_lookup")

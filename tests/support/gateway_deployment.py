@@ -52,14 +52,16 @@ def sdk_upstream(directory: Path, token: str, env: str) -> Iterator[tuple[SdkHtt
 
 
 @contextmanager
-def serve_gateway(upstreams: Sequence[UpstreamConfig], sdk: SdkHttpUpstream, **settings: Any) -> Iterator[Deployment]:
+def serve_gateway(
+    upstreams: Sequence[UpstreamConfig], sdk: SdkHttpUpstream, *, lenient_config: bool = False, **settings: Any
+) -> Iterator[Deployment]:
     """The gateway over ``upstreams`` on a free port: memory store, the dev AS with :data:`DEV_CLIENT`, and
     ``settings`` (more :class:`ServerConfig` fields)."""
     made: list[Gateway] = []
 
     def make(port: int) -> Gateway:
         config = ServerConfig(port=port, store="memory", dev_clients=dict([DEV_CLIENT]), **settings)
-        made.append(create_gateway(config, list(upstreams)))
+        made.append(create_gateway(config, list(upstreams), lenient_config=lenient_config))
         return made[0]
 
     with lossless_server(make, STARTUP_SECONDS) as url:

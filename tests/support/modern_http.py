@@ -14,7 +14,7 @@ from tests.support.mcp_http import ACCEPT_BOTH, StreamRead, parse_sse
 MODERN = "2026-07-28"
 TASKS = "io.modelcontextprotocol/tasks"
 NAMED = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name", "tasks/get": "taskId"}
-NAMED |= {"tasks/update": "taskId", "tasks/cancel": "taskId"}
+NAMED |= {"tasks/update": "taskId", "tasks/cancel": "taskId", "tasks/stream": "taskId"}
 _ids = itertools.count(1)
 
 

@@ -47,14 +47,17 @@ def oidc_provider(
     clients: Mapping[str, str],
     log: Path,
     redirect_uris: Sequence[str] = ("http://127.0.0.1:9/callback",),
+    keyed_clients: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Iterator[OidcServer]:
-    """``resources`` maps each resource indicator to its access-token lifetime in seconds."""
+    """``resources`` maps each resource indicator to its access-token lifetime in seconds; ``keyed_clients`` maps
+    client ids to the public JWK each signs its ``private_key_jwt`` assertions with."""
     port = free_port()
     config = {
         "module": provider_module().as_uri(),
         "port": port,
         "resources": dict(resources),
-        "clients": [{"client_id": cid, "client_secret": secret} for cid, secret in clients.items()],
+        "clients": [{"client_id": cid, "client_secret": secret} for cid, secret in clients.items()]
+        + [{"client_id": cid, "jwks": {"keys": [dict(jwk)]}} for cid, jwk in (keyed_clients or {}).items()],
         "redirect_uris": list(redirect_uris),
     }
     env = {**os.environ, "NODE_ENV": "test"}

@@ -187,10 +187,20 @@ class SentinelServer(RedisServer):
     Sentinel rewrites its configuration file as it learns the topology, so each one gets its own directory.
     """
 
-    def __init__(self, binary: str, directory: Path, primary_port: int, quorum: int = 2) -> None:
+    def __init__(
+        self,
+        binary: str,
+        directory: Path,
+        primary_port: int,
+        quorum: int = 2,
+        down_after_ms: int = DOWN_AFTER_MS,
+        failover_timeout_ms: int = FAILOVER_TIMEOUT_MS,
+    ) -> None:
         super().__init__(binary, directory)
         self.primary_port = primary_port
         self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
 
     def command(self) -> list[str]:
         config = self.directory / "sentinel.conf"
@@ -201,8 +211,8 @@ class SentinelServer(RedisServer):
             f'dir "{self.directory}"\n'
             f'logfile "{self.log}"\n'
             f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary_port} {self.quorum}\n"
-            f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
-            f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
+            f"sentinel down-after-milliseconds {SERVICE} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {SERVICE} {self.failover_timeout_ms}\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
         return [self.binary, str(config), "--sentinel"]
@@ -295,6 +305,29 @@ class RedisTopology:
                 raise AssertionError(f"the old primary did not sync with the promoted replica in {timeout}s")
             time.sleep(0.02)  # readiness of another process: there is no event to await
 
+    def swap_after_failover(self, timeout: float = 20) -> None:
+        """Re-establish the pair after a failover to the replica, so the next failover can be staged the same way.
+
+        The old primary becomes a replica of the promoted one, replicating *through the link relay* (re-targeted
+        at the promoted node, thawed): started again if it was killed, told ``REPLICAOF`` if it lives (Sentinel
+        failed over by itself, and made it replicate directly). The two swap roles: :attr:`primary` is the promoted
+        node, :attr:`replica` the old primary, and :meth:`freeze_link` makes it lag as before. Returns once it
+        synced (what the old primary had that the promoted one never received is discarded, as Redis does).
+        """
+        promoted, old = self.replica, self.primary
+        with self.client(promoted) as direct:  # a full sync at once, not after Redis's 5 s wait for more replicas
+            direct.config_set("repl-diskless-sync-delay", 0)
+        self.link.flip(promoted.port)
+        self.link.thaw()
+        old.extra_args = ["--repl-diskless-sync-delay", "0", "--replicaof", "127.0.0.1", str(self.link.port)]
+        if old.proc is None:
+            old.start()
+        else:
+            with self.client(old) as direct:
+                direct.execute_command("REPLICAOF", "127.0.0.1", self.link.port)
+        self.primary, self.replica = promoted, old
+        self._wait_replica_linked(timeout)
+
     def demote_primary(self) -> None:
         """The (live) primary follows the replica, as after a failover it survived: it answers writes ``READONLY``
         and ends blocking reads with ``UNBLOCKED``, on connections that stay open. Promote the replica first."""
@@ -366,9 +399,19 @@ class RedisTopology:
 
 
 @contextlib.contextmanager
-def redis_topology(directory: Path, *, sentinels: int = 0) -> Iterator[RedisTopology]:
+def redis_topology(
+    directory: Path,
+    *,
+    sentinels: int = 0,
+    down_after_ms: int = DOWN_AFTER_MS,
+    failover_timeout_ms: int = FAILOVER_TIMEOUT_MS,
+) -> Iterator[RedisTopology]:
     """Start a primary, a replica replicating through a relay, the endpoint relay and ``sentinels`` Sentinels
-    (0 or at least 3 for a quorum of 2), each with its data under ``directory``; stop them all on exit."""
+    (0 or at least 3 for a quorum of 2), each with its data under ``directory``; stop them all on exit.
+
+    ``down_after_ms`` is the Sentinels' ``down-after-milliseconds``: the default is quick for one staged failover,
+    but on a loaded machine a primary may miss it and be failed over by the Sentinels themselves; a run of many
+    failovers wants a second or so."""
     if 0 < sentinels < 3:
         raise ValueError("Sentinel needs at least 3 processes for a quorum of 2 that survives one")
     binary = redis_server_binary()
@@ -388,7 +431,12 @@ def redis_topology(directory: Path, *, sentinels: int = 0) -> Iterator[RedisTopo
         endpoint = Relay(primary.port, "endpoint")
         stack.callback(endpoint.close)
         endpoint.start()
-        watchers = [SentinelServer(binary, _made(directory / f"sentinel-{n}"), primary.port) for n in range(sentinels)]
+        watchers = [
+            SentinelServer(
+                binary, _made(directory / f"sentinel-{n}"), primary.port, 2, down_after_ms, failover_timeout_ms
+            )
+            for n in range(sentinels)
+        ]
         for watcher in watchers:
             stack.callback(watcher.stop)
             watcher.start()

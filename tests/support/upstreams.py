@@ -17,10 +17,16 @@ READY_TIMEOUT = 90.0
 
 
 class SdkHttpUpstream:
-    """``tests.interop.peers.sdk_gateway_upstream http``: the SDK server, its bearer check and header log."""
+    """``tests.interop.peers.sdk_gateway_upstream http``: the SDK server, its bearer check and header log; with
+    ``issuer`` its ``jwt`` mode instead: a resource server of that issuer's that verifies JWTs itself, requiring
+    ``scopes``."""
 
-    def __init__(self, port: int, headers_file: Path, token: str) -> None:
+    def __init__(
+        self, port: int, headers_file: Path, token: str = "", *, issuer: str | None = None, scopes: str = ""
+    ) -> None:
         self.port = port
+        self.issuer = issuer
+        self.scopes = scopes
         self.url = f"http://127.0.0.1:{port}/mcp"
         self.legacy_url = f"http://127.0.0.1:{port}/legacy/mcp"
         """The same server as one that predates 2026-07-28 answers (``sdk_gateway_upstream``'s fence)."""
@@ -29,8 +35,11 @@ class SdkHttpUpstream:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "UPSTREAM_TOKEN": self.token}
-        command = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", "http", str(self.port)]
+        env = {**os.environ, "UPSTREAM_TOKEN": self.token, "UPSTREAM_SCOPES": self.scopes}
+        mode = "http" if self.issuer is None else "jwt"
+        if self.issuer is not None:
+            env["UPSTREAM_ISSUER"] = self.issuer
+        command = [sys.executable, "-m", "tests.interop.peers.sdk_gateway_upstream", mode, str(self.port)]
         self.proc = subprocess.Popen(
             [*command, str(self.headers_file)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, bufsize=0
         )

@@ -11,7 +11,7 @@ from mcp_lossless.core.limits import Limits
 from mcp_lossless.core.principal import Principal
 from mcp_lossless.server.errors import Refused
 from mcp_lossless.server.sessions import SessionRegistry
-from mcp_lossless.stores.held import ROW_BYTES, STREAM_BYTES, ExpiringHeld, HeldBytes
+from mcp_lossless.stores.held import ROW_BYTES, STREAM_BYTES, ExpiringHeld, HeldBytes, HeldKeys
 from mcp_lossless.stores.memory import MemoryStore
 
 ALICE = Principal("https://as.example", "alice", "client")
@@ -110,3 +110,17 @@ async def test_a_post_of_a_principal_holding_its_bound_is_refused_before_anythin
     assert caught.value.body["error"]["data"]["limit"] == "stored_bytes_per_principal"
     registry.admit(bob, 1)
     assert refused == ["stored_bytes_per_principal"]
+
+
+def test_held_keys_count_and_know_each_key_until_it_expires_and_a_purge_forgets_them() -> None:
+    alice, bob = Principal("iss", "alice", "c"), Principal("iss", "bob", "c")
+    keys = HeldKeys()
+    keys.add(alice, "k1", 10.0, 1)
+    keys.add(alice, "k2", 20.0, 2)
+    keys.add(bob, "k1", 10.0, 3)
+    assert (keys.held(alice, 5.0), keys.known(alice, "k1", 5.0), keys.known(alice, "k3", 5.0)) == (2, 1, None)
+    assert keys.held(alice, 10.0) == 1 and keys.known(alice, "k1", 10.0) is None, "expired at its time"
+    keys.add(alice, "k1", 30.0, 4)  # recorded again once expired: the new expiry and row count
+    assert keys.held(alice, 25.0) == 1 and keys.known(alice, "k1", 25.0) == 4 and keys.known(alice, "k2", 25.0) is None
+    keys.purge(40.0)
+    assert (keys.held(alice, 0.0), keys.held(bob, 0.0), keys.known(bob, "k1", 0.0)) == (0, 0, None)

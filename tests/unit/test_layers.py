@@ -1,8 +1,10 @@
 """The layers of ``mcp_lossless``: who may import whom, no import cycle, one import style.
 
-The rules (``docs/architecture.md``): the core imports no adapter; the client, the stores and the audit import
-only the core; the dev authorization server the core and the ASGI helpers; the server composes core, stores,
-dev AS and ASGI helpers; nothing imports the server but the entry points (``cli``, ``__main__``, ``serve``),
+The rules (``docs/architecture.md``): the core imports no adapter; ``tracing`` (OpenTelemetry, optional) only the
+root package, and the client, the server and the gateway may use it; the client, the stores and the audit import
+only the core (the client also ``tracing``); the dev authorization server the core and the ASGI helpers; the
+server composes core, stores, dev AS and ASGI helpers; nothing imports the server but the entry points (``cli``,
+``__main__``, ``serve``),
 the conformance suite's fixtures (served by ``serve --conformance``) and the gateway, which is a server in front
 of a client (its command takes ``serve``'s options). The root
 package holds only ``__version__`` and may be imported by anyone. Lazy imports (inside functions, or for type
@@ -31,14 +33,15 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "": frozenset(),
     "core": frozenset({"core"}),
     "asgi": frozenset(),
-    "client": frozenset({"core", ""}),
+    "tracing": frozenset({""}),
+    "client": frozenset({"core", "tracing", ""}),
     "stores": frozenset({"core", ""}),
     "audit": frozenset({"core", ""}),
     "devauth": frozenset({"core", "asgi", ""}),
-    "server": frozenset({"server", "core", "stores", "devauth", "asgi", ""}),
-    "serve": frozenset({"server", "conformance_fixtures", "core", ""}),
+    "server": frozenset({"server", "core", "stores", "devauth", "asgi", "tracing", ""}),
+    "serve": frozenset({"server", "conformance_fixtures", "core", "tracing", ""}),
     "conformance_fixtures": frozenset({"server", "core", ""}),
-    "gateway": frozenset({"gateway", "serve", "server", "client", "core", "stores", "asgi", ""}),
+    "gateway": frozenset({"gateway", "serve", "server", "client", "core", "stores", "asgi", "tracing", ""}),
     "cli": ANYTHING,
     "__main__": ANYTHING,
 }

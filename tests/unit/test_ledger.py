@@ -281,6 +281,23 @@ def test_an_in_band_refusal_naming_scopes_asks_for_them_once_and_the_next_refusa
     assert again.scopes == frozenset(), "the scopes of the repaired refusal are not asked for again"
 
 
+def test_an_envelope_saying_no_grant_helps_ends_the_call_without_reauthorizing() -> None:
+    """SEP-2643: where the envelope says ``remediation: unavailable``, no fresh grant is asked for; the call fails
+    as an authorization failure (the envelope decides over our own fields)."""
+    ledger = Ledger("p")
+    key, send = start(ledger)
+    wire = send.message["id"]
+    ledger.received(send.link, [ev("e0", None), ev("e1", progress(wire, 1))], "e1")
+    envelope = {"reason": "insufficient_authorization", "remediation": "unavailable"}
+    actions = ledger.received(
+        send.link, [ev("e1", error(wire, DELIVERY_REFUSED, {**refusal("e1"), "authorization": envelope}))], "e1"
+    )
+    assert only(actions, Reauthorize) == []
+    (resolved,) = only(actions, Resolve)
+    assert resolved.call == key
+    assert isinstance(resolved.outcome, Failure) and resolved.outcome.kind is FailureKind.AUTHORIZATION
+
+
 def test_refusal_without_resumable_is_an_ordinary_error() -> None:
     ledger = Ledger("p")
     key, send = start(ledger)

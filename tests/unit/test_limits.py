@@ -120,3 +120,12 @@ def test_storage_is_refused_once_what_is_stored_would_pass_the_bound(held: int, 
         assert verdict.status == 429 and verdict.retry_after == verdicts.STORAGE_RETRY_SECONDS
         assert verdict.data() == verdict.body()["error"]["data"]
         _names_its_limit(verdict, "stored_bytes_per_principal", cap)
+
+
+@given(held=st.integers(0, 5000), keys=st.integers(1, 500), cap=st.integers(1, 5000))
+def test_keys_are_refused_when_the_posts_first_uses_would_pass_the_cap(held: int, keys: int, cap: int) -> None:
+    verdict = verdicts.new_keys(Limits(idempotency_keys_per_principal=cap), held, keys)
+    assert (verdict is None) == (held + keys <= cap)
+    if verdict is not None:
+        assert verdict.status == 429 and verdict.retry_after
+        _names_its_limit(verdict, "idempotency_keys_per_principal", cap)

@@ -16,7 +16,7 @@ import anyio
 from .context import BATCH_VERSION, CALL_FAILED, Audit, NotRun, Sent, failure_of
 from .redact import truncate
 from .report import CheckResult
-from .task_probes import task_denial_unknown_alike, task_leak_narrowed, task_other_principal
+from .task_probes import task_denial_unknown_alike, task_leak_narrowed, task_other_principal, task_stream_narrowed
 from .tokens import TokenUnavailable, audience, unverified_claims
 from .wire import Credential, Exchange, HandshakeFailed, all_answered, progressed
 
@@ -477,4 +477,5 @@ PROBES: dict[str, Probe] = {
     "task_leak_narrowed": task_leak_narrowed,
     "task_denial_unknown_alike": task_denial_unknown_alike,
     "task_other_principal": task_other_principal,
+    "task_stream_narrowed": task_stream_narrowed,
 }

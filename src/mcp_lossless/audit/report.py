@@ -40,6 +40,7 @@ CHECKS: dict[str, str] = {
     "task_leak_narrowed": "task result delivered to a narrowed token",
     "task_denial_unknown_alike": "task denial answered like an unknown task id (or it lost the task)",
     "task_other_principal": "task readable by, or revealed to, another principal",
+    "task_stream_narrowed": "task stream resumed by a narrowed token after a cut: leak or silent end",
 }
 """Every check the audit runs, in order, with the finding it looks for."""
 

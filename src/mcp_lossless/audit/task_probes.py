@@ -10,6 +10,12 @@ the wide token; if the server answers with a task, it is polled (wide token) unt
 the narrowed token, a random id is polled with that same token, and the wide token polls the task once more
 (the control: a refusal must cost nothing). A server that runs the call without a task (or does not speak
 2026-07-28) gets "not run": these checks apply to servers that create tasks.
+
+The task-stream check (SEP-2694 ``tasks/stream``) runs its own task: its stream is read under the wide token and
+cut after the first event, then resumed after that cursor with the narrowed token (the seed's scenario on a task
+stream), a random id is streamed with that token, and the wide token resumes from the same cursor (the control).
+Three outcomes: the narrowed resume gets events (a leak), ends without events and without a denial (a silent end:
+a client takes the stream as complete, or waits on it), or is an explicit denial a client can tell from "gone".
 """
 
 from __future__ import annotations
@@ -123,14 +129,12 @@ async def _settled_task(audit: Audit) -> SettledTask:
     return await _memo(audit, "task", _create_and_settle)  # type: ignore[no-any-return]
 
 
-async def _create_and_settle(audit: Audit) -> SettledTask:
-    wide = await audit.wide()
+async def _created_task(audit: Audit, label: str) -> tuple[Exchange, str, dict[str, Any]]:
+    """The operator's call at 2026-07-28 under the wide token, answered with a task: the exchange, its id, the
+    ``CreateTaskResult``; :class:`NotRun` when the server runs it without one."""
     call = audit.settings.call
     created = await audit.wire.modern(
-        "tools/call",
-        {"name": call.tool, "arguments": call.arguments},
-        credential=wide,
-        label="the call at 2026-07-28, declaring the tasks extension (wide token)",
+        "tools/call", {"name": call.tool, "arguments": call.arguments}, credential=await audit.wide(), label=label
     )
     result = _result(created)
     if result is None or result.get("resultType") != "task" or not isinstance(result.get("taskId"), str):
@@ -139,7 +143,13 @@ async def _create_and_settle(audit: Audit) -> SettledTask:
             "that answer 2026-07-28 calls with CreateTaskResult",
             [created],
         )
-    task_id: str = result["taskId"]
+    return created, result["taskId"], result
+
+
+async def _create_and_settle(audit: Audit) -> SettledTask:
+    wide = await audit.wide()
+    label = "the call at 2026-07-28, declaring the tasks extension (wide token)"
+    created, task_id, result = await _created_task(audit, label)
     interval = _interval(result)
     with anyio.move_on_after(audit.settings.read_seconds):
         while True:
@@ -271,5 +281,121 @@ async def task_other_principal(audit: Audit) -> CheckResult:
         "task_other_principal",
         "ok",
         f"answered exactly as a random id is ({_shape(theirs)})",
+        evidence,
+    )
+
+
+@dataclass(slots=True)
+class CutStream:
+    created: Exchange
+    first: Exchange
+    """The wide token's stream of the task, dropped after its first event (the cut)."""
+    cursor: int
+    narrowed: Exchange
+    unknown: Exchange
+    control: Exchange
+
+
+def _task_events(exchange: Exchange) -> list[dict[str, Any]]:
+    """The ``notifications/tasks/event`` params an exchange carried, in order."""
+    return [
+        m["params"]
+        for m in exchange.messages()
+        if m.get("method") == "notifications/tasks/event" and isinstance(m.get("params"), dict)
+    ]
+
+
+def _seqs(exchange: Exchange) -> list[object]:
+    return [event.get("seq") for event in _task_events(exchange)]
+
+
+async def _cut_stream(audit: Audit) -> CutStream:
+    async def run(audit: Audit) -> CutStream:
+        label = "the call at 2026-07-28 for the task-stream check (wide token)"
+        created, task_id, _ = await _created_task(audit, label)
+        wide = await audit.wide()
+
+        async def stream(credential: Credential | None, label: str, **params: Any) -> Exchange:
+            return await audit.wire.modern(
+                "tasks/stream", {"taskId": task_id, **params}, credential=credential, label=label
+            )
+
+        first = await audit.wire.modern(
+            "tasks/stream",
+            {"taskId": task_id},
+            credential=wide,
+            label="stream the task with the wide token, cut after its first event",
+            until=lambda exchange: bool(_task_events(exchange)),
+        )
+        seqs = _seqs(first)
+        if not seqs or not isinstance(seqs[-1], int):
+            raise NotRun(f"the server does not stream the task's events ({_shape(first)})", [created, first])
+        cursor = seqs[-1]
+        narrowed = await audit.narrowed()
+        resumed = await stream(narrowed, "resume the task's stream after the cut with the narrowed token", after=cursor)
+        random_id = _random_task_id()
+        unknown = await audit.wire.modern(
+            "tasks/stream",
+            {"taskId": random_id},
+            credential=narrowed,
+            label="stream a random task id with the narrowed token",
+        )
+        control = await stream(
+            wide, "control: resume the task's stream after the cut with the wide token", after=cursor
+        )
+        return CutStream(created, first, cursor, resumed, unknown, control)
+
+    return await _memo(audit, "task_stream", run)  # type: ignore[no-any-return]
+
+
+async def task_stream_narrowed(audit: Audit) -> CheckResult:
+    cut = await _cut_stream(audit)
+    evidence = [cut.created, cut.first, cut.narrowed, cut.unknown, cut.control]
+    narrow = ", ".join(audit.settings.narrow_resources)
+    leaked = _seqs(cut.narrowed)
+    if leaked:
+        return CheckResult(
+            "task_stream_narrowed",
+            "finding",
+            f"a token for [{narrow}] (not covering {audit.resource}) received {len(leaked)} of the task's events "
+            f"after the cut (seq {leaked[0]}…{leaked[-1]}): a leak",
+            evidence,
+        )
+    answer = _answer(cut.narrowed)
+    error = answer.get("error")
+    if not isinstance(error, dict) and cut.narrowed.status not in (401, 403):
+        how = "with an empty result, as a finished stream ends" if "result" in answer else "without any answer"
+        return CheckResult(
+            "task_stream_narrowed",
+            "finding",
+            f"the narrowed token's resume after seq {cut.cursor} ended {how} ({_shape(cut.narrowed)}): a silent end, "
+            "no denial a client could re-authorize on",
+            evidence,
+        )
+    if _unknown_alike(cut.narrowed, cut.unknown):
+        return CheckResult(
+            "task_stream_narrowed",
+            "finding",
+            f"the narrowed resume was answered like a random task id ({_shape(cut.narrowed)}): a client cannot tell "
+            "'re-authorize and resume' from 'gone', and drops the task",
+            evidence,
+        )
+    rest = _seqs(cut.control)
+    if rest[:1] != [cut.cursor + 1] or rest != list(range(cut.cursor + 1, cut.cursor + 1 + len(rest))):
+        return CheckResult(
+            "task_stream_narrowed",
+            "finding",
+            f"after the denial the wide token's resume after seq {cut.cursor} did not get the rest once, in order "
+            f"(seqs {rest[:8]}…, {_shape(cut.control)}): the refusal cost events",
+            evidence,
+        )
+    data = error.get("data") if isinstance(error, dict) else None
+    named = data.get("lastSeq") if isinstance(data, dict) else None
+    resume = f", naming the cursor to resume after (lastSeq {named})" if named == cut.cursor else ""
+    return CheckResult(
+        "task_stream_narrowed",
+        "ok",
+        f"an explicit denial: {_shape(cut.narrowed)}{resume}; a random id: {_shape(cut.unknown)}; the wide token then "
+        f"got seq {rest[0]}…{rest[-1]} once ({_shape(cut.control)})",
         evidence,
     )

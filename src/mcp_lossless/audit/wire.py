@@ -199,8 +199,10 @@ class Wire:
         credential: Credential | None,
         label: str,
         request_id: int | None = None,
+        until: Stop | None = None,
     ) -> Exchange:
-        """One stateless 2026-07-28 request (no session), declaring the tasks extension; read to its answer.
+        """One stateless 2026-07-28 request (no session), declaring the tasks extension; read to its answer, or
+        until ``until`` says so (the connection is then dropped: a cut).
 
         ``Mcp-Name`` carries the named parameter as is: the audit only sends plain ASCII names and task ids.
         """
@@ -215,7 +217,9 @@ class Wire:
         headers["mcp-method"] = method
         if (field_name := protocol.NAME_PARAMS.get(method)) is not None:
             headers["mcp-name"] = str(params[field_name])
-        return await self.send("POST", headers, message, label=label, stop=all_answered(rid))
+        answered = all_answered(rid)
+        stop = answered if until is None else lambda exchange: answered(exchange) or until(exchange)
+        return await self.send("POST", headers, message, label=label, stop=stop)
 
     async def post(
         self,

@@ -8,6 +8,7 @@ offers the same for scripts.
 """
 
 from ..core.actions import RecoveryPolicy
+from .assertions import IdJagFromIdp, JwtBearerGrant, PrivateKeyJwt
 from .catalog import Prompt, PromptResult, Resource, ResourceTemplate
 from .client import Client, Tool, ToolCall, ToolResult
 from .dpop import DpopKey
@@ -26,7 +27,7 @@ from .errors import (
     ToolFailed,
 )
 from .handlers import InputHandler, InputRefused
-from .oauth import Auth, AuthorizationCodeGrant, BearerToken, Challenge, LoopbackRedirect, OAuth
+from .oauth import Auth, AuthorizationCodeGrant, BearerToken, Challenge, ExchangedToken, LoopbackRedirect, OAuth
 from .registration import ClientRegistration
 from .session import ProgressUpdate, ServerInfo
 from .sync import SyncClient
@@ -46,13 +47,17 @@ __all__ = [
     "ConnectionFailed",
     "DeadlineExceeded",
     "DpopKey",
+    "ExchangedToken",
     "HttpPool",
+    "IdJagFromIdp",
     "InputHandler",
     "InputRefused",
     "InputUnanswered",
+    "JwtBearerGrant",
     "LoopbackRedirect",
     "McpClientError",
     "OAuth",
+    "PrivateKeyJwt",
     "ProgressUpdate",
     "Prompt",
     "PromptResult",

@@ -12,6 +12,7 @@ picks this client or the 2026-07-28 one (:class:`~mcp_lossless.client.modern.Mod
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -22,9 +23,11 @@ import anyio
 import httpx
 import orjson
 
-from ..core import protocol
+from ..core import idempotency, protocol
 from ..core.actions import CallSpec, RecoveryPolicy
+from ..core.idempotency import REPLAYED_META_KEY
 from ..core.protocol import RESOURCE_META_KEY
+from ..tracing import with_trace
 from .catalog import CatalogReads
 from .errors import McpClientError, RequestRejected, ToolFailed
 from .handlers import InputHandler, checked, offered
@@ -71,6 +74,13 @@ class ToolResult:
     raw: Mapping[str, Any]
 
     @property
+    def replayed(self) -> bool:
+        """The server answered with the outcome it recorded for the call's idempotency key: the tool did not run
+        again for this request (it ran once, for an earlier one whose answer was lost on the way)."""
+        meta = self.raw.get("_meta")
+        return isinstance(meta, dict) and meta.get(REPLAYED_META_KEY) is True
+
+    @property
     def text(self) -> str:
         """The text parts of the content, joined by newlines."""
         return "\n".join(str(part.get("text", "")) for part in self.content if part.get("type") == "text")
@@ -94,6 +104,9 @@ class ToolCall:
     arguments: Mapping[str, Any] = field(default_factory=dict)
     on_progress: ProgressCallback | None = None
     reissue: bool | None = None
+    idempotency_key: str | None = None
+    """The call's key when the server declares ``tools.idempotency`` (default a fresh UUID 4): give one kept from
+    an earlier process to re-issue its call without running the tool twice."""
 
 
 class Client(CatalogReads):
@@ -213,7 +226,8 @@ class Client(CatalogReads):
 
     async def _read(self, method: str, name: str, params: dict[str, Any], timeout: float | None) -> dict[str, Any]:  # noqa: ASYNC109
         """Sent again when its response breaks, as an idempotent call is."""
-        return await self._require().request(CallSpec(method, params, idempotent=True), self._deadline(timeout))
+        spec = CallSpec(method, with_trace(params), idempotent=True)
+        return await self._require().request(spec, self._deadline(timeout))
 
     async def call_tool(
         self,
@@ -225,6 +239,7 @@ class Client(CatalogReads):
         reissue: bool | None = None,
         on_message: MessageCallback | None = None,
         input_handlers: Mapping[str, InputHandler] | None = None,
+        idempotency_key: str | None = None,
     ) -> ToolResult:
         """Call ``name`` and return its result; raise :class:`ToolFailed` if the tool reported failure.
 
@@ -234,11 +249,14 @@ class Client(CatalogReads):
         other notification on the call's stream (log messages, for a gateway to pass on). The first call lists the
         server's tools once, to learn each tool's annotations and resource indicator before sending.
         ``input_handlers`` answer the requests the server sends on this call's stream, over the client's own by
-        method (the session knows the stream each request arrives on).
+        method (the session knows the stream each request arrives on). When the server declares
+        ``tools.idempotency`` the call carries ``idempotency_key`` (a fresh UUID 4 unless given) and a lost result is
+        re-issued under it whatever the tool: the server runs the key once and replays its outcome
+        (:attr:`ToolResult.replayed`).
         """
         if self._tools is None:
             await self.list_tools(timeout=timeout)
-        spec = self._spec(ToolCall(name, arguments or {}, on_progress, reissue))
+        spec = self._spec(ToolCall(name, arguments or {}, on_progress, reissue, idempotency_key))
         answer = await self._require().request(spec, self._deadline(timeout), on_progress, on_message, input_handlers)
         return _tool_result(name, answer)
 
@@ -303,13 +321,19 @@ class Client(CatalogReads):
 
     def _spec(self, call: ToolCall) -> CallSpec:
         tool = (self._tools or {}).get(call.name)
+        params: dict[str, Any] = {"name": call.name, "arguments": dict(call.arguments)}
+        server = self._require().server
+        key = None
+        if server is not None and idempotency.declared(server.capabilities):
+            key = params[idempotency.KEY_PARAM] = call.idempotency_key or str(uuid.uuid4())
         return CallSpec(
             "tools/call",
-            {"name": call.name, "arguments": dict(call.arguments)},
+            with_trace(params),  # its caller's trace goes on
             resources=frozenset({tool.resource}) if tool is not None and tool.resource else frozenset(),
             idempotent=tool.idempotent if tool is not None else False,
             reissue=call.reissue,
             progress=call.on_progress is not None,
+            idempotency_key=key,
         )
 
     def _deadline(self, timeout: float | None) -> float | None:

@@ -1,9 +1,10 @@
 """``mcp-lossless call URL TOOL key=value …``: one tool call from the shell, its one outcome, an exit status.
 
 The era is the server's: 2026-07-28 when its ``server/discover`` answers as a modern server (a tool it runs as a
-task is polled to its outcome), else a legacy session (:func:`~mcp_lossless.client.modern.open_client`).
-Progress goes to stderr (a bar on a terminal, one line per update otherwise), and so does a task's state as
-its polls show it (its id, status and status message); the outcome goes to stdout (the result's text, or with
+task is followed to its outcome by its event stream, or polled), else a legacy session
+(:func:`~mcp_lossless.client.modern.open_client`). Progress goes to stderr (a bar on a terminal, one line per update
+otherwise), a task's from its event stream where the server offers one, and so does a task's state (its id,
+status and status message, and a line if its events are gone); the outcome goes to stdout (the result's text, or with
 ``--json`` one JSON document) and, for errors, a sentence on stderr. Input the tool asks for is answered as
 :mod:`~.cli_input` says.
 """
@@ -162,8 +163,10 @@ def run(args: argparse.Namespace) -> int:
     except (McpClientError, TimeoutError) as exc:
         return _failed(args, exc, err)
     if args.json:
-        print(orjson.dumps({"outcome": "result", "result": result.raw}).decode())
+        print(orjson.dumps({"outcome": "result", "result": result.raw, "replayed": result.replayed}).decode())
     else:
+        if result.replayed:  # stderr: stdout is the outcome's
+            err.print("mcp-lossless call: outcome replayed: the tool ran once, for an earlier try", markup=False)
         print(result.text if result.text else orjson.dumps(result.raw.get("content", [])).decode())
     return EXIT_RESULT
 

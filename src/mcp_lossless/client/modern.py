@@ -1,7 +1,10 @@
-"""The 2026-07-28 client: stateless requests, and tasks polled to their one outcome (docs/decisions/0012).
+"""The 2026-07-28 client: stateless requests, and tasks followed to their one outcome (docs/decisions/0012, 0031).
 
 Every request is a POST of its own carrying ``_meta`` (version, capabilities with the tasks extension) and the
-mirrored headers. A call whose server answers with a task is polled with ``tasks/get`` (the server's
+mirrored headers. A call whose server answers with a task is followed with ``tasks/stream`` (SEP-2694) when the
+server's ``server/discover`` declares it: each event handed on once and in order, resumed after the last one
+delivered when the stream breaks, re-authorized on a denial, ``events_gone`` told to the caller and the outcome
+then polled (:mod:`.task_follow` decides each step). Otherwise it is polled with ``tasks/get`` (the server's
 ``pollIntervalMs``, growing while nothing changes) until it is terminal. A denial of the task's poll (403
 with :data:`~mcp_lossless.core.errors.TASK_DENIED`, the token no longer covers the tool) is repaired with a
 fresh grant for the union of what the call needed and what the denial names (a refresh cannot widen), and the
@@ -26,7 +29,8 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -37,10 +41,13 @@ import anyio
 import httpx
 import orjson
 
-from ..core import errors, protocol
+from ..core import denials, errors, idempotency, protocol
+from ..core.actions import RecoveryPolicy
 from ..core.param_headers import InvalidAnnotation, Mirrored, header_safe, mirrored_params, param_headers
 from ..core.sse import SseDecoder
+from ..core.task_stream import STREAM_EXTENSION, EventType
 from ..core.tasks import EXTENSION
+from ..tracing import inject
 from .catalog import CatalogReads
 from .client import Client, Tool, ToolResult, _tool_result
 from .errors import (
@@ -60,6 +67,24 @@ from .handlers import MAX_INPUT_ROUNDS, InputHandler, answer_input, capabilities
 from .oauth import Auth, parse_challenge
 from .paging import collect_pages
 from .session import NOT_SENT_ERRORS, MessageCallback, ProgressCallback, ProgressUpdate
+from .task_follow import (
+    Cut,
+    Ended,
+    Event,
+    Fail,
+    Finish,
+    Following,
+    Gone,
+    HandOn,
+    Poll,
+    Regrant,
+    ResumeAfter,
+    Said,
+    Skip,
+    Step,
+    StreamRefusal,
+    follow,
+)
 from .transport import VERSION_HEADER, HttpPool, Response, media_type
 
 MODERN = protocol.STATELESS
@@ -75,13 +100,25 @@ TaskHook = Callable[[str, str], None]
 
 
 @dataclass(frozen=True, slots=True)
+class MissedEvents:
+    """The server could not deliver a task's events after ``after`` (SEP-2694 ``events_gone``, or a stream that
+    skipped ahead): what the caller was shown of the task has a hole from there; its outcome still comes."""
+
+    after: int | None
+    earliest: int | None
+    """The first seq the server still holds, when it said."""
+
+
+@dataclass(frozen=True, slots=True)
 class TaskUpdate:
-    """What the server said of a call's task: on creation, then each time a poll shows a new status or message."""
+    """What the server said of a call's task: on creation, then each time a poll or the task's event stream shows
+    a new status or message, and once if its events are gone (``missed``)."""
 
     task_id: str
     status: str
     message: str | None
     """The task's ``statusMessage`` (the server's progress description while it works), if any."""
+    missed: MissedEvents | None = None
 
 
 TaskUpdateCallback = Callable[[TaskUpdate], None]
@@ -107,17 +144,11 @@ def _headers(message: Mapping[str, Any], token: str | None) -> dict[str, str]:
     return headers
 
 
-def _required(answer: Mapping[str, Any] | None) -> tuple[frozenset[str], frozenset[str]]:
-    """The resources and scopes a refusal's error ``data`` names as missing (``TASK_DENIED``, ``TOOL_FORBIDDEN``)."""
+def _remedy(answer: Mapping[str, Any] | None) -> denials.Remedy:
+    """What a refusal's error ``data`` says a new grant can do (``TASK_DENIED``, ``TOOL_FORBIDDEN``): the SEP-2643
+    envelope where the server sent one, its own ``requiredResources``/``requiredScopes`` where not."""
     error = answer.get("error") if answer is not None else None
-    data = error.get("data") if isinstance(error, dict) else None
-    if not isinstance(data, dict):
-        return frozenset(), frozenset()
-    resources, scopes = data.get("requiredResources"), data.get("requiredScopes")
-    return (
-        frozenset(r for r in resources if isinstance(r, str)) if isinstance(resources, list) else frozenset(),
-        frozenset(s for s in scopes if isinstance(s, str)) if isinstance(scopes, list) else frozenset(),
-    )
+    return denials.remedy(error.get("data") if isinstance(error, dict) else None)
 
 
 def request_meta(capabilities: Mapping[str, Any], client_info: Mapping[str, Any]) -> dict[str, Any]:
@@ -212,6 +243,10 @@ class ModernClient(CatalogReads):
         """Each listed tool's ``x-mcp-header`` parameters, mirrored on each of its calls (SEP-2243)."""
         self._excluded: dict[str, str] = {}
         """Listed tools left out for a malformed ``x-mcp-header``, with the reason: never called."""
+        self._keyed = False
+        """The server's ``server/discover`` declared ``tools.idempotency``: each call carries a key (SEP-3182)."""
+        self._streams = False
+        """The server's ``server/discover`` declared task event streams: a task is followed by ``tasks/stream``."""
 
     async def __aenter__(self) -> ModernClient:
         stack = AsyncExitStack()
@@ -234,6 +269,7 @@ class ModernClient(CatalogReads):
         self, method: str, params: Mapping[str, Any], declared: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
         meta = request_meta(self._capabilities if declared is None else declared, self._client_info)
+        inject(meta)  # the caller's trace context, per request (SEP-414)
         body = {**params, "_meta": {**meta, **params.get("_meta", {})}}
         return {"jsonrpc": "2.0", "id": f"m-{next(self._ids)}", "method": method, "params": body}
 
@@ -302,10 +338,15 @@ class ModernClient(CatalogReads):
                 challenge = parse_challenge(response.headers.get("www-authenticate"))
                 if challenge is None:
                     raise AuthorizationFailed(f"HTTP {response.status_code} without a Bearer challenge")
+                helps = _remedy(answer)
+                if helps.reauthorize is False:
+                    raise AuthorizationFailed(f"{method}: refused, and the server says a new grant cannot help")
                 self._auth.challenged(challenge)
-                named, scopes = _required(answer)
-                resources = resources | frozenset(challenge.resources) | named
-                await self._auth.reauthorize(resources, scopes)
+                resources = resources | frozenset(challenge.resources) | helps.resources
+                await self._auth.reauthorize(resources, helps.scopes)
+                if helps.context is not None:  # the SEP's retry echo: correlation only, never authorization
+                    meta = {**params.get("_meta", {}), denials.CONTEXT_ECHO_META_KEY: helps.context}
+                    params = {**params, "_meta": meta}
                 continue
             if answer is None or (response.status_code >= 400 and "jsonrpc" not in answer):
                 # e.g. a 404 from a URL with no MCP endpoint: refused, not a protocol breach (a legacy
@@ -337,7 +378,12 @@ class ModernClient(CatalogReads):
             raise NotModern(exc.reason) from None
         except RequestRejected as exc:
             raise NotModern(exc.reason) from None
-        return modern_discovery(result)
+        discovered = modern_discovery(result)
+        capabilities = discovered.get("capabilities")
+        self._keyed = idempotency.declared(capabilities if isinstance(capabilities, dict) else {})
+        extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
+        self._streams = isinstance(extensions, dict) and STREAM_EXTENSION in extensions
+        return discovered
 
     async def listen(
         self,
@@ -465,14 +511,22 @@ class ModernClient(CatalogReads):
         on_message: MessageCallback | None = None,
         log_level: str | None = None,
         input_handlers: Mapping[str, InputHandler] | None = None,
+        idempotency_key: str | None = None,
     ) -> ToolResult:
         """Call ``name``: its result, :class:`~mcp_lossless.client.ToolFailed`, or another typed outcome.
 
+        Once :meth:`discover` found ``tools.idempotency`` (as :func:`open_client` does), the call carries
+        ``idempotency_key`` (a fresh UUID 4 unless given: one kept by an earlier process re-issues its call), and a
+        broken response is sent again under it whatever the tool: the server runs the key once, answers "in
+        progress" while it runs (sent again after ``retryAfter``) and then replays its outcome; a call that became a
+        task gets the same task.
+
         ``reissue`` as for :meth:`Client.call_tool`: ``None`` re-issues a call whose response broke only for
         idempotent tools. ``on_progress`` gets the progress of a call that runs within its request;
-        ``on_task_update`` the state of one the server runs as a task (a task has no progress notifications:
-        its ``statusMessage`` describes its progress). ``on_message`` gets every other notification on the
-        call's own stream: log messages, which a server sends at ``log_level`` and above only when asked.
+        ``on_task_update`` the state of one the server runs as a task; a task's progress comes to ``on_progress``
+        from its event stream where the server offers one (polled, its ``statusMessage`` describes its progress).
+        ``on_message`` gets every other notification on the call's own stream (and the log events of its task's):
+        log messages, which a server sends at ``log_level`` and above only when asked.
         Input the tool asks for comes from ``input_handlers`` (this call's), else the client's, by method; the call
         declares exactly their capabilities. :class:`~mcp_lossless.client.InputUnanswered` when none can give it.
         """
@@ -484,6 +538,8 @@ class ModernClient(CatalogReads):
         resources = frozenset({tool.resource}) if tool is not None and tool.resource else frozenset()
         may_reissue = reissue if reissue is not None else tool is not None and tool.idempotent
         params: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
+        if self._keyed:
+            params[idempotency.KEY_PARAM] = idempotency_key or str(uuid.uuid4())
         meta: dict[str, Any] = {}
         if on_progress is not None:
             meta["progressToken"] = f"p-{next(self._ids)}"
@@ -510,9 +566,9 @@ class ModernClient(CatalogReads):
                 task.append(str(result["taskId"]))
                 if self._on_task is not None:
                     self._on_task(task[0], name)
-                watch.append(_TaskWatch(task[0], on_task_update))
+                watch.append(_TaskWatch(task[0], on_task_update, on_progress, on_message))
                 watch[0].observe(result)
-                return await self._poll(
+                return await self._follow_task(
                     name, task[0], resources, result.get("pollIntervalMs"), watch[0], handlers, declared
                 )
         except TimeoutError:
@@ -520,7 +576,7 @@ class ModernClient(CatalogReads):
                 await self._cancel_quietly(task[0], resources)
                 if watch and watch[0].unanswered is not None:
                     raise CallMayHaveRun(
-                        f"task {task[0]} of {name}: the server stopped answering its polls "
+                        f"task {task[0]} of {name}: the server stopped answering "
                         f"({watch[0].unanswered}) until the deadline passed; it may have run"
                     ) from None
             raise DeadlineExceeded(f"{name} did not finish within its deadline") from None
@@ -534,23 +590,38 @@ class ModernClient(CatalogReads):
         may_reissue: bool,
         declared: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], frozenset[str]]:
-        """One ``tools/call`` (one round of it), sent again while it could not have run or may run twice."""
-        for attempt in range(MAX_REISSUES + 1):
+        """One ``tools/call`` (one round of it), sent again while it could not have run or may run twice.
+
+        A round carrying an idempotency key (not a continuation: the SEP leaves those out) is sent again under it
+        for every tool, up to ``max_keyed_reissues`` times within the deadline; "in progress" after its
+        ``retryAfter``. An execution-lost naming the key is final: the server never runs that key again."""
+        keyed = idempotency.key_of(params) is not None
+        bound = RecoveryPolicy().max_keyed_reissues if keyed else MAX_REISSUES
+        for attempt in range(bound + 1):
             try:
                 return await self._request("tools/call", params, resources, on_note, declared)
             except httpx.ConnectError as exc:
-                if attempt == MAX_REISSUES:
+                if attempt == bound:
                     raise unreachable(self.url, exc) from None
             except httpx.TransportError as exc:
-                if not may_reissue or attempt == MAX_REISSUES:
+                if not (may_reissue or keyed) or attempt == bound:
                     why = f"the response of {name} broke ({describe_failure(exc)}); the call may have run"
                     raise CallMayHaveRun(why) from None
             except RemoteError as exc:
                 if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
                     raise _unanswered(name, exc.data) from None
+                data = exc.data if isinstance(exc.data, dict) else {}
+                if keyed and exc.code == errors.IDEMPOTENCY_IN_PROGRESS and attempt < bound:
+                    wait = data.get("retryAfter")
+                    await anyio.sleep(wait if isinstance(wait, int | float) and not isinstance(wait, bool) else 1)
+                    continue
                 if exc.code != errors.EXECUTION_LOST:
                     raise
-                if not may_reissue or attempt == MAX_REISSUES:  # as the legacy client's ledger decides it
+                named = keyed and idempotency.KEY_PARAM in data  # the server never runs that key again
+                if named and may_reissue and attempt < bound:  # safe to run twice: a new operation, a new key
+                    params = {**params, idempotency.KEY_PARAM: f"{data[idempotency.KEY_PARAM]}.{attempt + 1}"}
+                    continue
+                if named or not (may_reissue or keyed) or attempt == bound:  # as the legacy client's ledger decides
                     error = {"code": exc.code, "message": exc.message, "data": exc.data}
                     raise CallMayHaveRun(f"the server lost the execution of {name}: {exc.message}", error) from None
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -570,9 +641,124 @@ class ModernClient(CatalogReads):
         resources = frozenset({tool.resource}) if tool is not None and tool.resource else frozenset()
         try:
             with anyio.fail_after(self._deadline(timeout)):
-                return await self._poll(name, task_id, resources, None, _TaskWatch(task_id, on_task_update))
+                return await self._follow_task(name, task_id, resources, None, _TaskWatch(task_id, on_task_update))
         except TimeoutError:
             raise DeadlineExceeded(f"task {task_id} of {name} did not finish within the deadline") from None
+
+    async def _follow_task(
+        self,
+        name: str,
+        task_id: str,
+        resources: frozenset[str],
+        interval_ms: object,
+        watch: _TaskWatch,
+        handlers: Mapping[str, InputHandler] | None = None,
+        declared: Mapping[str, Any] | None = None,
+    ) -> ToolResult:
+        """A task to its outcome: by ``tasks/stream`` when the server declared it, each event handed on once and
+        in order, else (and whenever the stream cannot settle the call) by polling ``tasks/get``.
+
+        What follows each thing the stream says is :func:`~.task_follow.follow`'s; this only carries it out.
+        """
+        if not self._streams:
+            return await self._poll(name, task_id, resources, interval_ms, watch, handlers, declared)
+        state = Following(task_id)
+        given: dict[str, dict[str, Any]] = {}
+        rounds = 0
+        echo: str | None = None
+        """The last denial's ``authorizationContextId``, echoed on the stream that follows the fresh grant."""
+        while True:
+            params: dict[str, Any] = {"taskId": task_id}
+            if state.cursor is not None:
+                params["after"] = state.cursor
+            if echo is not None:
+                params["_meta"] = {denials.CONTEXT_ECHO_META_KEY: echo}
+            step: Step | None = None
+            try:
+                async with contextlib.aclosing(self._task_events(params, resources, declared)) as said:
+                    async for each in said:
+                        state, step = follow(state, each)
+                        if isinstance(step, HandOn):
+                            watch.unanswered = None
+                            if step.kind == EventType.INPUT_REQUIRED.value:
+                                watch.observe({"status": "input_required"})
+                                requests, rounds = step.payload.get("inputRequests"), rounds + 1
+                                await self._give_input(
+                                    name, task_id, resources, requests, given, rounds, handlers, declared
+                                )
+                            else:
+                                watch.deliver(step.kind, step.payload)
+                        elif not isinstance(step, Skip):
+                            break
+            except httpx.TransportError as exc:
+                watch.unanswered = describe_failure(exc)  # the deadline's outcome says so (call_tool)
+                state, step = follow(state, Cut(watch.unanswered))
+            match step:
+                case Finish(payload=payload):
+                    watch.observe(payload)
+                    settled = _settled(name, task_id, payload)
+                    if settled is None:
+                        status = payload.get("status")
+                        raise ProtocolViolation(f"task {task_id} ended its events with status {status!r}")
+                    return settled
+                case ResumeAfter(delay=delay):
+                    await anyio.sleep(delay)
+                case Regrant(resources=wanted, scopes=scopes, context=context):
+                    resources = resources | wanted
+                    await self._auth.reauthorize(resources, scopes)
+                    echo = context
+                case Gone(after=after, earliest=earliest):
+                    watch.missed(MissedEvents(after, earliest))
+                    return await self._poll(name, task_id, resources, interval_ms, watch, handlers, declared)
+                case Poll(why=why):
+                    _log.info("task %s: %s; polling tasks/get", task_id, why)
+                    return await self._poll(name, task_id, resources, interval_ms, watch, handlers, declared)
+                case Fail(why=why):
+                    raise AuthorizationFailed(why)
+                case _:
+                    raise AssertionError(f"unreachable: a stream ends with a step ({step!r})")
+
+    async def _task_events(
+        self, params: dict[str, Any], resources: frozenset[str], declared: Mapping[str, Any] | None
+    ) -> AsyncGenerator[Said, None]:
+        """One ``tasks/stream``, as what it says: its events, then its end or its refusal (a 401/403 with its
+        challenge told to the authorization first). A stream that breaks before its answer raises
+        ``httpx.TransportError``."""
+        message = self._message("tasks/stream", params, declared)
+        async with self._stream(message, await self._auth.token(resources)) as response:
+            challenged: frozenset[str] | None = None
+            if response.status_code in (401, 403):
+                challenge = parse_challenge(response.headers.get("www-authenticate"))
+                if challenge is not None:
+                    self._auth.challenged(challenge)
+                    challenged = frozenset(challenge.resources)
+            if media_type(response) != "text/event-stream":
+                raw = await response.aread()
+                try:
+                    answer = orjson.loads(raw) if raw else None
+                except orjson.JSONDecodeError:
+                    answer = None
+                yield _said(answer if isinstance(answer, dict) else {}, response.status_code, challenged)
+                return
+            decoder = SseDecoder()
+            async for chunk in response.aiter_bytes():
+                for event in decoder.feed(chunk):
+                    try:
+                        frame = orjson.loads(event.data) if event.data else None
+                    except orjson.JSONDecodeError:
+                        continue  # an event lost so is a gap the next seq shows
+                    if not isinstance(frame, dict):
+                        continue
+                    if frame.get("id") == message["id"]:
+                        yield _said(frame, response.status_code, None)
+                        return
+                    note = frame.get("params")
+                    if frame.get("method") == "notifications/tasks/event" and isinstance(note, dict):
+                        seq, payload = note.get("seq"), note.get("payload")
+                        if isinstance(seq, int) and not isinstance(seq, bool):
+                            kind = str(note.get("type"))
+                            yield Event(seq, kind, payload if isinstance(payload, dict) else {})
+            raise httpx.RemoteProtocolError("the task's event stream ended before its answer")
 
     async def _poll(
         self,
@@ -605,23 +791,10 @@ class ModernClient(CatalogReads):
                     ) from None
                 raise
             watch.observe(task)
+            settled = _settled(name, task_id, task)
+            if settled is not None:
+                return settled
             status = task.get("status")
-            if status == "completed" and isinstance(task.get("result"), dict):
-                return _tool_result(name, task["result"])
-            if status == "failed":
-                raw = task.get("error")
-                error: dict[str, Any] = raw if isinstance(raw, dict) else {}
-                if error.get("code") in (errors.TASK_EXECUTION_LOST, errors.EXECUTION_LOST):  # a gateway's upstream
-                    raise CallMayHaveRun(f"task {task_id} of {name}: {error.get('message')}", error)
-                if error.get("code") == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
-                    raise _unanswered(f"task {task_id} of {name}", error.get("data"))
-                raise RemoteError(
-                    int(error.get("code", errors.INTERNAL_ERROR)), str(error.get("message")), error.get("data")
-                )
-            if status == "cancelled":
-                raise CallMayHaveRun(f"task {task_id} of {name} was cancelled on the server; it may have partly run")
-            if status not in ("working", "input_required"):
-                raise ProtocolViolation(f"task {task_id} has status {status!r}")
             served = task.get("pollIntervalMs")
             interval = served / 1000 if isinstance(served, int) and served > 0 else interval
             delay = min(POLL_CEILING_SECONDS, max(interval, delay * 1.5))
@@ -673,6 +846,39 @@ class ModernClient(CatalogReads):
         return None if math.isinf(value) else value
 
 
+def _said(answer: Mapping[str, Any], status: int, challenged: frozenset[str] | None) -> Said:
+    """A ``tasks/stream``'s answer as :mod:`.task_follow` reads it: its empty result, or its refusal."""
+    error = answer.get("error")
+    if isinstance(error, dict):
+        code = error.get("code")
+        message, data = str(error.get("message")), error.get("data")
+        return StreamRefusal(code if isinstance(code, int) else None, message, data, challenged)
+    if isinstance(answer.get("result"), dict) and status < 400:
+        return Ended()
+    return StreamRefusal(None, f"HTTP {status} without a JSON-RPC answer", None, challenged)
+
+
+def _settled(name: str, task_id: str, task: Mapping[str, Any]) -> ToolResult | None:
+    """The call's outcome from a task's state (a ``tasks/get`` result, or the payload of its outcome event): the
+    tool's result, or the typed failure; ``None`` while the task is not terminal."""
+    status = task.get("status")
+    if status == "completed" and isinstance(task.get("result"), dict):
+        return _tool_result(name, task["result"])
+    if status == "failed":
+        raw = task.get("error")
+        error: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if error.get("code") in (errors.TASK_EXECUTION_LOST, errors.EXECUTION_LOST):  # a gateway's upstream
+            raise CallMayHaveRun(f"task {task_id} of {name}: {error.get('message')}", error)
+        if error.get("code") == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
+            raise _unanswered(f"task {task_id} of {name}", error.get("data"))
+        raise RemoteError(int(error.get("code", errors.INTERNAL_ERROR)), str(error.get("message")), error.get("data"))
+    if status == "cancelled":
+        raise CallMayHaveRun(f"task {task_id} of {name} was cancelled on the server; it may have partly run")
+    if status not in ("working", "input_required"):
+        raise ProtocolViolation(f"task {task_id} has status {status!r}")
+    return None
+
+
 def _unanswered(what: str, data: object) -> InputUnanswered:
     """The server would not ask for input this client declared no handler for (-32021)."""
     needed = data.get("requiredCapabilities") if isinstance(data, dict) else None
@@ -681,16 +887,26 @@ def _unanswered(what: str, data: object) -> InputUnanswered:
 
 
 class _TaskWatch:
-    """Hands a task's state to the caller's callback whenever its status or message differs from the last one."""
+    """What the caller hears of a task: its state whenever its status or message differs from the last one, and
+    from its event stream its progress, its log messages and the news that events are gone."""
 
-    __slots__ = ("callback", "last", "task_id", "unanswered")
+    __slots__ = ("callback", "last", "on_message", "on_progress", "task_id", "unanswered")
 
-    def __init__(self, task_id: str, callback: TaskUpdateCallback | None) -> None:
+    def __init__(
+        self,
+        task_id: str,
+        callback: TaskUpdateCallback | None,
+        on_progress: ProgressCallback | None = None,
+        on_message: MessageCallback | None = None,
+    ) -> None:
         self.task_id = task_id
         self.callback = callback
+        self.on_progress = on_progress
+        self.on_message = on_message
         self.last: TaskUpdate | None = None
         self.unanswered: str | None = None
-        """Why the latest poll got no answer (the server unreachable, the connection broken), until one does."""
+        """Why the latest poll or stream got no answer (the server unreachable, the connection broken), until one
+        does."""
 
     def observe(self, task: Mapping[str, Any]) -> None:
         self.unanswered = None
@@ -699,6 +915,26 @@ class _TaskWatch:
         if update != self.last and self.callback is not None:
             self.callback(update)
         self.last = update
+
+    def deliver(self, kind: str, payload: Mapping[str, Any]) -> None:
+        """One event of the task's stream; a type this client does not know is ignored, as the SEP asks."""
+        if kind == EventType.STATUS.value:
+            self.observe(payload)
+        elif kind == EventType.PROGRESS.value and self.on_progress is not None:
+            progress, total, message = payload.get("progress", 0), payload.get("total"), payload.get("message")
+            self.on_progress(ProgressUpdate(progress, total, message if isinstance(message, str) else None))
+        elif kind == EventType.LOG.value and self.on_message is not None:
+            self.on_message({"jsonrpc": "2.0", "method": "notifications/message", "params": dict(payload)})
+
+    def missed(self, gap: MissedEvents) -> None:
+        """Events are gone: said once, explicitly, with the task's last known status."""
+        after = "its start" if gap.after is None else f"seq {gap.after}"
+        held = "" if gap.earliest is None else f" (the server holds them from seq {gap.earliest})"
+        message = f"events after {after} are gone{held}; its outcome is read with tasks/get"
+        status = self.last.status if self.last is not None else "working"
+        _log.warning("task %s: %s", self.task_id, message)
+        if self.callback is not None:
+            self.callback(TaskUpdate(self.task_id, status, message, gap))
 
 
 @asynccontextmanager

@@ -47,6 +47,8 @@ import orjson
 from anyio.abc import ByteStream, SocketAttribute, SocketListener
 
 from ..core.resources import InvalidResource, audience_of, canonical_resource
+from ..core.token_exchange import ACCESS_TOKEN_TYPE, TOKEN_EXCHANGE
+from .assertions import CLIENT_ASSERTION_TYPE, JWT_BEARER, PRIVATE_KEY_JWT, JwtBearerGrant, PrivateKeyJwt
 from .dpop import DpopFlow, DpopKey
 from .errors import AuthorizationFailed, describe_failure, unreachable
 from .registration import ClientCredentials, ClientRegistration, choose_auth_method, json_object, register_client
@@ -250,6 +252,14 @@ class _Token:
     """Issued as ``token_type: DPoP``: presented as ``Authorization: DPoP`` with a proof by our key."""
 
 
+@dataclass(frozen=True, slots=True)
+class ExchangedToken:
+    """An access token obtained by token exchange (RFC 8693) and when it expires (``None``: the AS did not say)."""
+
+    value: str
+    expires_at: float | None
+
+
 class TokenEndpointError(AuthorizationFailed):
     """The authorization server answered a token request with an OAuth error.
 
@@ -270,16 +280,19 @@ class TokenEndpointError(AuthorizationFailed):
             reason += f"; the server's metadata describes {described}: is that the MCP endpoint?"
         super().__init__(reason)
         self.error = error
+        self.description = description
         self.secretless = secretless
 
 
 class OAuth(Auth):
     """OAuth 2.1 for one client registration against whatever AS the MCP server names.
 
-    ``grant`` is ``"client_credentials"`` or an :class:`AuthorizationCodeGrant`. A token is reused while
+    ``grant`` is ``"client_credentials"``, an :class:`AuthorizationCodeGrant` or a
+    :class:`~.assertions.JwtBearerGrant` (workload identity, SEP-1933; an ID-JAG, SEP-990). A token is reused while
     its audience covers what a request needs and it is not about to expire (``leeway`` seconds).
     ``client_id=None`` (``authorization_code`` only) registers as ``registration`` says; ``token_auth``
-    (``client_secret_basic``, ``client_secret_post`` or ``none``) defaults to what the server supports.
+    (``client_secret_basic``, ``client_secret_post`` or ``none``) defaults to what the server supports;
+    ``client_key`` signs in with ``private_key_jwt`` instead of a secret (RFC 7523 §2.2).
     ``dpop``: ``None`` asks for DPoP-bound tokens when the authorization server advertises ES256 proofs (or the
     resource requires bound tokens), ``True`` or a :class:`~.dpop.DpopKey` always, ``False`` never. Proofs are
     added by httpx (:meth:`request_auth`): a client sending through a ``pool`` (the gateway's aiohttp pool)
@@ -291,23 +304,27 @@ class OAuth(Auth):
         client_id: str | None,
         client_secret: str | None = None,
         *,
-        grant: str | AuthorizationCodeGrant = "client_credentials",
+        grant: str | AuthorizationCodeGrant | JwtBearerGrant = "client_credentials",
         scope: str | None = None,
         token_auth: str | None = None,
+        client_key: PrivateKeyJwt | None = None,
         registration: ClientRegistration | None = None,
         leeway: float = 30.0,
         clock: Callable[[], float] = time.time,
         dpop: bool | DpopKey | None = None,
     ) -> None:
-        if grant != "client_credentials" and not isinstance(grant, AuthorizationCodeGrant):
-            raise ValueError("grant must be 'client_credentials' or an AuthorizationCodeGrant")
+        if grant != "client_credentials" and not isinstance(grant, AuthorizationCodeGrant | JwtBearerGrant):
+            raise ValueError("grant must be 'client_credentials', an AuthorizationCodeGrant or a JwtBearerGrant")
         if client_id is None and not isinstance(grant, AuthorizationCodeGrant):
-            raise ValueError("client_credentials needs a client_id; only authorization_code clients register")
+            raise ValueError("this grant needs a client_id; only authorization_code clients register")
+        if client_key is not None and client_secret is not None:
+            raise ValueError("a client authenticates with a secret or with a key (private_key_jwt), not both")
         self.client_id = client_id
         self._secret = client_secret
         self._grant = grant
         self._scope = ScopeSelection(scope)
-        self._token_auth = token_auth
+        self._token_auth = PRIVATE_KEY_JWT if client_key is not None else token_auth
+        self._client_key = client_key
         self._registration = registration or ClientRegistration()
         self._registered: dict[str, ClientCredentials] = {}
         """Dynamic registrations by issuer: one authorization server's client is never shown to another."""
@@ -445,6 +462,36 @@ class OAuth(Auth):
             self._ceiling = token.audience
             log.info("privileges narrowed to %s", _names(token.audience))
 
+    async def exchange(self, subject_token: str, scopes: Iterable[str], audience: str | None = None) -> ExchangedToken:
+        """RFC 8693 token exchange: ``subject_token`` (an access token someone else presented to us) traded at the
+        authorization server of the MCP server this client is bound to, for an access token for that server
+        (``resource``; ``audience`` too when the AS wants a logical name) holding ``scopes``.
+
+        The token is returned, never kept: it speaks for the subject token's user, and this client's own tokens
+        (what :meth:`token` presents) must stay its own. A refusal is :class:`TokenEndpointError`.
+        """
+        async with self._lock:
+            metadata = await self._authorization_server()
+        assert self.resource is not None, "OAuth is not bound to a client yet"
+        form = [
+            ("grant_type", TOKEN_EXCHANGE),
+            ("subject_token", subject_token),
+            ("subject_token_type", ACCESS_TOKEN_TYPE),
+            ("requested_token_type", ACCESS_TOKEN_TYPE),
+            ("resource", self.resource),
+        ]
+        if audience is not None:
+            form.append(("audience", audience))
+        wanted = " ".join(sorted(scopes))
+        if wanted:
+            form.append(("scope", wanted))
+        body = await self._post_token(metadata, form)
+        expires_in = body.get("expires_in")
+        lifetime = (
+            float(expires_in) if isinstance(expires_in, int | float) and not isinstance(expires_in, bool) else None
+        )
+        return ExchangedToken(str(body["access_token"]), None if lifetime is None else self._clock() + lifetime)
+
     # ---- token cache --------------------------------------------------------------------------------
 
     def _wanted(self, resources: frozenset[str]) -> frozenset[str]:
@@ -478,6 +525,10 @@ class OAuth(Auth):
         metadata = await self._authorization_server()
         if isinstance(self._grant, AuthorizationCodeGrant):
             return await self._authorization_code(metadata, self._grant, wanted)
+        if isinstance(self._grant, JwtBearerGrant):
+            assert self.resource is not None
+            assertion = await self._grant.obtain(str(metadata.get("issuer")), self.resource, self._client())
+            return await self._token_request(metadata, {"grant_type": JWT_BEARER, "assertion": assertion}, wanted)
         return await self._token_request(metadata, {"grant_type": "client_credentials"}, wanted)
 
     async def _refresh(self, wanted: frozenset[str]) -> _Token:
@@ -536,13 +587,18 @@ class OAuth(Auth):
     async def _token_request(
         self, metadata: Mapping[str, Any], params: Mapping[str, str], wanted: frozenset[str], with_scope: bool = True
     ) -> _Token:
-        endpoint = metadata.get("token_endpoint")
-        if not isinstance(endpoint, str):
-            raise AuthorizationFailed("the authorization server metadata has no token_endpoint")
         form: list[tuple[str, str]] = [*params.items(), *(("resource", r) for r in sorted(wanted))]
         scope = self._scope.current()
         if with_scope and scope is not None:
             form.append(("scope", scope))
+        return self._store(await self._post_token(metadata, form), wanted)
+
+    async def _post_token(self, metadata: Mapping[str, Any], form: list[tuple[str, str]]) -> Mapping[str, Any]:
+        """One token request with this client's authentication (and a DPoP proof when tokens are bound): the
+        answer's body, or :class:`TokenEndpointError`."""
+        endpoint = metadata.get("token_endpoint")
+        if not isinstance(endpoint, str):
+            raise AuthorizationFailed("the authorization server metadata has no token_endpoint")
         headers = dict(_FORM_HEADERS)
         client = await self._credentials(metadata)
         if client.client_secret is not None and client.auth_method == "client_secret_basic":
@@ -553,6 +609,9 @@ class OAuth(Auth):
             form.append(("client_id", client.client_id))
             if client.client_secret is not None and client.auth_method == "client_secret_post":
                 form.append(("client_secret", client.client_secret))
+            if self._client_key is not None and client.auth_method == PRIVATE_KEY_JWT:
+                form.append(("client_assertion_type", CLIENT_ASSERTION_TYPE))
+                form.append(("client_assertion", self._client_key.assertion(client.client_id, metadata)))
         body_bytes = urlencode(form)
         flow = self._token_flow if self._uses_dpop(metadata) else None
         auth: httpx.Auth | httpx._client.UseClientDefault = flow if flow is not None else httpx.USE_CLIENT_DEFAULT
@@ -569,10 +628,15 @@ class OAuth(Auth):
         body = json_object(response.content)
         if response.status_code != 200 or not isinstance(body.get("access_token"), str):
             error = str(body.get("error") or f"HTTP {response.status_code}")
-            unsigned = error == "invalid_client" and client.client_secret is None and self.client_id is not None
+            unsigned = (
+                error == "invalid_client"
+                and client.client_secret is None
+                and self._client_key is None
+                and self.client_id is not None
+            )
             secretless = client.client_id if unsigned else None  # the caller's client, not a registration of ours
             raise TokenEndpointError(error, str(body.get("error_description", "")), secretless, self._described)
-        return self._store(body, wanted)
+        return body
 
     def _store(self, body: Mapping[str, Any], wanted: frozenset[str]) -> _Token:
         value = str(body["access_token"])

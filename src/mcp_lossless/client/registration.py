@@ -35,7 +35,8 @@ _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 
 @dataclass(frozen=True, slots=True)
 class ClientCredentials:
-    """A client identity at one authorization server; ``auth_method`` is one of :data:`AUTH_METHODS`."""
+    """A client identity at one authorization server; ``auth_method`` is one of :data:`AUTH_METHODS`, or
+    ``private_key_jwt`` for a configured client with a key (:class:`~.assertions.PrivateKeyJwt`)."""
 
     client_id: str
     client_secret: str | None

@@ -45,6 +45,7 @@ from ..core.actions import (
     SendCall,
     StreamKey,
 )
+from ..core.denials import remedy
 from ..core.ledger import Ledger
 from ..core.sse import SseTooLarge
 from .errors import (
@@ -496,7 +497,7 @@ class Session:
         with scope:
             if isinstance(action, SendCall) and action.attempt > 0:
                 # A re-issue follows a failure (a drop, a restart): do not hammer a server that is coming back.
-                await anyio.sleep(self.backoff.delay(action.attempt - 1, None, self._rng.random()))
+                await anyio.sleep(self.backoff.delay(action.attempt - 1, action.retry_ms, self._rng.random()))
             try:
                 await self._ready.wait()
                 sent_on = self.transport.session_id
@@ -548,11 +549,9 @@ class Session:
         if status in (401, 403):
             challenge = parse_challenge(response.headers.get("www-authenticate"))
             required: list[str] = list(challenge.resources) if challenge else []
-            scopes: list[str] = []
-            if isinstance(parsed, dict) and isinstance(parsed.get("requiredResources"), list):
-                required += [r for r in parsed["requiredResources"] if isinstance(r, str)]
-            if isinstance(parsed, dict) and isinstance(parsed.get("requiredScopes"), list):
-                scopes += [s for s in parsed["requiredScopes"] if isinstance(s, str)]
+            helps = remedy(_refusal_data(parsed))  # the SEP-2643 envelope, else our own fields
+            required += sorted(helps.resources)
+            scopes = sorted(helps.scopes)
             if challenge is not None:
                 self.auth.challenged(challenge)
                 detail = f"HTTP {status} {challenge.error or ''}: {challenge.description or _snippet(body)}"
@@ -677,6 +676,14 @@ def _unwrap(outcome: CallOutcome) -> dict[str, Any]:
     if outcome.kind is FailureKind.SESSION_LOST:
         raise SessionLost(outcome.reason, outcome.error)
     raise _FAILURES[outcome.kind](outcome.reason)
+
+
+def _refusal_data(parsed: object) -> object:
+    """The refusal's data in a 401/403 body: a JSON-RPC error's ``data`` (a refused call), or the body itself (a
+    refused resume, whose fields are at the top)."""
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return parsed["error"].get("data")
+    return parsed
 
 
 def _json(raw: bytes) -> Any:

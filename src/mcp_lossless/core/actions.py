@@ -65,6 +65,9 @@ class RecoveryPolicy:
     reissue_idempotent: bool = True
     """Re-issue calls to tools annotated ``idempotentHint`` without asking."""
     max_reissues: int = 2
+    max_keyed_reissues: int = 20
+    """Re-issues of a call carrying an idempotency key (SEP-3182): each is safe, as the server runs a key once, so
+    the bound is only against a server that never settles; the call's deadline usually ends it first."""
     max_reauthorizations: int = 3
     max_fruitless_reconnects: int = 5
     """Consecutive connections of one stream that end without a single new event."""
@@ -83,6 +86,9 @@ class CallSpec:
     """The caller's choice for this call; ``None`` leaves it to :class:`RecoveryPolicy` and ``idempotent``."""
     progress: bool = False
     """Ask for progress notifications (the wire id is used as the progress token)."""
+    idempotency_key: str | None = None
+    """The call's SEP-3182 key (the adapter draws it; ``params`` carry it on the wire): set only when the server
+    declares ``tools.idempotency``. A keyed call is re-issued under the same key whatever its tool."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +114,8 @@ class SendCall:
     reissue_of: str | int | None = None
     attempt: int = 0
     """How many times this call was re-issued before: the adapter backs off before sending again."""
+    retry_ms: int | None = None
+    """The server's wait before sending again (an in-progress key's ``retryAfter``), the backoff's base."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,10 @@ waiting helps."""
 UPSTREAM_FAILED = -32045
 """A gateway's upstream gave no answer: unreachable, refused, broke the protocol, or passed the deadline."""
 
+IDEMPOTENCY_IN_PROGRESS = -32046
+"""A ``tools/call`` whose idempotency key's first use still runs (SEP-3182 ``idempotency_key_in_progress`` in
+``data.type``); ``data.retryAfter`` says when to send it again, ``data.lastEventId`` where a legacy stream resumes."""
+
 # 2026-07-28 reserves -32020..-32099 for the specification and asks implementations to allocate codes outside
 # the JSON-RPC range (-32768..-32000): the codes only the modern leg sends live at -31xxx, below. Two legacy codes
 # inside the reserved range reach 2026-07-28 clients too, so that one condition has one code in both eras:

@@ -12,10 +12,11 @@ from typing import Any
 
 import orjson
 
+from . import denials
 from .errors import DELIVERY_REFUSED, EXECUTION_LOST
 from .events import EventRows, Loss, RequestId, StoredEvent
 from .replay import Refusal, RefusalReason
-from .resources import describe, resources_in, scopes_in
+from .resources import describe
 
 REFUSAL_LOGGER = "mcp-lossless"
 
@@ -67,15 +68,16 @@ def notification(method: str, params: dict[str, Any]) -> bytes:
 
 
 def refusal_data(refusal: Refusal) -> dict[str, Any]:
-    """The documented ``data`` of a DELIVERY_REFUSED error and of a pre-commit 403 body."""
-    return {
-        "reason": refusal.reason.value,
-        "eventId": refusal.event_id,
-        "requiredResources": list(resources_in(refusal.missing)),
-        "requiredScopes": list(scopes_in(refusal.missing)),
-        "lastEventId": refusal.cursor,
-        "resumable": True,
-    }
+    """The documented ``data`` of a DELIVERY_REFUSED error and of a pre-commit 403 body (with the SEP-2643
+    envelope, :mod:`.denials`)."""
+    return denials.refusal_fields(
+        refusal.event_id,
+        refusal.missing,
+        reason=refusal.reason.value,
+        eventId=refusal.event_id,
+        lastEventId=refusal.cursor,
+        resumable=True,
+    )
 
 
 def refusal_message(refusal: Refusal) -> str:

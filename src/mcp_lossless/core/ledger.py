@@ -15,8 +15,11 @@ Rules it enforces (invariant 3):
   delivered twice.
 * ``DELIVERY_REFUSED`` with ``resumable: true`` is not terminal: the stream waits for re-authorization
   and resumes from the same cursor. ``EXECUTION_LOST`` is terminal unless the call may be re-issued.
-* A call may be re-issued (with a new id) only when its tool is idempotent or the caller opted in;
-  otherwise it fails with "may have run, result not received".
+* A call may be re-issued (with a new id) only when its tool is idempotent, the caller opted in, or it carries
+  an idempotency key (SEP-3182: the server runs a key once, so a re-issue is safe for every tool); otherwise it
+  fails with "may have run, result not received". A keyed call answered "in progress" is sent again, same key,
+  after the server's ``retryAfter``; one answered execution-lost *naming its key* is final (the key is never run
+  again, so sending it again cannot help).
 
 The types it takes and returns live in :mod:`mcp_lossless.core.actions`. Each stream (one POST and its
 resumptions) is in one of three states; every state change goes through ``_enter`` and every new
@@ -44,7 +47,7 @@ superseded :class:`Link` still reports is ignored::
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -72,7 +75,9 @@ from .actions import (
     SendCall,
     StreamKey,
 )
-from .errors import DELIVERY_REFUSED, EXECUTION_LOST
+from .denials import remedy
+from .errors import DELIVERY_REFUSED, EXECUTION_LOST, IDEMPOTENCY_IN_PROGRESS
+from .idempotency import KEY_PARAM
 from .sse import SseEvent
 
 # ---- state -----------------------------------------------------------------------------------------
@@ -415,12 +420,29 @@ class Ledger:
             code = error.get("code")
             data = error.get("data")
             resumable = isinstance(data, dict) and data.get("resumable") is True
-            if code == DELIVERY_REFUSED and resumable:
-                return self._refused(stream, call, data if isinstance(data, dict) else {})
+            if code == DELIVERY_REFUSED and resumable and isinstance(data, dict):
+                return self._refused(stream, call, data)
+            keyed = call.spec.idempotency_key is not None
+            if code == IDEMPOTENCY_IN_PROGRESS and keyed and isinstance(data, dict):
+                return self._in_progress(stream, call, data.get("retryAfter"))
             if code == EXECUTION_LOST:
                 reason = f"the server lost the execution of {wire!r}: {error.get('message', '')}"
+                if keyed and isinstance(data, dict) and data.get(KEY_PARAM) == call.spec.idempotency_key:
+                    # The key is never run again. A tool safe to run twice is tried once more as a new operation,
+                    # under a new key (the SEP's way to ask again); any other ends here, as may-have-run.
+                    if not self._may_run_again(call):
+                        return self._fail(call, FailureKind.MAY_HAVE_RUN, f"{reason}; the key is not run again", error)
+                    self._rekey(call)
                 return self._recover_calls(stream, [call], FailureKind.MAY_HAVE_RUN, reason, error)
         return self._resolve(call, Answered(msg))
+
+    def _in_progress(self, stream: _Stream, call: _Call, retry_after: object) -> list[Action]:
+        """The key's first use still runs: the same key again after ``retryAfter`` (the server's wait, in seconds),
+        on a stream of its own; not a failure, so it counts as a re-issue only against the keyed bound."""
+        seconds = retry_after if isinstance(retry_after, int | float) and not isinstance(retry_after, bool) else 1
+        if call.reissues >= self.policy.max_keyed_reissues:
+            return self._fail(call, FailureKind.MAY_HAVE_RUN, "the key's first use was still running at the last try")
+        return self._reissue(call, stream, "the key's first use is still running", max(0, int(seconds * 1000)))
 
     def _refused(self, stream: _Stream, call: _Call, data: Mapping[str, Any]) -> list[Action]:
         if stream.cursor is None:
@@ -428,12 +450,13 @@ class Ledger:
             # cursor to resume it from, so sending it again under its id would be a duplicate request.
             reason = f"delivery refused before any event id ({data.get('reason', 'refused')}), cannot resume"
             return self._recover_calls(stream, [call], FailureKind.MAY_HAVE_RUN, reason)
+        helps = remedy(data)  # the SEP-2643 envelope where the server sent one, our own fields where not
+        if helps.reauthorize is False:
+            reason = f"delivery refused at event {data.get('eventId')!r}; the server says re-authorizing cannot help"
+            return self._fail(call, FailureKind.AUTHORIZATION, reason)
         call.refused = True
-        required, scopes = data.get("requiredResources"), data.get("requiredScopes")
-        if isinstance(required, list):
-            stream.required.update(r for r in required if isinstance(r, str))
-        if isinstance(scopes, list):
-            stream.required_scopes.update(s for s in scopes if isinstance(s, str))
+        stream.required.update(helps.resources)
+        stream.required_scopes.update(helps.scopes)
         out: list[Action] = []
         theirs = data.get("lastEventId")
         if theirs is not None and theirs != stream.cursor:
@@ -526,7 +549,8 @@ class Ledger:
         out: list[Action] = []
         for call in calls:
             if self._may_reissue(call):
-                out += self._reissue(call, stream, f"{reason}; re-issuing with a new id")
+                same = " under the same idempotency key" if call.spec.idempotency_key is not None else ""
+                out += self._reissue(call, stream, f"{reason}; re-issuing with a new id{same}")
             else:
                 why = reason
                 if kind in (FailureKind.MAY_HAVE_RUN, FailureKind.SESSION_LOST):
@@ -535,13 +559,27 @@ class Ledger:
         return out
 
     def _may_reissue(self, call: _Call) -> bool:
+        """Whether ``call`` may be sent again: under its key, always (the server runs a key once), within the keyed
+        bound; without one, only a tool safe to run twice (idempotent, or the caller opted in)."""
+        if call.spec.idempotency_key is not None and call.spec.reissue is not False:
+            return call.reissues < self.policy.max_keyed_reissues
         if call.reissues >= self.policy.max_reissues:
             return False
         if call.spec.reissue is not None:
             return call.spec.reissue
         return call.spec.idempotent and self.policy.reissue_idempotent
 
-    def _reissue(self, call: _Call, old: _Stream, why: str) -> list[Action]:
+    def _may_run_again(self, call: _Call) -> bool:
+        """Whether a keyed call whose key's execution was lost may run again as a new operation (a new key): only a
+        tool safe to run twice (idempotent, or the caller opted in). Its re-issues so far were under a key, each
+        safe whatever its count, so the keyed bound applies, not the bound of re-issues without a key."""
+        if call.reissues >= self.policy.max_keyed_reissues:
+            return False
+        if call.spec.reissue is not None:
+            return call.spec.reissue
+        return call.spec.idempotent and self.policy.reissue_idempotent
+
+    def _reissue(self, call: _Call, old: _Stream, why: str, retry_ms: int | None = None) -> list[Action]:
         old_wire = call.wire_id
         self._detach(call, old)
         del self._by_wire[old_wire]
@@ -552,12 +590,24 @@ class Ledger:
         stream = self._new_stream(call.key)
         call.stream = stream.key
         self._by_wire[call.wire_id] = call.key
-        out: list[Action] = [CancelOnServer(old_wire, "re-issued under a new id")]
+        # A keyed call's re-issue is to reach the same execution (its outcome, or "in progress"): cancelling the
+        # old id would cancel that execution and make "cancelled" the outcome the key replays.
+        keyed = call.spec.idempotency_key is not None
+        out: list[Action] = [] if keyed else [CancelOnServer(old_wire, "re-issued under a new id")]
         if old.state is _State.CLOSED:
             out.append(CloseStream(old.key, why))
         message = self._message(call)
-        out.append(SendCall(self._link(stream), call.key, message, call.spec.resources, why, old_wire, call.reissues))
+        link = self._link(stream)
+        out.append(SendCall(link, call.key, message, call.spec.resources, why, old_wire, call.reissues, retry_ms))
         return out
+
+    @staticmethod
+    def _rekey(call: _Call) -> None:
+        """A new key for ``call``, derived from its first (still unique to the caller): a new logical operation."""
+        first = call.spec.idempotency_key
+        assert first is not None
+        key = f"{first}.{call.reissues + 1}"
+        call.spec = replace(call.spec, params={**call.spec.params, KEY_PARAM: key}, idempotency_key=key)
 
     def _split(self, old: _Stream, why: str) -> list[Action]:
         """Send each call of a batch the server never processed on a stream of its own, under the same id."""

@@ -54,6 +54,10 @@ class Limits:
     per-row cost) and streams, as the store counts them (:meth:`~mcp_lossless.stores.base.EventStore.stored_bytes`).
     Past it, a new POST is refused (429) and a running call's progress or answer is refused in-band, ending the
     call with this refusal; DELETE, idle expiry and the store's retention release what they remove."""
+    idempotency_keys_per_principal: int = 100_000
+    """Idempotency keys (SEP-3182) one principal holds, each kept ``idempotency_seconds`` after its first use: a
+    POST whose keyed calls would record more is refused (429). At the default window (24 h), about 1.2 keyed
+    calls a second, sustained, from one principal; a key repeated (a replay, "in progress") records nothing."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -211,6 +215,24 @@ def new_running_task(limits: Limits, running: int) -> LimitExceeded | None:
         503,
         f"this server runs {cap} tasks, the most allowed; retry later",
         retry_after=TASK_RETRY_SECONDS,
+    )
+
+
+KEYS_RETRY_SECONDS = 60
+"""A principal at its key bound frees room only as its oldest keys expire."""
+
+
+def new_keys(limits: Limits, held: int, keys: int) -> LimitExceeded | None:
+    """A principal holding ``held`` idempotency keys records ``keys`` more."""
+    cap = limits.idempotency_keys_per_principal
+    if held + keys <= cap:
+        return None
+    return LimitExceeded(
+        "idempotency_keys_per_principal",
+        cap,
+        429,
+        f"this principal holds {held} idempotency keys, at most {cap} allowed; retry later, as they expire",
+        retry_after=KEYS_RETRY_SECONDS,
     )
 
 

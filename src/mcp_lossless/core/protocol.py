@@ -56,6 +56,7 @@ NAME_PARAMS = {
     "tasks/get": "taskId",
     "tasks/update": "taskId",
     "tasks/cancel": "taskId",
+    "tasks/stream": "taskId",
 }
 """The 2026-07-28 requests whose ``Mcp-Name`` header mirrors a parameter, and which one (SEP-2243)."""
 ACCEPT_POST = "application/json, text/event-stream"

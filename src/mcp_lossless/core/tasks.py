@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from . import denials
 from .errors import TASK_DENIED, TASK_EXECUTION_LOST
 from .principal import Grant, Principal
 from .resources import AudiencePolicy, requirement, resources_in, scopes_in
@@ -351,14 +352,15 @@ def denial_message(denied: Denied) -> str:
 
 
 def denial_data(denied: Denied) -> dict[str, Any]:
-    """``data`` of the :data:`~mcp_lossless.core.errors.TASK_DENIED` error (docs/errors.md)."""
-    return {
-        "reason": "insufficient_audience" if denied.missing_resources else "insufficient_scope",
-        "taskId": denied.task_id,
-        "requiredResources": list(denied.missing_resources),
-        "requiredScopes": list(denied.missing_scopes),
-        "resumable": True,
-    }
+    """``data`` of the :data:`~mcp_lossless.core.errors.TASK_DENIED` error (docs/errors.md), with the SEP-2643
+    envelope: every denied poll repeats it, as the SEP asks of every ``tasks/get`` of a task not delivered."""
+    return denials.refusal_fields(
+        denied.task_id,
+        requirement(denied.missing_resources, denied.missing_scopes),
+        reason="insufficient_audience" if denied.missing_resources else "insufficient_scope",
+        taskId=denied.task_id,
+        resumable=True,
+    )
 
 
 def denial_error(denied: Denied) -> dict[str, Any]:

@@ -46,6 +46,10 @@ class Issue:
     audience: tuple[str, ...]
     scope: str
     refresh_token: str | None = None
+    actor: str | None = None
+    """A token exchange's actor (RFC 8693 §4.1 ``act``): the client acting for ``subject``."""
+    not_after: float | None = None
+    """The token must not outlive this (a token exchange's subject token's ``exp``)."""
 
 
 class ResourceRules:

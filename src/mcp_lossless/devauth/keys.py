@@ -92,6 +92,16 @@ class SigningKeys:
     def jwks(self) -> Any:
         return KeySet(self._all).as_dict(private=False)
 
+    def verified(self, token: str) -> dict[str, Any] | None:
+        """The claims of an access token signed by one of these keys (``typ`` at+jwt), else ``None``: what a token
+        exchange's subject token must be. Only the signature and type are checked here; the claims are the
+        caller's to judge."""
+        try:
+            decoded = jwt.decode(token, self.public, algorithms=list(SIGNING_ALGORITHMS))
+        except (JoseError, ValueError):
+            return None
+        return dict(decoded.claims) if decoded.header.get("typ") == "at+jwt" else None
+
     def sign(self, claims: dict[str, Any], alg: str = "RS256") -> str:
         key = self._current[alg]
         header = {"alg": alg, "typ": "at+jwt", "kid": key.kid}

@@ -1,7 +1,8 @@
 """The embedded development authorization server, so mcp-lossless runs with nothing else installed.
 
 A raw ASGI app serving RFC 8414 metadata, a JWKS, ``/authorize`` (code + PKCE S256, with a consent step),
-``/token`` (client_credentials, authorization_code, refresh_token) with RFC 8707 resource indicators, and
+``/token`` (client_credentials, authorization_code, refresh_token, and RFC 8693 token exchange under a policy,
+:mod:`.exchange`) with RFC 8707 resource indicators, and
 ``/register`` (RFC 7591), issuing RFC 9068 JWT access tokens. Clients are configured, built in
 (``dev-public``), registered, or named by a Client ID Metadata Document URL (:mod:`.clients`). Switches
 imitate the behaviours a client must survive from real ASes: ``single_audience`` (oidc-provider: one
@@ -27,8 +28,10 @@ from joserfc.jwk import KeySet
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, respond, respond_json
 from ..core.dpop import ALGORITHMS as DPOP_ALGORITHMS
 from ..core.dpop import NONCE_PERIOD, ProofRefusal, ReplayCache, accepted_nonces, server_nonce, verify_proof
+from ..core.token_exchange import ACCESS_TOKEN_TYPE, TOKEN_EXCHANGE
 from .clients import GRANT_TYPES, ClientRegistry, KnownClient
 from .consent import BROWSER_COOKIE, PAGE_HEADERS, PendingConsents, consent_page, error_page
+from .exchange import ExchangePolicy, ExchangeRule
 from .forms import MAX_BODY, Params, form_params, optional, query_params, required
 from .grants import GrantStore, Issue, OAuthError, ResourceRules
 from .keys import SigningKeys
@@ -62,11 +65,13 @@ class DevAuthServer:
         max_registrations: int = 100,
         dpop_nonce: bool = False,
         dpop_window: float = 60.0,
+        exchange: Mapping[str, ExchangeRule] | None = None,
     ) -> None:
         """``auto_approve`` skips the consent page (the subject is then ``login_hint`` or ``dev-user``): for
         loopback development and tests only. ``http_metadata_documents`` accepts ``http://`` client ID
         metadata document URLs on loopback hosts (tests). ``dpop_nonce``: a token request's DPoP proof must carry
-        a nonce of this AS (RFC 9449 §8); ``dpop_window``: how far a proof's ``iat`` may be off the clock."""
+        a nonce of this AS (RFC 9449 §8); ``dpop_window``: how far a proof's ``iat`` may be off the clock.
+        ``exchange``: the token-exchange policy, by exchanging client (none: the grant is not offered)."""
         self.issuer = issuer
         self.path_prefix = urlsplit(issuer).path.rstrip("/")
         self._base = issuer.rstrip("/")
@@ -91,6 +96,7 @@ class DevAuthServer:
         self._dpop_window = dpop_window
         self._dpop_nonce_key = secrets.token_bytes(32) if dpop_nonce else None
         self._dpop_replays = ReplayCache(10_000, clock)
+        self._exchange = ExchangePolicy(exchange or {}, self._own_token)
         self.jwks_requests = 0
         """How often the JWKS was served: lets tests prove a verifier does not fetch it in a storm."""
         self._metadata_paths = frozenset(
@@ -106,7 +112,7 @@ class DevAuthServer:
             "authorization_endpoint": f"{self._base}/authorize",
             "token_endpoint": f"{self._base}/token",
             "jwks_uri": f"{self._base}/jwks",
-            "grant_types_supported": sorted(GRANT_TYPES),
+            "grant_types_supported": sorted({*GRANT_TYPES, *([TOKEN_EXCHANGE] if self._exchange else [])}),
             "response_types_supported": ["code"],
             "code_challenge_methods_supported": ["S256"],
             "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none"],
@@ -115,6 +121,17 @@ class DevAuthServer:
             "client_id_metadata_document_supported": True,
             "dpop_signing_alg_values_supported": list(DPOP_ALGORITHMS),
         }
+
+    def _own_token(self, token: str) -> Mapping[str, Any]:
+        """The claims of an access token this AS issued and that has not expired (a token exchange's subject
+        token), else ``invalid_grant``."""
+        claims = self._signing.verified(token)
+        if claims is None or claims.get("iss") != self.issuer:
+            raise OAuthError("invalid_grant", "subject_token is not an access token of this authorization server")
+        expires = claims.get("exp")
+        if not isinstance(expires, int | float) or expires <= self._clock():
+            raise OAuthError("invalid_grant", "subject_token expired")
+        return claims
 
     @property
     def keys(self) -> KeySet:
@@ -142,9 +159,10 @@ class DevAuthServer:
         scopes: Collection[str] = (),
         alg: str = "RS256",
         jkt: str | None = None,
+        actor: str | None = None,
     ) -> str:
         """A signed access token as the token endpoint would issue it (tests use this directly); ``jkt`` binds it
-        to a DPoP key (``cnf.jkt``, RFC 9449 §6.1)."""
+        to a DPoP key (``cnf.jkt``, RFC 9449 §6.1); ``actor`` is the client acting for ``subject`` (``act``)."""
         now = int(self._clock())
         claims: dict[str, Any] = {
             "iss": self.issuer,
@@ -160,6 +178,8 @@ class DevAuthServer:
             claims["scope"] = " ".join(scopes)
         if jkt is not None:
             claims["cnf"] = {"jkt": jkt}
+        if actor is not None:
+            claims["act"] = {"sub": actor}
         return self._signing.sign(claims, alg)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -215,17 +235,24 @@ class DevAuthServer:
         except OAuthError as err:
             await _oauth_error(send, err)
             return
+        ttl = self._token_ttl
+        if issue.not_after is not None:
+            ttl = min(ttl, int(issue.not_after - self._clock()))
         body: dict[str, Any] = {
             "access_token": self.mint(
                 subject=issue.subject,
                 client_id=issue.client_id,
                 audience=issue.audience,
+                ttl=ttl,
                 scopes=issue.scope.split(),
                 jkt=jkt,
+                actor=issue.actor,
             ),
             "token_type": "Bearer" if jkt is None else "DPoP",
-            "expires_in": self._token_ttl,
+            "expires_in": ttl,
         }
+        if issue.actor is not None:
+            body["issued_token_type"] = ACCESS_TOKEN_TYPE
         if issue.scope:
             body["scope"] = issue.scope
         if issue.refresh_token is not None:
@@ -258,6 +285,20 @@ class DevAuthServer:
 
     async def _grant(self, client: KnownClient, params: Params, jkt: str | None = None) -> Issue:
         grant_type = required(params, "grant_type")
+        if grant_type == TOKEN_EXCHANGE and self._exchange:
+            if client.public:
+                raise OAuthError(
+                    "unauthorized_client", "a public client cannot exchange tokens: the actor authenticates"
+                )
+            exchanged = self._exchange.exchange(client.client_id, params)
+            return Issue(
+                exchanged.subject,
+                exchanged.actor,
+                exchanged.audience,
+                exchanged.scope,
+                actor=exchanged.actor,
+                not_after=exchanged.expires_at,
+            )
         if grant_type not in GRANT_TYPES:
             raise OAuthError("unsupported_grant_type", f"grant_type {grant_type!r} is not supported")
         client.check_grant(grant_type)

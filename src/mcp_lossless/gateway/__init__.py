@@ -5,6 +5,7 @@ from .config import (
     CatalogRule,
     ClientCredentialsFromEnv,
     GatewayConfigError,
+    TokenExchangeFromEnv,
     UpstreamConfig,
     parse_upstreams,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "ClientCredentialsFromEnv",
     "Gateway",
     "GatewayConfigError",
+    "TokenExchangeFromEnv",
     "UpstreamConfig",
     "create_gateway",
     "parse_upstreams",

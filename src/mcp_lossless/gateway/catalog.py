@@ -21,13 +21,14 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ..core import errors
-from ..core.resources import AudiencePolicy, describe, requirement, resources_in, scopes_in
+from ..core import denials, errors
+from ..core.resources import AudiencePolicy, describe, requirement, scopes_in
 from ..server.tools import MethodError, MethodHandler, MethodTags, ToolContext
 from .config import CatalogRule, UpstreamConfig
 from .table import Listed, ListedTemplate, expose_prompts, expose_resources, expose_templates
 from .upstream import LIST_METHODS, CatalogKind, CatalogRead, ListKind, Upstream, UpstreamFailure, UpstreamRpcError
 from .uri_template import MAX_URI
+from .vetting import Offered, Verdicts, names_entries
 
 log = logging.getLogger("mcp_lossless.gateway")
 
@@ -44,9 +45,11 @@ class Catalog:
         canonical: str,
         configs: Mapping[str, UpstreamConfig],
         upstreams: Mapping[str, Upstream],
+        verdicts: Verdicts,
     ) -> None:
         self.configs = configs
         self.upstreams = upstreams
+        self.verdicts = verdicts
         kinds: tuple[CatalogKind, ...] = ("prompts", "resources")
         self._tags: dict[tuple[str, CatalogKind], frozenset[str]] = {
             (name, kind): requirement({canonical}, config.catalog_scopes(_rule(config, kind)))
@@ -189,7 +192,7 @@ class Catalog:
         """The upstreams whose templates of the last listing route ``uri``, in configuration order."""
         if len(uri) > MAX_URI:
             return []
-        found = {t.upstream for t in self._templates if t.routes(self.configs[t.upstream], uri)}
+        found = {t.upstream for t in self._templates if t.routes(self._config(t.upstream), uri)}
         return [name for name in self.configs if name in found]
 
     async def _template_route(self, uri: str) -> str | None:
@@ -210,7 +213,7 @@ class Catalog:
             matching = [
                 {"upstream": t.upstream, "uriTemplate": t.template}
                 for t in self._templates
-                if t.upstream in holders and t.routes(self.configs[t.upstream], uri)
+                if t.upstream in holders and t.routes(self._config(t.upstream), uri)
             ]
             raise MethodError(
                 errors.INVALID_PARAMS,
@@ -226,9 +229,51 @@ class Catalog:
         listings = await asyncio.gather(*(self._listing(name, "templates") for name in names))
         routes: list[ListedTemplate] = []
         for name, entries in zip(names, listings, strict=True):
-            routes += expose_templates(self.configs[name], entries, (t.template for t in routes))
+            if entries is None:
+                continue
+            if names_entries(self.configs[name].resources):
+                await self._check_resources(name, templates=entries)
+            config = self.verdicts.effective(name)
+            if config is not None:
+                routes += expose_templates(config, entries, (t.template for t in routes))
         self._templates = routes
         return routes
+
+    # ---- the configuration against the listings ----------------------------------------------------
+
+    def _config(self, name: str) -> UpstreamConfig:
+        """The configuration an upstream's routes follow: as checked (or narrowed by ``--lenient-config``)."""
+        return self.verdicts.effective(name) or self.configs[name]
+
+    async def check(self, name: str) -> None:
+        """Check the prompts and resources ``name``'s rules name against its listings now (at its (re)connection,
+        before any of it is exposed): a rule that names nothing needs no listing."""
+        config = self.configs[name]
+        if names_entries(config.prompts):
+            self._check_prompts(name, await self._listing(name, "prompts"))
+        if names_entries(config.resources):
+            await self._check_resources(name)
+
+    def _check_prompts(self, name: str, entries: list[dict[str, Any]] | None) -> None:
+        if entries is not None:  # a listing that failed proves nothing either way: the last verdict stands
+            self.verdicts.catalog_listed(name, "prompts", Offered(_keys(entries, "name")))
+
+    async def _check_resources(
+        self,
+        name: str,
+        resources: list[dict[str, Any]] | None = None,
+        templates: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """A resource rule names URIs and templates alike: it is checked against both lists (the one not given
+        asked now; one that fails leaves the last verdict standing)."""
+        if resources is None:
+            resources = await self._listing(name, "resources")
+        if templates is None:
+            templates = await self._listing(name, "templates")
+        if resources is None or templates is None:
+            return
+        offered = Offered(_keys(resources, "uri"), _keys(templates, "uriTemplate"))
+        self.verdicts.catalog_listed(name, "resources", offered)
 
     # ---- upstream ----------------------------------------------------------------------------------
 
@@ -245,22 +290,33 @@ class Catalog:
         routes: dict[str, Listed] = {}
         expose = expose_prompts if kind == "prompts" else expose_resources
         for name, entries in zip(names, listings, strict=True):
-            for listed in expose(self.configs[name], entries, routes):
+            if entries is None:
+                continue
+            if names_entries(_rule(self.configs[name], kind)):
+                if kind == "prompts":
+                    self._check_prompts(name, entries)
+                else:
+                    await self._check_resources(name, resources=entries)
+            config = self.verdicts.effective(name)
+            if config is None:
+                continue
+            for listed in expose(config, entries, routes):
                 routes[listed.key] = listed
         self._routes[kind] = routes
         return routes
 
-    async def _listing(self, name: str, kind: ListKind) -> list[dict[str, Any]]:
-        """One upstream's list; one that has none (-32601: no such capability) or cannot answer now adds nothing
-        (as its tools are absent while it is down), the latter logged."""
+    async def _listing(self, name: str, kind: ListKind) -> list[dict[str, Any]] | None:
+        """One upstream's list: empty when it has none (-32601: no such capability); ``None`` when it cannot answer
+        now (logged), which exposes nothing of it (as its tools are absent while it is down) and checks nothing."""
         try:
             return await self.upstreams[name].listing(kind)
         except UpstreamRpcError as exc:
-            if exc.code != errors.METHOD_NOT_FOUND:
-                log.warning("upstream %s: %s refused: %s %s", name, LIST_METHODS[kind][0], exc.code, exc.message)
+            if exc.code == errors.METHOD_NOT_FOUND:
+                return []
+            log.warning("upstream %s: %s refused: %s %s", name, LIST_METHODS[kind][0], exc.code, exc.message)
         except UpstreamFailure as exc:
             log.warning("upstream %s: %s failed (%s: %s)", name, LIST_METHODS[kind][0], exc.reason, exc.detail)
-        return []
+        return None
 
     async def _read(
         self, ctx: ToolContext, listed: Listed, method: CatalogRead, params: dict[str, Any], kind: CatalogKind
@@ -268,7 +324,7 @@ class Catalog:
         # The server checked the tags of the route known when the request came; a listing since may have moved it.
         missing = self._policy.missing(ctx.grant.audience, self._tags[listed.upstream, kind], ctx.grant.scopes)
         if missing:
-            data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
+            data = denials.refusal_fields(" ".join(sorted(self._tags[listed.upstream, kind])), missing)
             raise MethodError(errors.FORBIDDEN, f"token does not cover {describe(missing)}", data)
         try:
             return await self.upstreams[listed.upstream].read(method, params)
@@ -280,3 +336,7 @@ class Catalog:
                 f"upstream {listed.upstream}: {exc.reason}: {exc.detail}",
                 {"reason": exc.reason, "upstream": listed.upstream, "mayHaveRun": False},
             ) from None
+
+
+def _keys(entries: list[dict[str, Any]], key: str) -> frozenset[str]:
+    return frozenset(value for entry in entries if isinstance(value := entry.get(key), str) and value)

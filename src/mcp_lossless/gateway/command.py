@@ -10,6 +10,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serve import STARTUP_FAILURE, UsageError, build_config
     from ..server.observability import configure_logging
     from ..server.serving import lossless_server
+    from ..tracing import configure_export
     from .config import GatewayConfigError, parse_upstreams
     from .gateway import create_gateway
 
@@ -19,10 +20,11 @@ def run(args: argparse.Namespace) -> int:
             upstreams = parse_upstreams(tomllib.load(handle).get("upstream"))
         for upstream in upstreams:
             upstream.require_executable()
-        gateway = create_gateway(config, upstreams)
+        gateway = create_gateway(config, upstreams, lenient_config=args.lenient_config)
     except (GatewayConfigError, ValueError) as exc:
         raise UsageError(f"{args.config}: {exc}") from None
     configure_logging(config.log_level)
+    configure_export()
     banner = [
         f"mcp-lossless gateway: MCP endpoint  {config.canonical_uri}",
         f"mcp-lossless gateway: metadata      {gateway.state.prm_url}",

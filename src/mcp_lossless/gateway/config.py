@@ -4,6 +4,7 @@
     name = "docs"
     url = "http://127.0.0.1:9001/mcp"               # Streamable HTTP
     auth = { bearer_env = "DOCS_TOKEN" }             # or { client_id = "…", secret_env = "…" }; default none
+                                                     # or { exchange = { client_id = "…", secret_env = "…" } }
     [[upstream]]
     name = "everything"
     command = ["npx", "-y", "@modelcontextprotocol/server-everything"]   # stdio, spawned and supervised
@@ -14,7 +15,9 @@
     prompts = { deny = ["secret"], scopes = ["ev:prompts"] }   # exposed prompts: ev_<prompt>; or false: none
     resources = { allow = ["file:///readme"] }       # exposed resources keep their URIs; or false: none
 
-The credentials of an upstream are its own: a client's token never travels on (no token passthrough).
+The credentials of an upstream are its own: a client's token never travels on (no token passthrough). With
+``exchange`` the gateway trades each caller's token for one of the upstream's that names the caller (RFC 8693,
+:mod:`.exchange`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ _KNOWN = frozenset(
         "era",
         "prompts",
         "resources",
+        "relist_seconds",
     }
 )
 
@@ -85,7 +89,17 @@ class ClientCredentialsFromEnv:
         return value
 
 
-UpstreamAuth = BearerFromEnv | ClientCredentialsFromEnv | None
+@dataclass(frozen=True, slots=True)
+class TokenExchangeFromEnv:
+    """RFC 8693 token exchange of each caller's token, by the gateway's client ``client_id`` at the upstream's
+    authorization server (whose ``client_credentials`` tokens serve the requests without a caller); ``audience``
+    is sent besides the upstream's ``resource`` to an AS that names its resources by logical names."""
+
+    credentials: ClientCredentialsFromEnv
+    audience: str | None = None
+
+
+UpstreamAuth = BearerFromEnv | ClientCredentialsFromEnv | TokenExchangeFromEnv | None
 Era = Literal["auto", "modern", "legacy"]
 """Which protocol era to speak to an upstream (HTTP or stdio): ``auto`` tries 2026-07-28 first and falls back to
 the legacy handshake revisions."""
@@ -130,6 +144,9 @@ class UpstreamConfig:
     era: Era = "auto"
     prompts: CatalogRule = CatalogRule()
     resources: CatalogRule = CatalogRule()
+    relist_seconds: float = 30.0
+    """HTTP: how often the tools of an upstream that announces no list changes are listed again (a tool it gained
+    after a restart appears, its configuration is checked again, and the listing probes that it is up)."""
 
     @property
     def exposed_prefix(self) -> str:
@@ -171,12 +188,26 @@ def _auth(where: str, value: object) -> UpstreamAuth:
         raise GatewayConfigError(f'{where}: auth must be "none", {{ bearer_env = "VAR" }} or {{ client_id = "…" }}')
     if set(value) == {"bearer_env"} and isinstance(value["bearer_env"], str) and value["bearer_env"]:
         return BearerFromEnv(value["bearer_env"])
+    if set(value) == {"exchange"}:
+        exchange = value["exchange"]
+        if not isinstance(exchange, dict) or "client_id" not in exchange:
+            raise GatewayConfigError(
+                f"{where}: auth.exchange must be a table with client_id (and secret_env, audience)"
+            )
+        unknown = set(exchange) - {"client_id", "secret_env", "audience"}
+        if unknown or not all(isinstance(v, str) and v for v in exchange.values()):
+            raise GatewayConfigError(
+                f"{where}: auth.exchange takes non-empty strings client_id, secret_env and audience"
+                + (f" (unknown: {', '.join(sorted(unknown))})" if unknown else "")
+            )
+        credentials = ClientCredentialsFromEnv(exchange["client_id"], exchange.get("secret_env"))
+        return TokenExchangeFromEnv(credentials, exchange.get("audience"))
     if "client_id" in value and set(value) <= {"client_id", "secret_env", "scope"}:
         if not all(isinstance(v, str) and v for v in value.values()):
             raise GatewayConfigError(f"{where}: auth values must be non-empty strings")
         return ClientCredentialsFromEnv(value["client_id"], value.get("secret_env"), value.get("scope"))
     raise GatewayConfigError(
-        f"{where}: auth has unknown keys {sorted(value)}; use bearer_env, or client_id + secret_env"
+        f"{where}: auth has unknown keys {sorted(value)}; use bearer_env, client_id + secret_env, or exchange"
     )
 
 
@@ -243,15 +274,24 @@ def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
             required[tool] = scope_tokens(f"{where}: scopes.{tool}", _strings(where, f"scopes.{tool}", listed))
         except ValueError as exc:
             raise GatewayConfigError(str(exc)) from None
+    relist = raw.get("relist_seconds", 30.0)
+    if not isinstance(relist, int | float) or isinstance(relist, bool) or not 1 <= relist <= 86400:
+        raise GatewayConfigError(f"{where}: relist_seconds must be a number of seconds in [1, 86400]")
     era = raw.get("era", "auto")
     if era not in ERAS:
         raise GatewayConfigError(f"{where}: era must be one of {', '.join(ERAS)} (got {era!r})")
+    auth = _auth(where, raw.get("auth"))
+    if isinstance(auth, TokenExchangeFromEnv) and (era == "legacy" or url is None):
+        raise GatewayConfigError(
+            f"{where}: auth.exchange needs a 2026-07-28 HTTP upstream (a legacy session is bound to the principal "
+            "that opened it, and one session serves every caller)"
+        )
     return UpstreamConfig(
         name=name,
         url=url,
         command=argv,
         env=dict(env),
-        auth=_auth(where, raw.get("auth")),
+        auth=auth,
         prefix=prefix,
         allow=allow,
         deny=deny,
@@ -263,6 +303,7 @@ def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
         era=era,
         prompts=_catalog_rule(where, "prompts", raw.get("prompts", {})),
         resources=_catalog_rule(where, "resources", raw.get("resources", {})),
+        relist_seconds=float(relist),
     )
 
 

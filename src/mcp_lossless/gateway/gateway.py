@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from .. import tracing
 from ..asgi import Receive, Scope, Send, run_lifespan
 from ..core import errors
 from ..core.resources import canonical_resource
@@ -33,6 +34,7 @@ from .http import HttpUpstream
 from .stdio import StdioUpstream
 from .table import ExposedTool, expose
 from .upstream import Upstream, UpstreamFailure, UpstreamRpcError
+from .vetting import Verdicts
 
 log = logging.getLogger("mcp_lossless.gateway")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -104,11 +106,14 @@ class Gateway:
         *,
         store: EventStore | None = None,
         verifier: TokenVerifier | None = None,
+        lenient_config: bool = False,
     ) -> None:
         self.registry = ToolRegistry()
         self.configs = {u.name: u for u in upstreams}
         self.upstreams: dict[str, HttpUpstream | StdioUpstream] = {u.name: open_upstream(u) for u in upstreams}
-        self.catalog = Catalog(canonical_resource(server.canonical_uri), self.configs, self.upstreams)
+        self.verdicts = Verdicts(self.configs, lenient=lenient_config)
+        """Each upstream's configuration checked against its listings (:mod:`.vetting`): what it is exposed under."""
+        self.catalog = Catalog(canonical_resource(server.canonical_uri), self.configs, self.upstreams, self.verdicts)
         # Its tools change with its upstreams': clients are told (``tools.listChanged``, both eras). Its prompts
         # and resources are listed anew on every list: there is no change to announce.
         capabilities: dict[str, Any] = {"tools": {"listChanged": True}}
@@ -129,9 +134,11 @@ class Gateway:
         self.exposed: dict[str, ExposedTool] = {}
         self.metrics = _Metrics(self.app)
         self._keepers: set[asyncio.Task[None]] = set()
+        self.app.readiness_checks["upstreams"] = self.readiness
         for name, upstream in self.upstreams.items():
             if isinstance(upstream, StdioUpstream):
                 upstream.on_restart = self._restarted(upstream)
+            upstream.on_reachability = self._reachability(name)
             self.metrics.up.labels(name).set(0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -170,11 +177,32 @@ class Gateway:
 
         return restarted
 
+    def _reachability(self, name: str) -> Callable[[bool, str], None]:
+        """``upstream_up`` follows what the upstream's probes, streams and calls find, not only its first connect."""
+        up = self.metrics.up.labels(name)
+
+        def changed(reachable: bool, why: str) -> None:
+            up.set(1 if reachable else 0)
+            log_decision("upstream_reachable" if reachable else "upstream_unreachable", upstream=name, why=why)
+
+        return changed
+
+    def readiness(self) -> str:
+        """``/readyz``'s upstreams check: ``ok`` when every upstream is up and its configuration checked out
+        against its listing, else which are not and why (a probe routes no traffic to a gateway whose tools are
+        missing or failing)."""
+        problems = [
+            f"{name} {'down' if not upstream.up else 'not exposed: its configuration does not check out'}"
+            for name, upstream in self.upstreams.items()
+            if not upstream.up or not self.verdicts.exposed(name)
+        ]
+        return "ok" if not problems else "; ".join(problems)
+
     async def _connect(self, name: str) -> None:
         upstream = self.upstreams[name]
         await upstream.start(lambda: self._register(name))
-        self.metrics.up.labels(name).set(1)
         self.metrics.speaks(upstream)
+        await self.catalog.check(name)  # its prompt and resource names too, before anything of it is exposed
         self._register(name)
 
     async def _keep_trying(self, name: str) -> None:
@@ -191,12 +219,15 @@ class Gateway:
             return
 
     def _register(self, name: str) -> None:
-        """(Re)build ``name``'s part of the table from its current tool list, then republish the server's tools."""
+        """(Re)build ``name``'s part of the table from its current tool list, checked against its configuration
+        (withheld while that names what the list lacks, unless lenient), then republish the server's tools."""
         for exposed in [e for e in self.exposed.values() if e.upstream == name]:
             self.registry.remove(exposed.name)
             del self.exposed[exposed.name]
-        config = self.configs[name]
-        for exposed in expose(config, self.upstreams[name].tools(), taken=self.exposed):
+        tools = self.upstreams[name].tools()
+        self.verdicts.tools_listed(name, {tool.name for tool in tools})
+        config = self.verdicts.effective(name)
+        for exposed in expose(config, tools, taken=self.exposed) if config is not None else ():
             annotations = dict(exposed.tool.annotations)
             if exposed.idempotent:
                 annotations["idempotentHint"] = True
@@ -223,6 +254,18 @@ class Gateway:
         return run
 
     async def _call(self, exposed: ExposedTool, ctx: ToolContext, arguments: dict[str, Any]) -> ToolReturn:
+        """The upstream call in a client span of its own: the upstream request carries its trace context (our
+        clients write it into ``_meta``), so the upstream's spans join the caller's trace."""
+        upstream = exposed.upstream
+        named = {
+            "mcp.method.name": "tools/call",
+            "gen_ai.tool.name": exposed.tool.name,
+            "mcp_lossless.upstream": upstream,
+        }
+        with tracing.span(f"tools/call {exposed.tool.name}", named, kind="client"):
+            return await self._call_upstream(exposed, ctx, arguments)
+
+    async def _call_upstream(self, exposed: ExposedTool, ctx: ToolContext, arguments: dict[str, Any]) -> ToolReturn:
         name = exposed.upstream
         upstream: Upstream = self.upstreams[name]
         started = time.perf_counter()
@@ -287,5 +330,6 @@ def create_gateway(
     *,
     store: EventStore | None = None,
     verifier: TokenVerifier | None = None,
+    lenient_config: bool = False,
 ) -> Gateway:
-    return Gateway(server, upstreams, store=store, verifier=verifier)
+    return Gateway(server, upstreams, store=store, verifier=verifier, lenient_config=lenient_config)

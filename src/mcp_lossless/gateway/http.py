@@ -6,7 +6,9 @@ tool is idempotent (annotated, or listed in the config) and otherwise fails as m
 is re-established; the deadline ends the call and cancels it upstream. This module maps those outcomes onto
 :class:`~.upstream.UpstreamFailure` and forwards progress to the gateway's client.
 
-The upstream gets the gateway's own credentials for it (``auth`` in the config), never the client's token.
+The upstream gets the gateway's own credentials for it (``auth`` in the config), never the client's token; with
+``auth.exchange``, a token exchanged for the caller's (:mod:`.exchange`), asked for the scopes the tool, prompt or
+resource needs.
 
 An upstream's requests for input (elicitation, sampling, roots) are asked of the calling client in its era,
 through the call's :class:`~.upstream.Reporter`, as a stdio child's are (docs/decisions/0019): the call brings
@@ -24,6 +26,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -51,7 +55,8 @@ from ..client.handlers import InputHandler, InputRefused
 from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
 from ..core import errors
-from .config import BearerFromEnv, ClientCredentialsFromEnv, UpstreamConfig
+from .config import BearerFromEnv, ClientCredentialsFromEnv, TokenExchangeFromEnv, UpstreamConfig
+from .exchange import ExchangeRefused, TokenExchange, needing
 from .pool import UpstreamPool
 from .stdio_era import INPUT_METHODS, LEGACY_INPUT_METHODS
 from .upstream import (
@@ -73,6 +78,14 @@ BACKOFF = Backoff(initial=0.2, maximum=2.0)
 """Reconnects and re-issues to an upstream that is coming back: prompt, since each call has a deadline."""
 WATCH_MAX_SECONDS = 30.0
 """Longest pause before the list-change stream is opened again."""
+RELIST_PROBE_SECONDS = 5.0
+"""A probe (one ``tools/list``) of an upstream that may be down: longer than this, and it counts as down."""
+PROBE_MAX_PAUSE = 5.0
+"""Longest pause between background probes of a down upstream: it is seen back within this (or at once, by the
+first call after it is back: a call to a down upstream probes it, unless a probe failed moments ago)."""
+PROBE_MIN_PAUSE = 0.25
+"""A call to a down upstream whose last probe failed less than this ago is answered at once, without probing
+again: a burst of calls makes one connection attempt, not one each."""
 MODERN_INPUT_METHODS = INPUT_METHODS
 """What a 2026-07-28 upstream may ask in a call's rounds or task: the three, each asked of the call's client."""
 UPSTREAM_LOG_LEVEL = "debug"
@@ -105,9 +118,12 @@ def client_auth(config: UpstreamConfig) -> Auth:
     auth = config.auth
     if isinstance(auth, BearerFromEnv):
         return BearerToken(auth.token())
+    # No DPoP: upstream requests go through the aiohttp pool, which cannot add a proof to each request.
     if isinstance(auth, ClientCredentialsFromEnv):
-        # No DPoP: upstream requests go through the aiohttp pool, which cannot add a proof to each request.
         return OAuth(auth.client_id, auth.secret(), scope=auth.scope, dpop=False)
+    if isinstance(auth, TokenExchangeFromEnv):
+        own = OAuth(auth.credentials.client_id, auth.credentials.secret(), dpop=False)
+        return TokenExchange(config.name, own, audience=auth.audience, clock=time.time)
     return _NoUpstreamAuth(config.name)
 
 
@@ -121,6 +137,8 @@ def _failure(exc: McpClientError) -> UpstreamFailure:
         reason, ran = "unreachable", False
     elif isinstance(exc, RequestRejected):
         reason, ran = "rejected", False
+    elif isinstance(exc, ExchangeRefused):
+        reason, ran = "exchange_refused", False
     elif isinstance(exc, AuthorizationFailed) and isinstance(
         exc.__cause__, httpx.NetworkError | httpx.TimeoutException
     ):
@@ -248,6 +266,15 @@ class HttpUpstream:
         self._tools: list[UpstreamTool] = []
         self._watched = True
         """Whether the upstream announces list changes (a 2026-07-28 one says so in ``server/discover``)."""
+        self.up = False
+        """Whether the upstream answered its last probe (or call): the circuit breaker. While it is down, a new call
+        fails at once as ``unreachable`` (the documented -32045) instead of waiting its deadline for a connection."""
+        self.on_reachability: Callable[[bool, str], None] = lambda up, why: None
+        """Told each change of :attr:`up`, and why (the gateway's ``upstream_up`` gauge and log)."""
+        self._why_down = "not connected"
+        self._probing: asyncio.Future[bool] | None = None
+        self._probed_at = -math.inf
+        self._on_tools_changed: Callable[[], None] = lambda: None
 
     async def start(self, on_tools_changed: Callable[[], None]) -> None:
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -272,14 +299,18 @@ class HttpUpstream:
                 clients = await self._connect(stack, http, pool)
                 self._tools = (await asyncio.gather(*(_listed(c) for c in clients)))[0]  # each learns annotations
                 self._clients, self._in_flight = clients, [0] * len(clients)
+                self._on_tools_changed = on_tools_changed
+                self._reachable(True, "connected")
                 ready.set_result(None)
                 watchers = [asyncio.create_task(self._watch(client)) for client in clients if self._watched]
-                watchers.append(asyncio.create_task(self._refresh(clients[0], on_tools_changed)))
+                watchers.append(asyncio.create_task(self._refresh()))
                 try:
                     await self._closed.wait()
                 finally:
                     for watcher in watchers:
                         watcher.cancel()
+                    if self._probing is not None:
+                        self._probing.cancel()
                     await asyncio.gather(*watchers, return_exceptions=True)
         except McpClientError as exc:
             if not ready.done():
@@ -293,6 +324,7 @@ class HttpUpstream:
             raise
         finally:
             self._clients, self._in_flight = [], []
+            self._reachable(False, "closed")
 
     async def _connect(
         self, stack: contextlib.AsyncExitStack, http: httpx.AsyncClient, pool: UpstreamPool
@@ -324,6 +356,12 @@ class HttpUpstream:
                 if not self._watched:
                     log.info("upstream %s announces no tool-list changes: its tools are listed once", self.name)
                 return [modern]
+        if isinstance(config.auth, TokenExchangeFromEnv):
+            raise UpstreamFailure(
+                "protocol",
+                "auth.exchange needs a 2026-07-28 upstream: a legacy session is bound to the principal that opened it",
+                may_have_run=False,
+            )
         clients: list[Client | ModernClient] = []
         for _ in range(config.sessions):
             client = Client(
@@ -365,24 +403,67 @@ class HttpUpstream:
             attempt += 1
             pause = min(WATCH_MAX_SECONDS, 0.25 * 2**attempt)
             log.info("upstream %s: list-change stream closed (%s); again in %.2g s", self.name, detail, pause)
+            self._stale.set()  # a broken stream may be a dead upstream: probe it now
             await asyncio.sleep(pause)
             with contextlib.suppress(McpClientError, httpx.TransportError):
                 await client.list_tools()  # a request: re-establishes a legacy session the upstream lost
 
-    async def _refresh(self, client: Client | ModernClient, on_tools_changed: Callable[[], None]) -> None:
-        """Re-list whenever the list may have changed (announcements coalesce); publish a list that differs."""
+    async def _refresh(self) -> None:
+        """Re-list whenever the list may have changed (announcements coalesce, a stream broke), every
+        ``relist_seconds`` when the upstream announces no changes, and while it is down, every few seconds: each
+        re-listing is the breaker's probe (:meth:`_probe`)."""
+        failed = 0
         while True:
-            await self._stale.wait()
+            if not self.up:
+                wait: float | None = min(PROBE_MAX_PAUSE, 0.25 * 2**failed)
+            else:
+                wait = None if self._watched else self.config.relist_seconds
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._stale.wait()
             self._stale.clear()
-            try:
-                tools = await _listed(client)
-            except (McpClientError, httpx.TransportError) as exc:
-                log.warning("upstream %s: cannot re-list its tools: %r", self.name, exc)
-                continue
-            if tools != self._tools:
-                self._tools = tools
-                log.info("upstream %s: its tool list changed", self.name)
-                on_tools_changed()
+            failed = 0 if await asyncio.shield(self._probe()) else failed + 1
+
+    def _probe(self) -> asyncio.Future[bool]:
+        """One re-listing of the tools at a time, whoever asks (the refresher, calls to a down upstream): whether
+        the upstream answered. An answer closes the breaker and publishes a list that differs (a restarted
+        upstream may offer other tools); no answer within :data:`RELIST_PROBE_SECONDS` opens it."""
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.ensure_future(self._relist())
+        return self._probing
+
+    async def _relist(self) -> bool:
+        self._probed_at = asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(RELIST_PROBE_SECONDS):
+                tools = await _listed(self._clients[0])
+        except (McpClientError, httpx.TransportError, TimeoutError) as exc:
+            timed_out = isinstance(exc, TimeoutError)
+            self._reachable(False, f"no answer in {RELIST_PROBE_SECONDS:g} s" if timed_out else describe_failure(exc))
+            return False
+        self._reachable(True, "answered")
+        if tools != self._tools:
+            self._tools = tools
+            log.info("upstream %s: its tool list changed", self.name)
+            self._on_tools_changed()
+        return True
+
+    def _reachable(self, up: bool, why: str) -> None:
+        if not up:
+            self._why_down = why
+        if up != self.up:
+            self.up = up
+            self.on_reachability(up, why)
+
+    async def _admit(self) -> None:
+        """The breaker: a call to a down upstream probes it first (half-open), unless a probe failed moments ago;
+        still down, the call fails at once as ``unreachable``: nothing was sent, so it did not run."""
+        if self.up:
+            return
+        if self._clients and asyncio.get_running_loop().time() - self._probed_at >= PROBE_MIN_PAUSE:
+            await asyncio.shield(self._probe())
+        if not self.up:
+            raise UpstreamFailure("unreachable", f"upstream {self.name} is down ({self._why_down})", may_have_run=False)
 
     def tools(self) -> list[UpstreamTool]:
         return list(self._tools)
@@ -392,10 +473,12 @@ class HttpUpstream:
     ) -> dict[str, Any]:
         if not self._clients:
             raise UpstreamFailure("unreachable", f"upstream {self.name} is not connected", may_have_run=False)
+        await self._admit()
         index = min(range(len(self._in_flight)), key=self._in_flight.__getitem__)
         self._in_flight[index] += 1
         try:
-            return await self._call(self._clients[index], tool, arguments, reporter, idempotent=idempotent)
+            with needing(self.config.scopes_of(tool)):
+                return await self._call(self._clients[index], tool, arguments, reporter, idempotent=idempotent)
         finally:
             if index < len(self._in_flight):
                 self._in_flight[index] -= 1
@@ -468,7 +551,9 @@ class HttpUpstream:
                 raise UpstreamRpcError(exc.code, exc.message, exc.data) from None
             except ConnectionFailed as exc:
                 # Its last send never arrived (for a call that is not idempotent, its only one): wait for the
-                # upstream to come back, within the call's deadline.
+                # upstream to come back, within the call's deadline. Calls after it fail at once (the breaker).
+                self._reachable(False, describe_failure(exc))
+                self._stale.set()
                 pause = BACKOFF.delay(attempt, None, 0.0)
                 if loop.time() + pause >= deadline:
                     raise _failure(exc) from None
@@ -489,8 +574,10 @@ class HttpUpstream:
         raise AssertionError("unreachable")
 
     async def listing(self, kind: ListKind) -> list[dict[str, Any]]:
+        await self._admit()
         client = self._client()
-        with _catalog_errors():
+        rule = self.config.prompts if kind == "prompts" else self.config.resources
+        with _catalog_errors(), needing(self.config.catalog_scopes(rule)):
             if kind == "prompts":
                 return [dict(p.raw) for p in await client.list_prompts()]
             if kind == "templates":
@@ -498,8 +585,12 @@ class HttpUpstream:
             return [dict(r.raw) for r in await client.list_resources()]
 
     async def read(self, method: CatalogRead, params: dict[str, Any]) -> dict[str, Any]:
+        await self._admit()
         client = self._client()
-        with _catalog_errors():
+        ref = params.get("ref")
+        prompt = method == "prompts/get" or (isinstance(ref, dict) and ref.get("type") == "ref/prompt")
+        rule = self.config.prompts if prompt else self.config.resources
+        with _catalog_errors(), needing(self.config.catalog_scopes(rule)):
             if method == "resources/read":
                 return {"contents": [dict(c) for c in await client.read_resource(str(params.get("uri")))]}
             if method == "completion/complete":

@@ -37,6 +37,7 @@ from typing import Any
 
 import orjson
 
+from .. import tracing
 from ..client.errors import ProtocolViolation, describe_failure
 from ..client.handlers import MAX_INPUT_ROUNDS, InputRefused
 from ..client.paging import collect_pages
@@ -106,6 +107,9 @@ class StdioUpstream:
         self.era: SpokenEra | None = None
         """The era the running child speaks (negotiated at its spawn, or configured)."""
         self.on_restart: Callable[[], None] = lambda: None
+        self.on_reachability: Callable[[bool, str], None] = lambda up, why: None
+        """Told when the child is ready (``True``) and when it exits (``False``): the ``upstream_up`` gauge."""
+        self.up = False
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
         self._proc: asyncio.subprocess.Process | None = None
@@ -190,6 +194,12 @@ class StdioUpstream:
             counted(len(self._tools), "tool"),
         )
         self._ready.set()
+        self._reachable(True, f"child {proc.pid} ready")
+
+    def _reachable(self, up: bool, why: str) -> None:
+        if up != self.up:
+            self.up = up
+            self.on_reachability(up, why)
 
     def _start_failure(self, exc: Exception, status: int | None) -> str:
         """Why a child did not start, in words its operator can act on (an exception's repr names our classes)."""
@@ -223,6 +233,7 @@ class StdioUpstream:
             proc, reader = self._proc, self._reader
             assert proc is not None and reader is not None
             await reader  # stdout ended: the child exited or closed it
+            self._reachable(False, f"child {proc.pid} exited")
             await self._kill(proc)
             if self._closing:
                 return
@@ -413,7 +424,9 @@ class StdioUpstream:
             relay = Relay()
             self._progress[call.token] = functools.partial(_route_progress, relay, reporter)
             self._asking[call.token] = call.asks.put_nowait
-            params = self._speaking({"name": tool, "arguments": arguments, "_meta": {"progressToken": call.token}})
+            meta: dict[str, Any] = {"progressToken": call.token}
+            tracing.inject(meta)  # the gateway call's trace goes on to the child (SEP-414)
+            params = self._speaking({"name": tool, "arguments": arguments, "_meta": meta})
             try:
                 async with relay:
                     try:

@@ -39,7 +39,9 @@ LIST_METHODS: dict[ListKind, tuple[str, str]] = {
 }
 """Each list's method and the key of its entries in a page."""
 CatalogRead = Literal["prompts/get", "resources/read", "completion/complete"]
-FailureReason = Literal["execution_lost", "deadline", "unreachable", "rejected", "unauthorized", "protocol", "closed"]
+FailureReason = Literal[
+    "execution_lost", "deadline", "unreachable", "rejected", "unauthorized", "exchange_refused", "protocol", "closed"
+]
 
 
 @dataclass(frozen=True, slots=True)

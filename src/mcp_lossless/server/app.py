@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -89,6 +89,8 @@ class LosslessApp:
         self._verdicts: dict[tuple[bytes | None, bytes | None], str | None] = {}
         self._announcing: set[asyncio.Task[None]] = set()
         self.started = False
+        self.readiness_checks: dict[str, Callable[[], str]] = {}
+        """More checks of ``/readyz`` by name (the gateway's upstreams): each says ``ok`` or what is wrong."""
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
@@ -203,6 +205,7 @@ class LosslessApp:
             await respond_json(send, 200, {"status": "ok"})
             return
         checks = {"store": await self._store_check(), "keys": "ok" if self.state.keys_loaded else "not loaded"}
+        checks |= {name: check() for name, check in self.readiness_checks.items()}
         ready = all(outcome == "ok" for outcome in checks.values())
         await respond_json(send, 200 if ready else 503, {"status": "ready" if ready else "not_ready", "checks": checks})
 
@@ -290,6 +293,28 @@ class LosslessApp:
             audience_aliases=aliases,
         )  # fmt: skip
         return jwt if opaque is None else RoutingVerifier(jwt, opaque)
+
+    async def drain(self, seconds: float) -> None:
+        """SIGTERM, once the server accepts no more connections: running calls and tasks get ``seconds`` to finish
+        (requests on connections still open, a task's poll among them, are still answered); then each one left
+        ends as execution lost — on its stream, or recorded for its poll — and the sessions' streams end, so that
+        every client has its one outcome and no stream is cut when the process exits."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        sessions = self.state.sessions
+        log_decision("draining", running=sessions.running_total(), tasks=len(self.modern.running), seconds=seconds)
+        while (running := self._running()) and loop.time() < deadline:
+            await asyncio.wait(running, timeout=deadline - loop.time())  # then again: calls may have started since
+        left = sessions.running_total()
+        log_decision("drained", execution_lost=left, seconds=round(seconds - max(0.0, deadline - loop.time()), 3))
+        await self.modern.end_running()
+        for session in sessions.all():
+            await session.close("shutdown")
+
+    def _running(self) -> set[asyncio.Task[Any]]:
+        """The tasks of every call and task at work here: each session's, the modern leg's in-request and tasks."""
+        legacy = {task for session in self.state.sessions.all() for task in session.tasks.values()}
+        return legacy | self.modern.in_request | set(self.modern.running.values())
 
     async def shutdown(self) -> None:
         self.started = False

@@ -19,6 +19,7 @@ import time
 from base64 import urlsafe_b64decode
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote_plus, urlsplit, urlunsplit
@@ -43,6 +44,10 @@ ACCESS_TOKEN_TYPES = frozenset({"at+jwt", "application/at+jwt"})
 SUPPORTED_ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512"})
 """Asymmetric algorithms only: ``none`` and the HMAC family would let a public key act as a secret."""
 
+CALLER: ContextVar[tuple[Grant, str] | None] = ContextVar("mcp_lossless_caller", default=None)
+"""The grant and access token of the request being served, seen by every task it starts: what a gateway's
+upstream call exchanges for a token of its own (RFC 8693, :mod:`~..gateway.exchange`). Set by the transport once
+the token is accepted; held only for the request's own work, never stored or logged."""
 MAX_TOKEN_LENGTH = 16 * 1024
 MAX_HEADER_SEGMENT = 1024
 MAX_JWKS_BYTES = 1024 * 1024

@@ -82,8 +82,14 @@ class ServerConfig:
     session_idle_seconds: float = 1800.0
     client_request_seconds: float = 60.0
     """Longest wait for a client's answer to a server request (sampling, elicitation)."""
+    idempotency_seconds: float = 86400.0
+    """How long an idempotency key (SEP-3182) and the stream holding its outcome are kept after its first use
+    (Stripe's 24 h): a repeat within it is answered from the record, never run again (ADR 0029)."""
     allowed_origins: tuple[str, ...] = ()
     log_level: str = "info"
+    drain_seconds: float = 30.0
+    """SIGTERM: how long running calls and tasks are given to finish once the server stops accepting connections;
+    what is still running then ends as execution lost (each client still gets its one outcome), then it exits."""
     metrics_token: str | None = None
     """Bearer secret ``/metrics`` requires besides the Host/Origin check of the MCP endpoint (none by default)."""
     limits: Limits = field(default_factory=Limits)
@@ -102,10 +108,11 @@ class ServerConfig:
             "session_idle_seconds",
             "client_request_seconds",
             "dpop_window_seconds",
+            "idempotency_seconds",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: must be positive")
-        for name in ("retry_ms", "leeway_seconds"):
+        for name in ("retry_ms", "leeway_seconds", "drain_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: must not be negative")
         unsupported = sorted(set(self.dpop_algorithms) - DPOP_ALGORITHMS)

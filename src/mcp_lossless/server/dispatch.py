@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from .. import tracing
 from ..core import errors, frames
 from ..core.events import PendingRequest
 from ..core.principal import Grant
@@ -123,21 +124,30 @@ class Dispatcher:
         request: PendingRequest,
         *,
         repeated: bool = False,
+        decided: bytes | None = None,
     ) -> None:
         """Answer ``message`` now, or start its work in a task of its own. ``repeated``: another request of the
-        batch has its id, so each is answered with an error."""
-        run = self._route(session, live, grant, message, request, repeated)
+        batch has its id, so each is answered with an error. ``decided``: its answer, found before (a repeated
+        idempotency key's, ADR 0029)."""
+        run = decided or self._route(session, live, grant, message, request, repeated)
         if isinstance(run, bytes):
             await live.append(run, request, terminal=True)
         else:
             session.start_task(request.request_id, asyncio.create_task(run))
 
     async def prepare_inline(
-        self, session: ServerSession, live: LiveStream, grant: Grant, message: dict[str, Any], request: PendingRequest
+        self,
+        session: ServerSession,
+        live: LiveStream,
+        grant: Grant,
+        message: dict[str, Any],
+        request: PendingRequest,
+        decided: bytes | None = None,
     ) -> Coroutine[Any, Any, None] | None:
         """Answer ``message`` now (``None``), or return its work as a coroutine for the caller's own task to await:
-        a POST carrying one request needs no task created and scheduled for a call that answers at once."""
-        run = self._route(session, live, grant, message, request, False)
+        a POST carrying one request needs no task created and scheduled for a call that answers at once.
+        ``decided``: as for :meth:`start`."""
+        run = decided or self._route(session, live, grant, message, request, False)
         if isinstance(run, bytes):
             await live.append(run, request, terminal=True)
             return None
@@ -189,7 +199,12 @@ class Dispatcher:
         channel = StreamChannel(session, live, request, state.config.client_request_seconds, state.sessions)
         ctx = ToolContext(grant, rid, None if token is None or not is_request_id(token) else token, channel)
         session.contexts[rid] = ctx
-        return self._run(session, live, request, ctx, work)
+        run = self._run(session, live, request, ctx, work)
+        if request.tool is None:
+            return run
+        # The call's span covers the tool and the commit of its answer, its parent the trace in the request's _meta.
+        named = {"mcp.method.name": "tools/call", "gen_ai.tool.name": request.tool, "jsonrpc.request.id": str(rid)}
+        return _traced(run, f"tools/call {request.tool}", named, meta if isinstance(meta, dict) else None)
 
     def _tool_work(self, request: PendingRequest, params: dict[str, Any]) -> Work:
         tool = self.state.tools[request.tool or ""]
@@ -272,3 +287,10 @@ class Dispatcher:
         future = session.outbound.get(message.get("id"))  # type: ignore[arg-type]
         if future is not None and not future.done():
             future.set_result(message)
+
+
+async def _traced(
+    run: Coroutine[Any, Any, None], name: str, attributes: dict[str, str], carrier: dict[str, Any] | None
+) -> None:
+    with tracing.span(name, attributes, carrier=carrier, kind="server"):
+        await run

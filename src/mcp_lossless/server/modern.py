@@ -10,6 +10,10 @@ as a task before ``CreateTaskResult`` is sent, runs detached from the request, a
 token of that request: another principal's task is answered like an unknown id, and the owner's task whose
 tool the token no longer covers gets a 403 with the same challenge a refused call gets and the resumable
 :data:`~mcp_lossless.core.errors.TASK_DENIED` error, never its result.
+
+A ``tools/call`` carrying an idempotency key (SEP-3182, docs/decisions/0029) is the exception to "closing
+cancels": its key is recorded before it runs, it runs detached from its request, and its answer is stored as the
+key's outcome, so the retry under the same key finds it running or answered (:meth:`ModernLeg._keyed_call`).
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ from base64 import b64decode
 from collections.abc import Callable, Coroutine, Generator, Iterable
 from typing import Any, NoReturn, assert_never
 
-from .. import __version__
+from .. import __version__, tracing
 from ..asgi import Receive, Send, respond
-from ..core import errors, frames, mrtr, param_headers, protocol
-from ..core.events import RequestId
+from ..core import denials, errors, frames, mrtr, param_headers, protocol
+from ..core.eventids import EventIdCodec
+from ..core.events import Loss, PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
+from ..core.idempotency import CAPABILITY, InvalidKey, key_of
 from ..core.limits import LimitExceeded, new_running_task
 from ..core.principal import Grant
 from ..core.resources import describe, requirement, resources_in, scopes_in
+from ..core.task_stream import STREAM_EXTENSION, EventType, StreamDenied, stream_denial_error
 from ..core.tasks import (
     EXTENSION,
     UNKNOWN_MESSAGE,
@@ -63,8 +70,11 @@ from ..stores.base import StoreUnavailable
 from ..stores.tasks import TaskLimitReached, TaskStore
 from . import metadata
 from .errors import Refused
+from .idempotency import Keys
+from .keys import stream_key
 from .observability import log_decision, now
 from .state import ServerState
+from .task_stream import TaskEvents, TaskStreams
 from .tools import (
     InputRequests,
     InputRequired,
@@ -177,7 +187,7 @@ class _RequestChannel:
     a method that may not be answered ``input_required``.
     """
 
-    __slots__ = ("_queue", "answers", "binding", "capabilities", "min_level", "taken")
+    __slots__ = ("_queue", "answers", "binding", "capabilities", "detached", "min_level", "taken")
 
     def __init__(
         self,
@@ -194,6 +204,8 @@ class _RequestChannel:
         """What a ``requestState`` of this request is bound to (made only when one is read or issued)."""
         self.taken: dict[str, dict[str, Any]] = {}
         """The answers the tool used so far: the next round's ``requestState`` carries exactly these."""
+        self.detached = False
+        """The request's client left while its keyed call goes on: its notifications have nowhere to go."""
 
     @property
     def queue(self) -> asyncio.Queue[bytes]:
@@ -206,6 +218,8 @@ class _RequestChannel:
         return self._queue is None or self._queue.empty()
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
+        if self.detached:
+            return
         if method == "notifications/message":
             level = params.get("level")
             if (
@@ -272,8 +286,12 @@ class _TaskChannel(_RequestChannel):
         return None
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
+        if method == "notifications/message":
+            await self.leg.events.emit(self.task_id, EventType.LOG, _picked(params, ("level", "logger", "data")))
         if method != "notifications/progress":
             return
+        progress = _picked(params, ("progress", "total", "message"))
+        await self.leg.events.emit(self.task_id, EventType.PROGRESS, progress)  # every one: the stream is the record
         at = now()
         if at - self.described_at < DESCRIBE_EVERY_SECONDS:
             return
@@ -287,6 +305,17 @@ class _TaskChannel(_RequestChannel):
         if rest:
             got.update(await self.leg.await_input(self.task_id, rest))
         return got
+
+
+def _picked(params: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of a notification a task event keeps (its ``_meta`` and token are the request's, not the task's)."""
+    return {key: params[key] for key in keys if key in params}
+
+
+def _progress_token(params: dict[str, Any]) -> str | int | None:
+    meta = params.get("_meta")
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    return token if isinstance(token, (str, int)) and not isinstance(token, bool) else None
 
 
 def _progress_text(params: dict[str, Any]) -> str:
@@ -338,7 +367,13 @@ class ModernLeg:
         """Seconds a task is kept after its last status change or its owner's last poll (``None``: unlimited)."""
         self.poll_ms = poll_ms
         self.running: dict[str, asyncio.Task[None]] = {}
+        self.in_request: set[asyncio.Task[Any]] = set()
+        """The requests running a tool call within themselves (not as a task): what a drain's deadline ends."""
         """Tasks this process runs, by task id: a live task of this instance missing here was lost."""
+        self.keys = Keys(state)
+        """Idempotency keys between their decision and their record (ADR 0029), shared with the legacy leg."""
+        self.keyed: set[asyncio.Task[bytes]] = set()
+        """Keyed calls running detached from their request (:meth:`_run_keyed`)."""
         self.cancelling: set[str] = set()
         self.inboxes: dict[str, _Inbox] = {}
         self.listeners = 0
@@ -351,16 +386,36 @@ class ModernLeg:
         self._mirrors: dict[str, tuple[RegisteredTool, tuple[_Mirrored, ...]]] = {}
         self._purged_at = 0.0
         capabilities = {k: v for k, v in state.capabilities.items() if k != "logging"}
-        self.capabilities = {**capabilities, "extensions": {**capabilities.get("extensions", {}), EXTENSION: {}}}
+        if state.store.idempotency_keys:  # keyed calls, inline or creating a task, are recorded here too
+            capabilities["tools"] = {**capabilities.get("tools", {}), CAPABILITY: {}}
+        extensions = {
+            **capabilities.get("extensions", {}),
+            EXTENSION: {},
+            denials.DENIALS_EXTENSION: {},
+            STREAM_EXTENSION: {},
+        }
+        self.capabilities = {**capabilities, "extensions": extensions}
         self.server_info = {"name": "mcp-lossless", "version": __version__}
+        self.events = TaskEvents(state.store, state.instance)
+        """Each running task's events, kept as a stream of the event store (SEP-2694, ADR 0031)."""
+        self.streams = TaskStreams(self.events, state.policy)
 
     async def open(self) -> None:
         await self.tasks.open()
         self._state_key = mrtr.state_key(await self.s.store.secret())
 
+    async def end_running(self) -> None:
+        """A drain's deadline: each call running in its request answers execution lost on its stream, each task
+        records itself lost (the process goes); waited for, so every outcome is out before connections close."""
+        ending = [*self.in_request, *self.running.values()]
+        for task in ending:
+            task.cancel("server shutdown")
+        if ending:
+            await asyncio.wait(ending, timeout=SHUTDOWN_SECONDS)
+
     async def close(self) -> None:
         """Shutdown: each running task records itself lost (the process goes), then the store closes."""
-        running = list(self.running.values())
+        running: list[asyncio.Task[Any]] = [*self.running.values(), *self.keyed]
         for task in running:
             task.cancel("server shutdown")
         if running:
@@ -370,12 +425,19 @@ class ModernLeg:
     # -- the request ---------------------------------------------------------------------------------
 
     async def serve(
-        self, receive: Receive, send: Send, grant: Grant, index: dict[bytes, bytes], message: dict[str, Any]
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        index: dict[bytes, bytes],
+        message: dict[str, Any],
+        connection: object = None,
     ) -> None:
-        """Answer one modern request; a refusal goes up to the transport, which renders it (ADR 0010)."""
+        """Answer one modern request; a refusal goes up to the transport, which renders it (ADR 0010).
+        ``connection``: the client's address (ASGI ``client``), what "one stream per task per connection" counts by."""
         rid: RequestId | None = message.get("id")
         try:
-            await self._serve(receive, send, grant, index, message)
+            await self._serve(receive, send, grant, index, message, connection)
         except Refused as refused:
             if isinstance(refused.body, dict) and refused.body.get("id") is None:
                 refused.body["id"] = rid  # raised where found, which need not know the request's id
@@ -390,7 +452,13 @@ class ModernLeg:
             ) from None
 
     async def _serve(
-        self, receive: Receive, send: Send, grant: Grant, index: dict[bytes, bytes], message: dict[str, Any]
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        index: dict[bytes, bytes],
+        message: dict[str, Any],
+        connection: object = None,
     ) -> None:
         if "method" not in message:
             raise _refused(400, errors.INVALID_REQUEST, f"clients send no responses on {protocol.STATELESS}")
@@ -403,6 +471,9 @@ class ModernLeg:
         capabilities = self._validate(index, method, params)
         rid: RequestId = message["id"]
         declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
+        if method == "tasks/stream":
+            await self._task_stream(receive, send, grant, rid, params, declared, connection)
+            return
         if method in TASK_METHODS:  # a poll needs no channel and no request state: straight to its decision
             await self._task_request(send, grant, rid, method, params, declared)
             return
@@ -526,24 +597,177 @@ class ModernLeg:
         self._require(grant, s.tool_tags[tool.name])
         if tool.task == "required" and not declared:
             raise self._missing_extension()
+        try:
+            key = key_of(params) if s.store.idempotency_keys else None
+        except InvalidKey as exc:
+            await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, str(exc)), b"application/json")
+            return
         exceeded = s.sessions.start_call(grant.principal)  # one cap per principal, both eras counted
         if exceeded is not None:
             raise _over_limit(exceeded)
+        meta = params.get("_meta")
+        called = {"mcp.method.name": "tools/call", "gen_ai.tool.name": tool.name, "jsonrpc.request.id": str(rid)}
+        with tracing.span(
+            f"tools/call {tool.name}", called, carrier=meta if isinstance(meta, dict) else None, kind="server"
+        ):
+            try:  # whatever refuses the call below (a 503 included) comes after the count: the finally releases it
+                if key is not None:
+                    await self._keyed_call(receive, send, grant, rid, tool, params, declared, channel)
+                    return
+                if tool.task is not None and declared:
+                    if tool.input_before_task:
+                        asked = _input_before_task(tool, params, ToolContext(grant, rid, None, channel))
+                        if asked is not None:
+                            await self._answer(send, rid, self._input_required(asked, channel), "input_required")
+                            return
+                    task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
+                    await self._answer(send, rid, await self._create_task(grant, tool, params, task_channel), "task")
+                    return
+
+                async def work(ctx: ToolContext) -> dict[str, Any]:
+                    return await run_tool(tool, params, ctx)
+
+                me = asyncio.current_task()
+                assert me is not None
+                self.in_request.add(me)
+                try:
+                    await self._run_now(receive, send, grant, rid, params, work, channel)
+                finally:
+                    self.in_request.discard(me)
+            finally:
+                s.sessions.end_call(grant.principal)
+
+    async def _keyed_call(
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        rid: RequestId,
+        tool: RegisteredTool,
+        params: dict[str, Any],
+        declared: bool,
+        channel: _RequestChannel,
+    ) -> None:
+        """A keyed ``tools/call`` (ADR 0029): a duplicate is answered from the key's record; a first use records
+        its key with a stream of its own (its own session id: no session holds it) before anything runs, and its
+        answer, result or ``CreateTaskResult`` (a repeated key returns the same task), is that stream's one event,
+        stored before it is sent. The work runs detached from the request (:meth:`_run_keyed`), so a broken
+        connection does not cancel it: the retry finds it running or answered."""
+        s = self.s
+        creates_task = tool.task is not None and declared and not tool.input_before_task
+        if creates_task:
+            self._check_task_room()  # a refusal that waiting cures is not recorded as the key's outcome
+        tags = s.tool_tags[tool.name]
+        pending = PendingRequest(rid, "tools/call", tool.name, tags)
+        stream = stream_key()
+        record = StreamRecord(stream, stream, StreamKind.POST, s.instance, (pending,), 0)
         try:
-            if tool.task is not None and declared:
-                if tool.input_before_task:
-                    asked = _input_before_task(tool, params, ToolContext(grant, rid, None, channel))
-                    if asked is not None:
-                        await self._answer(send, rid, self._input_required(asked, channel), "input_required")
-                        return
-                task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
-                await self._create_task(send, grant, rid, tool, params, task_channel)
+            answers, _opened = await self.keys.open(
+                None, grant, record, [{"params": params}], [pending], _over_limit, alone=True
+            )
+        except StoreUnavailable:
+            raise _refused(503, errors.INTERNAL_ERROR, "the event store is unavailable") from None
+        if 0 in answers:
+            await respond(send, 200, answers[0], b"application/json")
+            return
+        if creates_task:
+            task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
+
+            async def create() -> bytes:
+                try:
+                    created = await self._create_task(grant, tool, params, task_channel)
+                except Refused as refused:  # the store refused the task (its own cap): that is the key's outcome
+                    error = refused.body["error"]
+                    return frames.error(rid, error["code"], error["message"], error.get("data"))
+                return frames.result(rid, {**created, "resultType": "task"})
+
+            await self._run_keyed(receive, send, grant, record, create(), channel)
+            return
+        ctx = ToolContext(grant, rid, _progress_token(params), channel)
+
+        async def run() -> bytes:
+            outcome = _Outcome()
+            if tool.task is not None and declared:  # asks for its input before it becomes a task
+                asked = _input_before_task(tool, params, ctx)
+                if asked is not None:
+                    return frames.result(rid, {**self._input_required(asked, channel), "resultType": "input_required"})
+            try:
+                outcome.settle(None, await run_tool(tool, params, ctx))
+            except Exception as exc:
+                outcome.settle(exc)
+            return self._outcome(rid, outcome, channel)[1]
+
+        await self._run_keyed(receive, send, grant, record, run(), channel)
+
+    async def _run_keyed(
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        record: StreamRecord,
+        work: Coroutine[Any, Any, bytes],
+        channel: _RequestChannel,
+    ) -> None:
+        """Run a keyed call's ``work`` in a task of its own, counted under the principal's cap until it ends, and
+        relay its notifications (SSE) and then its stored answer while the client stays. A client that leaves
+        stops only the relay: the call goes on, its answer is stored, and the retry under its key gets it."""
+        s = self.s
+        loop = s.loop
+        s.sessions.hold_call(grant.principal)
+        job = loop.create_task(self._answer_keyed(record, work, grant))
+        self.keyed.add(job)
+        job.add_done_callback(self.keyed.discard)
+        gone = loop.create_task(_disconnected(receive))
+        streaming = False
+        try:
+            while True:
+                note = loop.create_task(channel.queue.get())
+                await asyncio.wait((job, gone, note), return_when=asyncio.FIRST_COMPLETED)
+                if note.done():
+                    if not streaming:
+                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                        streaming = True
+                    await send(
+                        {"type": "http.response.body", "body": frames.sse(None, note.result()), "more_body": True}
+                    )
+                    continue
+                note.cancel()
+                if job.done():
+                    break
+                channel.detached = True  # the client left: the call goes on without it
+                log_decision("modern_keyed_detached", request=str(record.requests[0].request_id))
                 return
+            while not channel.quiet():  # every notification is on the stream before the answer
+                body = frames.sse(None, channel.queue.get_nowait())
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            answer = job.result()
+            if streaming:
+                await send({"type": "http.response.body", "body": frames.sse(None, answer)})
+            else:
+                await respond(send, 200, answer, b"application/json")
+        finally:
+            gone.cancel()
 
-            async def work(ctx: ToolContext) -> dict[str, Any]:
-                return await run_tool(tool, params, ctx)
-
-            await self._run_now(receive, send, grant, rid, params, work, channel)
+    async def _answer_keyed(self, record: StreamRecord, work: Coroutine[Any, Any, bytes], grant: Grant) -> bytes:
+        """The keyed call's answer, stored as its stream's one event (the key's outcome) before it is returned. A
+        call cut short by shutdown stores nothing: its stream stays open under this instance, which a later
+        duplicate finds dead and settles as lost (execution lost naming the key)."""
+        s = self.s
+        request = record.requests[0]
+        try:
+            answer = await work
+            mac = s.codec.stream_mac(record.session_id, record.stream)
+            event = StoredEvent(
+                record.session_id, record.stream, 1, EventIdCodec.encode(record.stream, 1, mac), answer,
+                request.request_id, request.tool, request.resources, True,
+            )  # fmt: skip
+            try:
+                await s.store.append(event, completes=True)
+            except StoreUnavailable:  # the client still gets what ran; a duplicate will hear it may have run
+                log.warning("the answer of keyed request %s could not be stored", request.request_id)
+                with contextlib.suppress(StoreUnavailable):
+                    await s.store.mark_lost(record.stream, s.instance, Loss.STORE)
+            return answer
         finally:
             s.sessions.end_call(grant.principal)
 
@@ -554,7 +778,7 @@ class ModernLeg:
         if missing:
             s.metrics.refusals.labels("insufficient_audience", "call").inc()
             description = f"token does not cover {describe(missing)}"
-            data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
+            data = denials.refusal_fields(" ".join(sorted(tags)), missing)
             raise _refused(403, errors.TOOL_FORBIDDEN, description, data, self._challenge(description, missing, tags))
 
     def _mirrored(self, tool: RegisteredTool) -> tuple[_Mirrored, ...]:
@@ -587,10 +811,7 @@ class ModernLeg:
         channel: _RequestChannel,
     ) -> None:
         """Run a request within its response: JSON, or SSE once it sends a notification. A disconnect cancels it."""
-        meta = params.get("_meta")
-        token = meta.get("progressToken") if isinstance(meta, dict) else None
-        token = token if isinstance(token, (str, int)) and not isinstance(token, bool) else None
-        ctx = ToolContext(grant, rid, token, channel)
+        ctx = ToolContext(grant, rid, _progress_token(params), channel)
         coro = work(ctx)
         outcome = _Outcome()
         try:
@@ -675,6 +896,9 @@ class ModernLeg:
             value = outcome.result()
         except InputRequired as asked:
             return 200, frames.result(rid, {**self._input_required(asked, channel), "resultType": "input_required"})
+        except asyncio.CancelledError:  # the server's drain ended it (a client that left was handled before)
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            return 200, frames.execution_lost(rid)
         except MethodError as exc:
             # -32021 is a 400, as the revision asks, when the response has not begun yet
             status = 400 if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY else 200
@@ -793,6 +1017,8 @@ class ModernLeg:
     async def _update(self, record: TaskRecord) -> TaskRecord | None:
         """Store a task's new state (:meth:`.TaskStore.update`) and wake the listen streams watching it here."""
         stored = await self.tasks.update(record)
+        if stored is not None and record.task_id in self.running:  # this process produces the task's events
+            await self.events.observe(stored)
         for listener in self._task_listeners.get(record.task_id, ()):
             listener.set()
         return stored
@@ -805,19 +1031,11 @@ class ModernLeg:
     # -- tasks ---------------------------------------------------------------------------------------
 
     async def _create_task(
-        self,
-        send: Send,
-        grant: Grant,
-        rid: RequestId,
-        tool: RegisteredTool,
-        params: dict[str, Any],
-        channel: _TaskChannel,
-    ) -> None:
+        self, grant: Grant, tool: RegisteredTool, params: dict[str, Any], channel: _TaskChannel
+    ) -> dict[str, Any]:
+        """Create and start the task; its ``CreateTaskResult`` (without ``resultType``)."""
         s = self.s
-        exceeded = new_running_task(s.config.limits, len(self.running))
-        if exceeded is not None:  # a running task holds this process's memory, whatever the store
-            s.metrics.limit_refusals.labels(exceeded.limit).inc()
-            raise _over_limit(exceeded)
+        self._check_task_room()
         at = now()
         if at - self._purged_at > PURGE_EVERY_SECONDS:
             self._purged_at = at
@@ -831,12 +1049,21 @@ class ModernLeg:
             await self.tasks.create(record)  # durable before the client hears of it
         except TaskLimitReached as exc:
             raise _refused(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"5")]) from None
+        await self.events.open(record)
         channel.task_id = record.task_id
         self.inboxes[record.task_id] = _Inbox()
         s.sessions.hold_call(grant.principal)  # the task takes its request's place under the principal's cap
         self.running[record.task_id] = s.loop.create_task(self._run_task(record, tool, params, grant, channel))
         log_decision("task_created", task=record.task_id[:8], tool=tool.name)
-        await self._answer(send, rid, task_view(record, self.poll_ms), "task")
+        return task_view(record, self.poll_ms)
+
+    def _check_task_room(self) -> None:
+        """503 past ``running_tasks``: a running task holds this process's memory, whatever the store."""
+        s = self.s
+        exceeded = new_running_task(s.config.limits, len(self.running))
+        if exceeded is not None:
+            s.metrics.limit_refusals.labels(exceeded.limit).inc()
+            raise _over_limit(exceeded)
 
     async def _run_task(
         self, record: TaskRecord, tool: RegisteredTool, params: dict[str, Any], grant: Grant, channel: _TaskChannel
@@ -949,6 +1176,14 @@ class ModernLeg:
         if not declared:
             raise self._missing_extension()
         task_id: str = params["taskId"]  # checked against Mcp-Name in _validate: a string
+        meta = params.get("_meta")
+        polled = {"mcp.method.name": method, "mcp_lossless.task": task_id, "jsonrpc.request.id": str(rid)}
+        with tracing.span(method, polled, carrier=meta if isinstance(meta, dict) else None, kind="server"):
+            await self._task_request_traced(send, grant, rid, method, params, task_id)
+
+    async def _task_request_traced(
+        self, send: Send, grant: Grant, rid: RequestId, method: str, params: dict[str, Any], task_id: str
+    ) -> None:
         match await self._look(grant, task_id, Purpose.POLL):
             case Unknown():
                 await respond(send, 200, frames.error(rid, errors.INVALID_PARAMS, UNKNOWN_MESSAGE), b"application/json")
@@ -985,6 +1220,7 @@ class ModernLeg:
                         facts.runs = await self.s.store.owner_alive(owner)
                 case SettleLost(record=settled):
                     facts.record = await self._update(settled) or settled  # a purged task is answered as settled
+                    await self.events.lost(task_id, settled.owner)
                     log_decision("task_lost", task=task_id[:8])
                 case Unknown() as unknown:
                     return unknown
@@ -1012,6 +1248,34 @@ class ModernLeg:
             "Missing required client capability",
             extension_required(),
         )
+
+    async def _task_stream(
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        rid: RequestId,
+        params: dict[str, Any],
+        declared: bool,
+        connection: object,
+    ) -> None:
+        """``tasks/stream`` (SEP-2694): authorized as a poll is, then event by event (:mod:`.task_stream`)."""
+        if not declared:
+            raise self._missing_extension()
+        task_id: str = params["taskId"]  # checked against Mcp-Name in _validate: a string
+
+        async def look() -> Unknown | Denied | Deliver:
+            return await self._look(grant, task_id, Purpose.POLL)
+
+        await self.streams.serve(receive, send, grant, rid, params, connection, look, self._refuse_stream)
+
+    def _refuse_stream(self, denied: StreamDenied) -> Refused:
+        """A task stream refused before any byte: the 403 with the challenge a refused call gets."""
+        self.s.metrics.refusals.labels("insufficient_audience", "task").inc()
+        log_decision("task_stream_denied", task=denied.task_id[:8], missing=list(denied.missing))
+        error = stream_denial_error(denied)
+        headers = self._challenge(error["message"], denied.missing, denied.missing)
+        return _refused(403, error["code"], error["message"], error["data"], headers)
 
     def _deny(self, denied: Denied) -> NoReturn:
         self.s.metrics.refusals.labels("insufficient_audience", "task").inc()

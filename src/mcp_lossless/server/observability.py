@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .. import tracing
+
 log = logging.getLogger("mcp_lossless")
 
 
@@ -28,6 +30,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        entry.update(tracing.log_ids())  # formatted in the logging call's context: its span's trace
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             entry.update(fields)

@@ -107,6 +107,14 @@ class LosslessServer(uvicorn.Server):
             finally:
                 loop.remove_signal_handler(signal.SIGHUP)
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's, after a drain (:meth:`LosslessApp.drain`): listening stops first, then running calls and
+        tasks get ``drain_seconds`` to finish before uvicorn closes the connections (and cancels what is left)."""
+        for server in self.servers:
+            server.close()
+        await self.app.drain(self.app.config.drain_seconds)
+        await super().shutdown(sockets)
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         try:
             await super().startup(sockets=sockets)

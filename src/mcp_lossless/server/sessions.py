@@ -188,6 +188,10 @@ class SessionRegistry:
         held = self._held.get(principal)
         return 0 if held is None else held.running
 
+    def running_total(self) -> int:
+        """Every request at work in this process, in both eras, tasks included: what a drain waits for."""
+        return sum(held.running for held in self._held.values())
+
     def start_call(self, principal: Principal) -> LimitExceeded | None:
         """A sessionless (2026-07-28) call of ``principal`` starts: the verdict past its cap, else it is counted
         until :meth:`end_call` (the modern leg renders the verdict in its own error shape)."""

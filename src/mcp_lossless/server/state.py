@@ -9,6 +9,7 @@ from typing import Any
 
 from ..core.eventids import EventIdCodec, new_key
 from ..core.events import StreamRecord
+from ..core.idempotency import CAPABILITY
 from ..core.principal import ANONYMOUS, Grant
 from ..core.protocol import RESOURCE_META_KEY, SCOPES_META_KEY
 from ..core.resources import AudiencePolicy, canonical_resource, requirement, tool_resource
@@ -63,6 +64,12 @@ class ServerState:
         self.tools_list: list[dict[str, Any]] = []
         self.index_tools()
         self.store = store
+        tools_capability = {**self.capabilities.get("tools", {}), CAPABILITY: {}}
+        self.initialize_capabilities = (
+            {**self.capabilities, "tools": tools_capability} if store.idempotency_keys else self.capabilities
+        )
+        """What the legacy ``initialize`` declares: with ``tools.idempotency`` where the store records keys (ADR
+        0029); the 2026-07-28 leg's ``server/discover`` declares it on the same condition (``ModernLeg``)."""
         self.metrics = Metrics()
         refusals = self.metrics.limit_refusals
         self.sessions = SessionRegistry(store, config.limits, lambda limit: refusals.labels(limit).inc())

@@ -12,6 +12,7 @@ from operator import itemgetter
 from time import perf_counter
 from typing import Any
 
+from .. import tracing
 from ..core.eventids import EventIdCodec
 from ..core.events import Loss, PendingRequest, StoredEvent, StreamRecord
 from ..core.limits import Limits
@@ -29,6 +30,9 @@ STORE_RETRY_SECONDS = 30.0
 """How long an append waits out a store outage before the event's request is declared lost."""
 UNCOMMITTED_LIMIT = 256
 """Events of one stream queued in the store and not yet stored: a progress append beyond it waits for the store."""
+_UNTRACED = contextlib.nullcontext()
+"""What an answer that answers nothing new (a batch's repeated id) runs under instead of a span (reusable: nothing to
+allocate per event)."""
 YIELD_EVERY = 16
 """Positions between two turns a progress append gives to other tasks: a tool reporting in a tight loop never holds
 the loop (counted by position, which the stream keeps anyway, not by a counter of its own)."""
@@ -530,18 +534,21 @@ class LiveStream:
             waiting = self._waiting
             answers = event.request_id in waiting  # a batch may repeat an id: only its first answer counts
             completes = answers and len(waiting) == 1
-            started = perf_counter()
-            write = self._store.enqueue(event, completes)  # handed over: it happens whatever becomes of this task
-            # Stored at once (memory): no task and no turn of the loop, so the writer's one yield finds the answer
-            # and sends the whole response in one write.
-            if not write.done() or write.cancelled() or write.exception() is not None:
-                if fast:  # free, as nothing suspended since it was found free: held while this waits
-                    lock = self._append_lock()
-                    lock.take()
-                    fast = False
-                await self._answer_written(event, answers, completes, write)
-            self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
-            self._answer_stored(event, answers, completes)
+            # The commit of an answer is a span of the call's trace (a progress event's is not: the hot path).
+            stored = {"mcp_lossless.stream": event.stream, "mcp_lossless.seq": event.seq} if answers else None
+            with tracing.span("store commit", stored) if answers else _UNTRACED:
+                started = perf_counter()
+                write = self._store.enqueue(event, completes)  # handed over: it happens whatever becomes of this task
+                # Stored at once (memory): no task and no turn of the loop, so the writer's one yield finds the
+                # answer and sends the whole response in one write.
+                if not write.done() or write.cancelled() or write.exception() is not None:
+                    if fast:  # free, as nothing suspended since it was found free: held while this waits
+                        lock = self._append_lock()
+                        lock.take()
+                        fast = False
+                    await self._answer_written(event, answers, completes, write)
+                self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
+                self._answer_stored(event, answers, completes)
         finally:
             if not fast:
                 assert lock is not None

@@ -14,16 +14,16 @@ from collections.abc import Callable, Coroutine, Sequence
 from time import perf_counter
 from typing import Any, Protocol
 
-from .. import __version__
+from .. import __version__, tracing
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
-from ..core import errors, frames, protocol
+from ..core import denials, errors, frames, protocol
 from ..core import limits as verdicts
 from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
 from ..core.limits import LimitExceeded
 from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal
-from ..core.resources import describe, resources_in, scopes_in
+from ..core.resources import describe, resources_in
 from ..core.resume import (
     CursorRejected,
     Lookup,
@@ -40,7 +40,7 @@ from ..core.resume import (
 )
 from ..stores.base import EventsEvicted, StoreUnavailable
 from . import checks, metadata
-from .auth import InvalidToken, VerifierUnavailable
+from .auth import CALLER, InvalidToken, VerifierUnavailable
 from .dispatch import Dispatcher
 from .errors import Refused, rpc_error
 from .keys import stream_key
@@ -84,6 +84,8 @@ class Transport:
     def __init__(self, state: ServerState, modern: ModernLeg) -> None:
         self.state = state
         self.dispatcher = Dispatcher(state)
+        self.keys = modern.keys
+        """Idempotency keys between their decision and their record (ADR 0029): one claim set for both eras."""
         self.producers = Producers(state.store, state.instance, state.metrics.lost.inc)
         self.modern = modern
         """The 2026-07-28 leg: a POST that opens the modern way goes there (docs/decisions/0012)."""
@@ -156,7 +158,7 @@ class Transport:
         if not batch:
             index = headers(scope)
             if is_modern(messages[0], index):
-                await self.modern.serve(receive, send, grant, index, messages[0])
+                await self.modern.serve(receive, send, grant, index, messages[0], scope.get("client"))
                 return
         first = messages[0]
         if first.get("method") == "initialize" and "id" in first:
@@ -185,7 +187,7 @@ class Transport:
         self.state.metrics.sessions.set(len(self.state.sessions))
         result = {
             "protocolVersion": version,
-            "capabilities": self.state.capabilities,
+            "capabilities": self.state.initialize_capabilities,
             "serverInfo": {"name": "mcp-lossless", "version": __version__},
             "instructions": "Tool results are never lost or leaked: resume with GET + Last-Event-ID.",
         }
@@ -246,9 +248,9 @@ class Transport:
         lacks = "audience does not cover" if resources_in(missing) else "lacks"  # scopes only: the audience is fine
         description = f"token {lacks} {describe(missing)}"
         self.state.metrics.refusals.labels("insufficient_audience", "call").inc()
-        data = {"requiredResources": list(resources_in(missing)), "requiredScopes": list(scopes_in(missing))}
-        body = [rpc_error(errors.FORBIDDEN, description, m["id"], data) for m in requests]
         needed = frozenset[str]().union(*(p.resources for p in pending))
+        data = denials.refusal_fields(" ".join(sorted(needed)), missing)
+        body = [rpc_error(errors.FORBIDDEN, description, m["id"], data) for m in requests]
         challenge = metadata.insufficient_scope(description, self.state.prm_url, missing, needed)
         return Refused(403, body if len(body) > 1 else body[0], [(b"www-authenticate", challenge)])
 
@@ -267,21 +269,29 @@ class Transport:
         # Position 0 is the stream's start: the priming event's id names it, and it is never stored.
         record = StreamRecord(session.id, stream_key(), StreamKind.POST, state.instance, tuple(pending), 0)
         json_response = state.config.json_response
-        # Queued, not awaited: the record goes into the store's next write with the call's first events (its answer,
-        # if it answers at once), one transaction. No id of the stream goes out before it is stored (below).
-        opening = state.store.enqueue_open(record)
+        decided: dict[int, bytes] = {}
+        if state.store.idempotency_keys and any(p.tool is not None for p in pending):
+            try:  # a key is recorded before its tool starts: a keyed call waits for the record's commit
+                decided, opening = await self.keys.open(session, grant, record, requests, pending)
+            except StoreUnavailable:
+                raise Refused.rpc(503, errors.INTERNAL_ERROR, "the event store is unavailable") from None
+        else:
+            # Queued, not awaited: the record goes into the store's next write with the call's first events (its
+            # answer, if it answers at once), one transaction. No id of the stream goes out before it is stored.
+            opening = state.store.enqueue_open(record)
         live = state.live_stream(record, answers_only=json_response, opening=opening)
         session.live[record.stream] = live
         state.metrics.post_streams.inc()
         head = b"" if json_response else self._priming(live, version)  # names position 0
         run = None
         if len(requests) == 1:
-            run = await self.dispatcher.prepare_inline(session, live, grant, requests[0], pending[0])
+            run = await self.dispatcher.prepare_inline(session, live, grant, requests[0], pending[0], decided.get(0))
         else:
             counts = Counter(request.request_id for request in pending)
-            for message, request in zip(requests, pending, strict=True):
+            for index, (message, request) in enumerate(zip(requests, pending, strict=True)):
                 repeated = counts[request.request_id] > 1
-                await self.dispatcher.start(session, live, grant, message, request, repeated=repeated)
+                answer = decided.get(index)
+                await self.dispatcher.start(session, live, grant, message, request, repeated=repeated, decided=answer)
         if json_response:
             if run is not None:
                 await run
@@ -459,7 +469,9 @@ class Transport:
             if record.lost is not None:  # ended without its producer: the unanswered requests' outcome ends it
                 lost = StreamLost(record.lost, event_id(record.last_seq) if record.last_seq >= 0 else None)
             source = StoredSource(plan.events, plan.cursor.seq, tail, lost)
-        await writer.run(receive, send, source, b"retry: %d\n\n" % state.config.retry_ms)
+        decided = {"mcp_lossless.decision": "replay", "mcp_lossless.cursor": last_event_id}
+        with tracing.span("resume", {**decided, "mcp_lossless.replayed": len(plan.events)}, kind="server"):
+            await writer.run(receive, send, source, b"retry: %d\n\n" % state.config.retry_ms)
 
     def _cursor_rejected(self, session: ServerSession, rejected: CursorRejected) -> Refused:
         self.state.metrics.resumes.labels(rejected.problem.value).inc()
@@ -470,6 +482,8 @@ class Transport:
             reason=rejected.problem.value,
             cursor=rejected.cursor[:80],
         )
+        rejection = {"mcp_lossless.reason": rejected.problem.value, "mcp_lossless.cursor": rejected.cursor[:80]}
+        tracing.decision("resume", {"mcp_lossless.decision": "rejected", **rejection})
         return Refused(rejected.status, rejected.body)
 
     def _replay_refused(self, session: ServerSession, refusal: Refusal, needed: frozenset[str]) -> Refused:
@@ -486,6 +500,8 @@ class Transport:
             missing=list(refusal.missing),
             cursor=refusal.cursor,
         )
+        refused = {"mcp_lossless.reason": refusal.reason.value, "mcp_lossless.cursor": refusal.cursor}
+        tracing.decision("resume", {"mcp_lossless.decision": "refused", **refused})
         description = frames.refusal_message(refusal)
         body = {"error": "replay_refused", "error_description": description, **frames.refusal_data(refusal)}
         challenge = metadata.insufficient_scope(description, state.prm_url, refusal.missing, needed)
@@ -530,6 +546,7 @@ class Transport:
             description = "token audience does not include this server or any of its tools"
             raise state.dpop.refused("invalid_token", description, scheme)
         await state.dpop.check(scope, scheme, token, grant)
+        CALLER.set((grant, token))
         return grant
 
     def _recent_session(self, scope: Scope, grant: Grant) -> ServerSession | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..core.events import Loss, StoredEvent, StreamRecord
+from ..core.idempotency import KeyRecord
 from ..core.principal import Principal
 
 
@@ -43,6 +44,11 @@ class EventsLost(StoreUnavailable):
         super().__init__(message)
         self.held = held
         """The last position of the stream the store holds (``None``: not even the stream)."""
+
+
+class KeyTaken(Exception):
+    """Another process recorded one of the idempotency keys first (concurrent first uses on a shared store): the
+    stream was not opened and none of its keys is held; the caller decides those calls again, as duplicates."""
 
 
 @dataclass(slots=True)
@@ -99,8 +105,12 @@ class EventStore(Protocol):
         """Delete sessions idle since before ``idle_before``; return their ids."""
         ...
 
+    idempotency_keys: bool
+    """Whether :meth:`enqueue_open` records idempotency keys (SEP-3182, ADR 0029): the server declares
+    ``tools.idempotency`` only then."""
+
     async def open_stream(self, record: StreamRecord) -> None: ...
-    def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
+    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
         """:meth:`open_stream` queued as :meth:`enqueue` queues an append: returns at once, and the future resolves
         once the record is stored (or fails as :meth:`open_stream` would), before any future of an event of the
         stream enqueued after it. So a call's stream record and its first events share one write. The record is
@@ -108,7 +118,24 @@ class EventStore(Protocol):
 
         The record makes the stream's event ids resumable: none may reach a client before this future resolved.
         If it fails, the stream's events are refused (``KeyError``: unknown stream) or fail with it.
+
+        ``keys`` (only where :attr:`idempotency_keys`): the idempotency keys whose first use this stream runs, stored
+        in the same write as the record, so a key is never held without the stream that holds its outcome (nor a
+        keyed stream without its key). A key of the same principal and string replaces an expired one. A shared
+        store records each key only if no other process holds it (one concurrent first use wins); when one is held,
+        the future fails with :class:`KeyTaken` and nothing of the stream or its keys is kept. A keyed stream is
+        kept, once completed, as long as its key.
         """
+        ...
+
+    async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
+        """The principal's record of ``key``, or ``None`` (never one, expired at ``now``, or another principal's)."""
+        ...
+
+    def keys_held(self, principal: Principal, now: float) -> int:
+        """The principal's idempotency keys live at ``now`` (what ``idempotency_keys_per_principal`` bounds), read
+        from process memory, without a round trip, as :meth:`stored_bytes`; a shared store counts those this process
+        recorded."""
         ...
 
     async def get_stream(self, stream: str) -> StreamRecord | None: ...

@@ -11,6 +11,7 @@ keys, the B-tree's own overhead), so a flood of empty events or of POSTs is boun
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -122,6 +123,50 @@ class HeldBytes:
             self._held[principal] = total
         else:
             self._held.pop(principal, None)
+
+
+class HeldKeys:
+    """Each principal's live idempotency keys, in process memory: counted (what ``idempotency_keys_per_principal``
+    bounds, asked on every keyed POST: no store round trip) and known by name. A key counts until it expires; a
+    shared store counts the keys this process recorded, as it counts bytes (docs/decisions/0026). A store one process
+    owns (SQLite) knows every key, so :meth:`known` tells a first use, the common case, without reading the file, and
+    names a duplicate's row (``row``: the store's own number for it)."""
+
+    __slots__ = ("_expiries", "_live")
+
+    def __init__(self) -> None:
+        self._expiries: dict[Principal, list[tuple[float, str]]] = {}
+        """Per principal, a heap of its keys' expiry times, with the key."""
+        self._live: dict[tuple[Principal, str], tuple[float, int]] = {}
+        """Each key's expiry time and row (a key recorded again, once expired, has its new ones)."""
+
+    def add(self, principal: Principal, key: str, expires: float, row: int = 0) -> None:
+        heapq.heappush(self._expiries.setdefault(principal, []), (expires, key))
+        self._live[principal, key] = (expires, row)
+
+    def known(self, principal: Principal, key: str, now: float) -> int | None:
+        """The live key's row, ``None`` when there is no live key."""
+        found = self._live.get((principal, key))
+        return found[1] if found is not None and found[0] > now else None
+
+    def held(self, principal: Principal, now: float) -> int:
+        expiries = self._expiries.get(principal)
+        if expiries is None:
+            return 0
+        live = self._live
+        while expiries and expiries[0][0] <= now:
+            expires, key = heapq.heappop(expiries)
+            found = live.get((principal, key))
+            if found is not None and found[0] == expires:
+                del live[principal, key]
+        if not expiries:
+            del self._expiries[principal]
+        return len(expiries)
+
+    def purge(self, now: float) -> None:
+        """Forget every expired key (the store's periodic sweep), not only those of principals that key again."""
+        for principal in list(self._expiries):
+            self.held(principal, now)
 
 
 class ExpiringHeld:

@@ -26,13 +26,16 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from collections import deque
 from collections.abc import Sequence
 from itertools import islice
 
 from ..core.events import EventRows, Loss, Row, StoredEvent, StreamRecord
+from ..core.idempotency import KeyRecord
 from ..core.principal import Principal
 from .base import EventsEvicted, SessionRecord, StreamTakenOver
+from .held import HeldKeys
 
 _SLOT_BYTES = 16
 """Two deque slots per held event (its stream's and its principal's eviction order), on top of its bytes."""
@@ -107,6 +110,10 @@ class MemoryStore:
         self._secret = os.urandom(32)
         self._sessions: dict[str, SessionRecord] = {}
         self._streams: dict[str, _Stream] = {}
+        self._keys: dict[tuple[Principal, str], KeyRecord] = {}
+        """Idempotency keys (ADR 0029); an expired one is dropped when looked up or replaced, or by the sweep
+        (:meth:`expire_sessions`)."""
+        self._held_keys = HeldKeys()
         self._by_session: dict[str, set[str]] = {}
         self._partitions: dict[Principal | None, _Partition] = {}
         """By principal; ``None`` holds streams of sessions the store was never told about."""
@@ -166,7 +173,14 @@ class MemoryStore:
         if len(partition.order) > 2 * partition.count + 1024:
             partition.order = deque(entry for entry in partition.order if not entry.gone)
 
+    def keys_held(self, principal: Principal, now: float) -> int:
+        return self._held_keys.held(principal, now)
+
     async def expire_sessions(self, idle_before: float) -> list[str]:
+        """Also purges expired idempotency keys: the server's periodic sweep calls this."""
+        at = time.time()  # keys expire by the wall clock, as the server dates them
+        self._keys = {name: key for name, key in self._keys.items() if key.expires > at}
+        self._held_keys.purge(at)
         gone = [sid for sid, rec in self._sessions.items() if rec.last_seen < idle_before]
         for sid in gone:
             await self.delete_session(sid)
@@ -175,9 +189,14 @@ class MemoryStore:
     async def open_stream(self, record: StreamRecord) -> None:
         self._open(record)
 
-    def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
-        """Opens at once: the future is the shared resolved one :meth:`enqueue` returns."""
+    idempotency_keys = True
+
+    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
+        """Opens at once, with its keys: the future is the shared resolved one :meth:`enqueue` returns."""
         self._open(record)
+        for key in keys:
+            self._keys[key.principal, key.key] = key
+            self._held_keys.add(key.principal, key.key, key.expires)
         stored = self._stored
         return self._resolved() if stored is None else stored
 
@@ -195,6 +214,13 @@ class MemoryStore:
         if streams is None:
             streams = self._by_session[record.session_id] = set()
         streams.add(record.stream)
+
+    async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
+        found = self._keys.get((principal, key))
+        if found is not None and found.expires <= now:
+            del self._keys[principal, key]
+            return None
+        return found
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         found = self._streams.get(stream)

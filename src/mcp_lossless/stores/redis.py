@@ -11,14 +11,18 @@ Key layout (``P`` is the prefix; ``{sid}`` is a Redis Cluster hash tag, so one s
   ``retention_seconds`` after the last touch.
 - ``P:{sid}:streams`` — sorted set of the session's streams, scored by when their keys expire
   (``+inf`` while open), so deleting a session finds every stream still retained.
-- ``P:{sid}:s:<stream>`` — hash: the stream record (kind, owner, requests, last, first, done) and one
-  ``a:<request id JSON>`` field per answered request.
+- ``P:{sid}:s:<stream>`` — hash: the stream record (kind, owner, requests, last, first, done; ``keep``, when
+  its idempotency keys expire, for a keyed stream) and one ``a:<request id JSON>`` field per answered request.
 - ``P:{sid}:e:<stream>`` — a Redis Stream holding the events. Event ``seq`` is stored at entry id
   ``<seq>-1``: ids order by their first part, so entries order by position and "after ``seq``" is the
   exclusive id ``(<seq>-1`` for XRANGE and ``<seq>-1`` for XREAD (``0-0``, the only id below ``0-1``, is
   not a valid entry id, hence the ``-1``). Every entry has the same six fields in the same order
   (``i`` compact event id, ``r`` request id JSON, ``t`` tool JSON, ``g`` resource tags JSON, ``x``
   terminal, ``d`` data), which lets Redis store the field names once per node instead of per entry.
+- ``P:key:<SHA-256 of the principal and key>`` — an idempotency key (ADR 0029): JSON ``[tool, arguments hash,
+  session id, stream, request id, created, expires]``, expiring with the key. Written with ``SET NX`` in the
+  pipeline of its stream's record, after the record, so that whoever finds the key finds the stream too, and
+  exactly one of several concurrent first uses (on any replica) holds it; a loser deletes its stream record.
 
 Appends run as one Lua script on the session's slot: the entry, ``last``, the answered request and the
 advanced ``first`` after a length trim are written together or not at all. The script also refuses a
@@ -35,12 +39,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
 import logging
 import math
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -49,6 +55,7 @@ import orjson
 from redis import exceptions as rx
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import Connection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
@@ -58,6 +65,7 @@ from redis.sentinel import DEMOTED_MASTER_UNBLOCKED_ERROR
 from redis.typing import EncodableT
 
 from ..core.events import Loss, StoredEvent, StreamKind, StreamRecord
+from ..core.idempotency import KeyRecord, StreamTarget
 from ..core.principal import Principal
 from ._codec import (
     CACHE_LIMIT,
@@ -69,8 +77,8 @@ from ._codec import (
     encode_tags,
     full_event_id,
 )
-from .base import EventsEvicted, EventsLost, SessionRecord, StoreUnavailable, StreamTakenOver
-from .held import ExpiringHeld
+from .base import EventsEvicted, EventsLost, KeyTaken, SessionRecord, StoreUnavailable, StreamTakenOver
+from .held import ExpiringHeld, HeldKeys
 
 log = logging.getLogger("mcp_lossless.stores.redis")
 
@@ -82,6 +90,9 @@ _RETRIES = 1
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 """Specs naming Sentinels and a service rather than one Redis: the master is looked up by name."""
 SENTINEL_PORT = 26379
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+"""Specs naming nodes of a Redis Cluster: any of them tells redis-py the slot map, and it routes each key."""
+REDIS_PORT = 6379
 _SENTINEL_SETTINGS = ("sentinel_username", "sentinel_password")
 """Query parameters of a ``redis+sentinel://`` spec that are the Sentinels' own credentials, not the master's."""
 _OUTAGE_REPLIES = ("MISCONF", "NOREPLICAS", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "LOADING")
@@ -89,13 +100,26 @@ _OUTAGE_REPLIES = ("MISCONF", "NOREPLICAS", "BUSY", "MASTERDOWN", "CLUSTERDOWN",
 
 _MARK_COMPLETE = """
 local function mark_complete(ms, expiry, stream)
+  local keep = tonumber(redis.call('HGET', KEYS[1], 'keep') or '0')
+  if keep > tonumber(expiry) then
+    ms = tonumber(ms) + math.ceil((keep - tonumber(expiry)) * 1000)
+    expiry = keep
+  end
   redis.call('HSET', KEYS[1], 'done', 1)
   redis.call('PEXPIRE', KEYS[1], ms)
   redis.call('PEXPIRE', KEYS[2], ms)
   redis.call('ZADD', KEYS[3], expiry, stream)
 end
 """
-"""What completing a stream means, for the scripts that do it. KEYS: record, events, session's streams."""
+"""What completing a stream means, for the scripts that do it. KEYS: record, events, session's streams. A keyed
+stream is kept until its keys expire (``keep``) if that is later than the retention: a key's outcome is its
+stream's answer."""
+
+_DROP_KEY = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+"""KEYS: an idempotency key. ARGV: the value this process set. Deletes the key only if it is still that one."""
 
 _APPEND = (
     _MARK_COMPLETE
@@ -237,7 +261,10 @@ class SentinelTarget:
         if "?" in netloc:
             raise ValueError("redis+sentinel store: the spec needs /SERVICE_NAME after the Sentinel addresses")
         userinfo, _, hosts = netloc.rpartition("@")
-        sentinels = tuple(_sentinel_address(number, host) for number, host in enumerate(hosts.split(","), 1))
+        sentinels = tuple(
+            _address("redis+sentinel store: Sentinel", number, host, SENTINEL_PORT)
+            for number, host in enumerate(hosts.split(","), 1)
+        )
         names = path.split("/") if slash else []
         if not 1 <= len(names) <= 2 or not names[0]:
             raise ValueError("redis+sentinel store: name the master as /SERVICE_NAME[/DB] after the Sentinel addresses")
@@ -272,8 +299,8 @@ class SentinelTarget:
         return f"master {self.service!r} via Sentinel {','.join(f'{host}:{port}' for host, port in self.sentinels)}"
 
 
-def _sentinel_address(number: int, text: str) -> tuple[str, int]:
-    """``host``, ``host:port`` or ``[IPv6]:port`` (the port defaults to Sentinel's 26379).
+def _address(what: str, number: int, text: str, default_port: int) -> tuple[str, int]:
+    """``host``, ``host:port`` or ``[IPv6]:port`` (the port defaults to ``default_port``).
 
     A bad one is named by its number, not its text: a password with an unescaped ``/`` or ``@`` would end up
     in the addresses, and messages never show a password.
@@ -282,14 +309,67 @@ def _sentinel_address(number: int, text: str) -> tuple[str, int]:
     if text.startswith("["):
         host, _, after = text[1:].partition("]")
         malformed = bool(after) and not after.startswith(":")
-        port = after[1:] if after else str(SENTINEL_PORT)
+        port = after[1:] if after else str(default_port)
     else:
         host, colon, port = text.rpartition(":")
         if not colon:
-            host, port = text, str(SENTINEL_PORT)
+            host, port = text, str(default_port)
     if malformed or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"redis+sentinel store: Sentinel address {number} is not HOST[:PORT] (comma-separated)")
+        raise ValueError(f"{what} address {number} is not HOST[:PORT] (comma-separated)")
     return host, int(port)
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    """What a ``redis+cluster://[user:pass@]host[:port][,host[:port]...][/][?settings]`` spec names: startup nodes
+    (any reachable one tells redis-py the slot map) and the redis-py settings of every node connection
+    (``rediss+cluster://``: TLS). A cluster has one database, so the spec has no ``/DB``.
+    """
+
+    nodes: tuple[tuple[str, int], ...]
+    settings: dict[str, Any]
+
+    @classmethod
+    def parse(cls, url: str) -> ClusterTarget:
+        """Split ``url``; a malformed one is a one-line :class:`ValueError` that never repeats the password."""
+        scheme, _, rest = url.partition("://")
+        netloc, _, tail = rest.partition("/")
+        netloc, _, query = netloc.partition("?")
+        path, _, path_query = tail.partition("?")
+        if path:
+            raise ValueError("redis+cluster store: a cluster has one database: nothing goes after the node addresses")
+        userinfo, _, hosts = netloc.rpartition("@")
+        nodes = tuple(
+            _address("redis+cluster store: node", number, host, REDIS_PORT)
+            for number, host in enumerate(hosts.split(","), 1)
+        )
+        settings: dict[str, Any] = dict(parse_url(f"redis://localhost?{query or path_query}"))  # redis-py's typing
+        del settings["host"]
+        if userinfo:
+            user, has_password, password = userinfo.partition(":")
+            if user:
+                settings["username"] = unquote(user)
+            if has_password:
+                settings["password"] = unquote(password)
+        if scheme == "rediss+cluster":
+            settings["ssl"] = True
+        return cls(nodes, settings)
+
+    def client(self, **defaults: Any) -> RedisCluster:
+        """A cluster client of these nodes; the spec's settings win over ``defaults``, as in a ``redis://`` spec."""
+        startup = [ClusterNode(host, port) for host, port in self.nodes]
+        try:
+            return RedisCluster(startup_nodes=startup, **{**defaults, **self.settings})
+        except rx.RedisClusterException as exc:  # e.g. db=1: a cluster has only database 0
+            raise ValueError(f"redis+cluster store: {exc}") from None
+
+    def node_client(self, host: str, port: int, **defaults: Any) -> Redis:
+        """A plain (not cluster-aware) client of one node, with the same settings as the cluster client's."""
+        return Redis(host=host, port=port, **{**defaults, **self.settings})
+
+    def describe(self) -> str:
+        """For messages: the startup nodes, never a credential."""
+        return "Redis Cluster via " + ",".join(f"{host}:{port}" for host, port in self.nodes)
 
 
 _OUTAGE_ERRORS = (
@@ -300,6 +380,8 @@ _OUTAGE_ERRORS = (
     rx.ReadOnlyError,
     rx.ClusterDownError,  # MASTERDOWN too: a replica cut off from its master, with replica-serve-stale-data no
     rx.TryAgainError,
+    rx.SlotNotCoveredError,  # a cluster with a slot no live primary serves (a failover not done yet)
+    rx.RedisClusterUnreachableError,  # no startup or known node answers
 )
 """redis-py's classes for "Redis cannot serve now"; they carry the reply without its code, so a prefix test misses
 them."""
@@ -358,15 +440,23 @@ class _SentinelMaster(Redis):
                 await self.discovery.aclose()
 
 
-def connect(url: str, *, socket_timeout: float | None, socket_connect_timeout: float, **settings: Any) -> Redis:
+RedisClient = Redis | RedisCluster
+"""A client of one Redis master (direct or found through Sentinel) or of a Redis Cluster."""
+
+
+def connect(url: str, *, socket_timeout: float | None, socket_connect_timeout: float, **settings: Any) -> RedisClient:
     """A client of the Redis master ``url`` names: ``redis://`` / ``rediss://`` directly, ``redis+sentinel://``
     through Sentinel. There every new connection asks the Sentinels for the master's address, so after a
     failover the next command reaches the promoted replica; until then a dead or demoted master is a
     connection error (redis-py turns a READONLY reply from a demoted master into one, and so does
     :class:`_PrimaryConnection` for ``redis://``), which the stores report as :class:`StoreUnavailable`.
+    ``redis+cluster://`` is redis-py's cluster client: it routes each command by its key's slot, follows
+    ``MOVED`` replies and refreshes its slot map after a failover.
     Settings in the URL win over the keyword arguments, as redis-py's do.
     """
     defaults = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_connect_timeout, **settings}
+    if url.startswith(CLUSTER_SCHEMES):
+        return ClusterTarget.parse(url).client(**defaults)
     if not url.startswith(SENTINEL_SCHEMES):
         primary = _PrimarySSLConnection if url.startswith("rediss://") else _PrimaryConnection
         return Redis.from_url(url, connection_class=primary, **defaults)
@@ -377,6 +467,96 @@ def connect(url: str, *, socket_timeout: float | None, socket_connect_timeout: f
     client = cast(_SentinelMaster, master)
     client.discovery = sentinel
     return client
+
+
+class _Writes:
+    """The write pipeline of one store operation, ended by ``WAIT`` (:meth:`RedisStore._acknowledge`): one pipeline,
+    except on a Redis Cluster with ``wait_replicas``.
+
+    ``WAIT`` counts the replicas holding the writes sent before it *on its own connection*, and on a cluster it is a
+    node's own. redis-py's cluster pipeline may send a command again on another connection (after ``MOVED`` or
+    ``ASK``, or a retry after a slot map refresh) and routes a keyless ``WAIT`` by a rule of its own, so a ``WAIT`` in
+    it could confirm writes it did not cover. With ``cluster`` given, each write goes instead on a plain pipeline to
+    the primary the cluster client's slot map names for its key, and each of those pipelines ends with its own
+    ``WAIT``: the node's writes and their acknowledgement share one connection. A write whose slot moved meanwhile is
+    answered ``MOVED`` and never sent elsewhere: the operation is an outage (retried, as every write is), and the
+    cluster client corrects its slot map first (:meth:`RedisStore._correct_slots`).
+    """
+
+    def __init__(self, store: RedisStore, cluster: RedisCluster | None) -> None:
+        self._store = store
+        self._cluster = cluster
+        self._pipes: dict[str, Pipeline | ClusterPipeline] = {}
+        self._keys: dict[str, list[str]] = {}
+        """Keys written per pipeline: what :meth:`RedisStore._correct_slots` asks about after a failure."""
+        self._order: list[tuple[str, int]] = []
+        """Each command's pipeline and place in it, in the order they were queued."""
+
+    def on(self, key: str) -> Pipeline | ClusterPipeline:
+        """The pipeline for the next command, a write of ``key``: queue exactly one command on it."""
+        if self._cluster is None:
+            name = ""
+            make = functools.partial(self._store._r.pipeline, transaction=False)
+        else:
+            node = self._cluster.get_node_from_key(key)
+            if node is None:
+                raise rx.SlotNotCoveredError(f"no primary serves the slot of {key}")
+            name = node.name
+            make = functools.partial(self._store._node_client(node).pipeline, transaction=False)
+        pipe = self._pipes.get(name)
+        if pipe is None:
+            pipe = self._pipes[name] = make()
+        self._keys.setdefault(name, []).append(key)
+        self._order.append((name, len(pipe)))
+        return pipe
+
+    async def execute(self, *, raise_on_error: bool = True) -> list[Any]:
+        """Every reply in the order the commands were queued, errors among them unless ``raise_on_error`` (then the
+        first is raised). A pipeline whose ``WAIT`` fell short, or in which a slot had moved, answers
+        :class:`StoreUnavailable` for each of its commands, and one that failed as a whole its error: the other
+        pipelines' replies stand, so one node's outage does not hold back writes the others acknowledged."""
+        names = list(self._pipes)
+        for pipe in self._pipes.values():
+            self._store._acknowledge(pipe)
+        outcomes: list[list[Any] | BaseException]
+        if len(self._pipes) == 1:  # the usual case, and all there is without a cluster: no task for one pipeline
+            try:
+                outcomes = [await self._pipes[names[0]].execute(raise_on_error=False)]
+            except Exception as exc:
+                outcomes = [exc]
+        else:
+            sent = [pipe.execute(raise_on_error=False) for pipe in self._pipes.values()]
+            outcomes = await asyncio.gather(*sent, return_exceptions=True)
+        misrouted = [name for name, outcome in zip(names, outcomes, strict=True) if _misrouted(outcome)]
+        if self._cluster is not None and misrouted:
+            await self._store._correct_slots([self._keys[name][0] for name in misrouted])
+        replies = {name: self._replies(name, outcome) for name, outcome in zip(names, outcomes, strict=True)}
+        ordered = [replies[name][place] for name, place in self._order]
+        errors = [reply for reply in ordered if isinstance(reply, Exception)]
+        if raise_on_error and errors:
+            raise errors[0]
+        return ordered
+
+    def _replies(self, name: str, outcome: list[Any] | BaseException) -> list[Any]:
+        count = len(self._keys[name])
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, Exception):  # cancelled: not a reply
+                raise outcome
+            return [outcome] * count
+        try:
+            replies = self._store._acknowledged(outcome)
+        except StoreUnavailable as exc:  # not held by enough replicas: none of this pipeline counts as stored
+            return [exc] * count
+        if self._cluster is not None and _misrouted(replies):
+            moved = StoreUnavailable(f"redis store at {self._store._where}: a slot moved under a write to {name}")
+            return [moved] * count
+        return replies
+
+
+def _misrouted(outcome: Any) -> bool:
+    """Whether a node pipeline failed as a whole (its node may be gone), or a write in it met a slot served elsewhere
+    now (``MOVED``, or ``ASK`` while the slot migrates: redis-py's ``MovedError`` is an ``AskError``)."""
+    return isinstance(outcome, BaseException) or any(isinstance(reply, rx.AskError) for reply in outcome)
 
 
 class RedisStore:
@@ -392,8 +572,8 @@ class RedisStore:
         "wait_replicas": int,
         "wait_timeout_ms": int,
     }
-    """Store settings a ``redis://`` or ``redis+sentinel://`` spec may carry as query parameters (others go to
-    redis-py, or are the Sentinels' credentials)."""
+    """Store settings a ``redis://``, ``redis+sentinel://`` or ``redis+cluster://`` spec may carry as query
+    parameters (others go to redis-py, or are the Sentinels' credentials)."""
 
     def __init__(
         self,
@@ -423,14 +603,19 @@ class RedisStore:
         """Replicas that must hold a write (``WAIT``) before it counts as stored: before an event is published, a
         stream or session record is used (0: the primary's word, as Redis replication is asynchronous)."""
         self.wait_timeout_ms = wait_timeout_ms
+        self._cluster = ClusterTarget.parse(url) if url.startswith(CLUSTER_SCHEMES) else None
         if url.startswith(SENTINEL_SCHEMES):
             self._where = SentinelTarget.parse(url).describe()
+        elif self._cluster is not None:
+            self._where = self._cluster.describe()
         else:
             parts = urlsplit(url)
             self._where = f"{parts.hostname}:{parts.port or 6379}"
         """For messages: never the URL, which may carry a password."""
-        self._redis: Redis | None = None
-        self._blocking: Redis | None = None
+        self._redis: RedisClient | None = None
+        self._nodes: dict[str, Redis] = {}
+        """Plain clients of cluster primaries, by node name, for acknowledged writes (see :class:`_Writes`)."""
+        self._blocking: RedisClient | None = None
         """Connections for XREAD BLOCK: no socket timeout, bounded per call instead."""
         self._secret: bytes | None = None
         self._instance: str | None = None
@@ -444,13 +629,16 @@ class RedisStore:
         self._flusher: asyncio.Task[None] | None = None
         self._opening: dict[str, asyncio.Task[None]] = {}
         """Stream records being written (:meth:`enqueue_open`), by stream: its appends wait for it."""
+        self._held_keys = HeldKeys()
+        """The keys this process recorded, for ``idempotency_keys_per_principal`` (Redis expires them itself)."""
         self._held = ExpiringHeld(retention_seconds)
         """What each principal's sessions hold in Redis through this process's writes (docs/decisions/0026)."""
 
     @classmethod
     def from_spec(cls, spec: str) -> RedisStore:
         """``redis://[user:pass@]host:port[/db][?prefix=P&retention_seconds=S&...]`` (``rediss://`` for TLS), or
-        ``redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db][?...]`` (``rediss+sentinel://``)."""
+        ``redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db][?...]`` (``rediss+sentinel://``), or
+        ``redis+cluster://[user:pass@]host:port[,host:port...][?...]`` (``rediss+cluster://``)."""
         parts = urlsplit(spec)
         settings: dict[str, Any] = {}
         passed = []
@@ -467,13 +655,17 @@ class RedisStore:
             except ValueError:
                 raise ValueError(f"redis store: {name}={value!r} is not a valid {kind.__name__}") from None
         sentinel = spec.startswith(SENTINEL_SCHEMES)
-        if sentinel:  # not through urlunsplit, which would drop an empty address list's '//' (and so the scheme)
-            url = spec.partition("?")[0] + (f"?{urlencode(passed)}" if passed else "")
+        if sentinel or spec.startswith(CLUSTER_SCHEMES):  # not through urlunsplit, which would drop an empty
+            url = spec.partition("?")[0] + (f"?{urlencode(passed)}" if passed else "")  # address list's '//'
         else:
             url = urlunsplit(parts._replace(query=urlencode(passed)))
         try:  # redis-py takes the rest, but would refuse an unknown one only when it first connects: check it now
             if sentinel:
                 SentinelTarget.parse(url).check()
+            elif spec.startswith(CLUSTER_SCHEMES):  # neither makes a connection: nodes are first reached when used
+                target = ClusterTarget.parse(url)
+                target.client()
+                target.node_client("localhost", REDIS_PORT)
             else:
                 pool = ConnectionPool.from_url(url)
                 pool.connection_class(**pool.connection_kwargs)
@@ -485,7 +677,7 @@ class RedisStore:
 
     # -- plumbing ------------------------------------------------------------------------------------
 
-    def _client(self, socket_timeout: float | None) -> Redis:
+    def _client(self, socket_timeout: float | None) -> RedisClient:
         """A client of the master: with Sentinel, each new connection looks the master up again (:func:`connect`)."""
         return connect(
             self.url,
@@ -495,13 +687,13 @@ class RedisStore:
         )
 
     @property
-    def _r(self) -> Redis:
+    def _r(self) -> RedisClient:
         if self._redis is None:
             raise RuntimeError("RedisStore used before open()")
         return self._redis
 
     @property
-    def client(self) -> Redis:
+    def client(self) -> RedisClient:
         """The open store's client of the master, its pool and its Sentinel discovery included: what the facets
         keeping keys beside the store's own use (:mod:`.tasks_redis`), so they fail over with it."""
         return self._r
@@ -516,7 +708,7 @@ class RedisStore:
         """Turn "Redis cannot serve now" into :class:`StoreUnavailable`; let real bugs through."""
         try:
             yield
-        except (rx.RedisError, TimeoutError) as exc:
+        except (rx.RedisError, rx.RedisClusterException, TimeoutError) as exc:
             if not is_outage(exc):
                 raise
             raise StoreUnavailable(f"redis store at {self._where} unavailable: {exc or type(exc).__name__}") from exc
@@ -558,7 +750,37 @@ class RedisStore:
             self._remember(stream, sid)
         return sid
 
-    def _acknowledge(self, pipe: Pipeline) -> None:
+    async def writes(self) -> _Writes:
+        """A write pipeline for one operation, acknowledged by ``wait_replicas`` replicas before it counts (this
+        store's and its facets', :mod:`.tasks_redis`): :class:`_Writes` per node on a cluster with ``wait_replicas``."""
+        if self._cluster is None or not self.wait_replicas:
+            return _Writes(self, None)
+        cluster = cast(RedisCluster, self._r)
+        await cluster.initialize()  # the slot map on first use; later at once, unless a refresh is due
+        return _Writes(self, cluster)
+
+    def _node_client(self, node: ClusterNode) -> Redis:
+        client = self._nodes.get(node.name)
+        if client is None:
+            assert self._cluster is not None
+            client = self._nodes[node.name] = self._cluster.node_client(
+                node.host,
+                int(node.port),
+                socket_timeout=SOCKET_TIMEOUT,
+                socket_connect_timeout=CONNECT_TIMEOUT,
+                retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), _RETRIES),
+            )
+        return client
+
+    async def _correct_slots(self, keys: list[str]) -> None:
+        """After a plain node pipeline failed or met a moved slot: one command per key through the cluster client,
+        which follows ``MOVED`` and refreshes its slot map after a failover, so the next attempt goes to the node
+        that serves the key now. Its own failure changes nothing: the caller reports the outage anyway."""
+        for key in keys:
+            with contextlib.suppress(rx.RedisError, rx.RedisClusterException, TimeoutError):
+                await self._r.exists(key)
+
+    def _acknowledge(self, pipe: Pipeline | ClusterPipeline) -> None:
         """End ``pipe`` with ``WAIT`` for :attr:`wait_replicas`: it covers every write sent on the pipeline's
         connection before it, so one ``WAIT`` acknowledges a whole batch."""
         if self.wait_replicas:
@@ -604,10 +826,11 @@ class RedisStore:
             with contextlib.suppress(rx.RedisError):
                 await self._redis.delete(self._instance_key(self._instance))
             self._instance = None
-        for client in (self._redis, self._blocking):
+        for client in (self._redis, self._blocking, *self._nodes.values()):
             if client is not None:
                 await client.aclose()
         self._redis = self._blocking = None
+        self._nodes.clear()
         self._scripts.clear()
 
     async def secret(self) -> bytes:
@@ -633,22 +856,21 @@ class RedisStore:
         p = record.principal
         key = self._key(record.session_id, "session")
         with self._guard():
-            async with self._r.pipeline(transaction=False) as pipe:
-                pipe.zadd(self._sessions_key, {record.session_id: record.last_seen})
-                pipe.hset(
-                    key,
-                    mapping={
-                        "iss": p.issuer,
-                        "sub": p.subject,
-                        "cid": p.client_id,
-                        "ver": record.protocol_version,
-                        "created": repr(record.created_at),
-                        "seen": repr(record.last_seen),
-                    },
-                )
-                pipe.pexpire(key, self._retention_ms)
-                self._acknowledge(pipe)
-                self._acknowledged(await pipe.execute())
+            writes = await self.writes()
+            writes.on(self._sessions_key).zadd(self._sessions_key, {record.session_id: record.last_seen})
+            writes.on(key).hset(
+                key,
+                mapping={
+                    "iss": p.issuer,
+                    "sub": p.subject,
+                    "cid": p.client_id,
+                    "ver": record.protocol_version,
+                    "created": repr(record.created_at),
+                    "seen": repr(record.last_seen),
+                },
+            )
+            writes.on(key).pexpire(key, self._retention_ms)
+            await writes.execute()
         self._held.counts.bind(record.session_id, p)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
@@ -679,8 +901,10 @@ class RedisStore:
     async def expire_sessions(self, idle_before: float) -> list[str]:
         """Idle sessions by the ``P:sessions`` index, so ones whose hash already expired are swept too.
 
-        Every replica sweeps; ``ZREM`` decides which one deletes (and reports) each session.
+        Every replica sweeps; ``ZREM`` decides which one deletes (and reports) each session. Forgets the keys
+        this process counted that expired (Redis expires the keys themselves).
         """
+        self._held_keys.purge(time.time())
         with self._guard():
             candidates = cast(list[bytes], await self._r.zrangebyscore(self._sessions_key, "-inf", f"({idle_before!r}"))
             if not candidates:
@@ -716,41 +940,81 @@ class RedisStore:
 
     # -- streams -------------------------------------------------------------------------------------
 
-    async def open_stream(self, record: StreamRecord) -> None:
+    async def open_stream(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> None:
         """Create ``record``'s stream; opening an existing key starts it afresh, as the memory store does.
 
         Open streams carry no TTL: a call may stay silent longer than the retention. Their keys go with
-        their session, or expire after :meth:`complete_stream`.
+        their session, or expire after :meth:`complete_stream` (a keyed one not before its idempotency keys).
+        ``keys`` are set after the record, each only if no one holds it (:class:`KeyTaken` otherwise).
         """
         sid = record.session_id
         rk = self._key(sid, "s:", record.stream)
         streams = self._key(sid, "streams")
+        fields: dict[EncodableT, EncodableT] = {
+            "kind": record.kind.value,
+            "owner": record.owner,
+            "req": encode_requests(record.requests),
+            "last": record.last_seq,
+            "first": record.last_seq + 1,
+            "done": int(record.completed),
+        }
+        fields.update({"a:" + encode_json(rid).decode(): 1 for rid in record.answered})
+        if keys:
+            fields["keep"] = repr(max(key.expires for key in keys))
+        idx = self._idx_key(record.stream)
+        values = [self._key_value(key, sid) for key in keys]
         with self._guard():
-            async with self._r.pipeline(transaction=False) as pipe:
-                pipe.set(self._idx_key(record.stream), sid)
-                pipe.delete(rk, self._key(sid, "e:", record.stream))
-                fields: dict[EncodableT, EncodableT] = {
-                    "kind": record.kind.value,
-                    "owner": record.owner,
-                    "req": encode_requests(record.requests),
-                    "last": record.last_seq,
-                    "first": record.last_seq + 1,
-                    "done": int(record.completed),
-                }
-                fields.update({"a:" + encode_json(rid).decode(): 1 for rid in record.answered})
-                pipe.hset(rk, mapping=fields)
-                pipe.zremrangebyscore(streams, "-inf", repr(time.time()))
-                pipe.zadd(streams, {record.stream: math.inf})
-                self._acknowledge(pipe)
-                self._acknowledged(await pipe.execute())
+            writes = await self.writes()
+            writes.on(idx).set(idx, sid)
+            writes.on(rk).delete(rk, self._key(sid, "e:", record.stream))
+            writes.on(rk).hset(rk, mapping=fields)
+            writes.on(streams).zremrangebyscore(streams, "-inf", repr(time.time()))
+            writes.on(streams).zadd(streams, {record.stream: math.inf})
+            for key, value in zip(keys, values, strict=True):  # each only if no one holds it: one first use wins
+                name = self._key_name(key.principal, key.key)
+                writes.on(name).set(name, value, nx=True, pxat=math.ceil(key.expires * 1000))
+            replies = await writes.execute()
+        if not all(replies[len(replies) - len(keys) :]):
+            await self._unopen(record, keys, values)
+            raise KeyTaken(f"another request holds an idempotency key of stream {record.stream}")
+        for key in keys:
+            self._held_keys.add(key.principal, key.key, key.expires)
         self._remember(record.stream, sid)
         self._held.opened(sid, record.stream)
 
-    def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
+    async def _unopen(self, record: StreamRecord, keys: Sequence[KeyRecord], values: list[bytes]) -> None:
+        """Undo an open that lost a key to another process: its stream record and the keys it did set go."""
+        sid, stream = record.session_id, record.stream
+        with self._guard():
+            async with self._r.pipeline(transaction=False) as pipe:  # rare: EVAL, no script cache to keep
+                for key, value in zip(keys, values, strict=True):
+                    pipe.eval(_DROP_KEY, 1, self._key_name(key.principal, key.key), value)
+                pipe.delete(self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._idx_key(stream))
+                pipe.zrem(self._key(sid, "streams"), stream)
+                await pipe.execute()
+
+    def _key_name(self, principal: Principal, key: str) -> str:
+        """Hashed: a key string is the client's (any length, any character), and the name must be a plain one."""
+        identity = orjson.dumps([principal.issuer, principal.subject, principal.client_id, key])
+        return f"{self.prefix}:key:{hashlib.sha256(identity).hexdigest()}"
+
+    @staticmethod
+    def _key_value(key: KeyRecord, sid: str) -> bytes:
+        """The stream's session goes with it: the stream-to-session index expires with the retention, the keyed
+        stream only with its key."""
+        assert isinstance(key.target, StreamTarget), "a key recorded with a stream names that stream"
+        target = key.target
+        return orjson.dumps(
+            [key.tool, key.arguments_hash, sid, target.stream, target.request_id, key.created, key.expires]
+        )
+
+    idempotency_keys = True
+
+    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
         """:meth:`open_stream` in a task of its own; appends enqueued after it go in a pipeline sent once it is
         done, so the record is in Redis before any of its events (or they are refused: unknown stream)."""
         key = record.stream
-        task = asyncio.ensure_future(self.open_stream(record.copy()))  # as it is now: its stream goes on meanwhile
+        task = asyncio.ensure_future(self.open_stream(record.copy(), keys))  # as it is now: its stream goes on
         self._opening[key] = task
         task.add_done_callback(lambda _done: self._opened(key, task))
         return task
@@ -758,6 +1022,20 @@ class RedisStore:
     def _opened(self, key: str, task: asyncio.Task[None]) -> None:
         if self._opening.get(key) is task:
             del self._opening[key]
+
+    def keys_held(self, principal: Principal, now: float) -> int:
+        return self._held_keys.held(principal, now)
+
+    async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
+        with self._guard():
+            raw = cast(bytes | None, await self._r.get(self._key_name(principal, key)))
+        if raw is None:
+            return None
+        tool, arguments_hash, sid, stream, request_id, created, expires = orjson.loads(raw)
+        if expires <= now:
+            return None
+        self._remember(stream, sid)  # its index may be gone: the key keeps its stream longer than the retention
+        return KeyRecord(principal, key, tool, arguments_hash, StreamTarget(stream, request_id), created, expires)
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         sid = await self._sid(stream)
@@ -852,26 +1130,28 @@ class RedisStore:
         queued.update(held)
         return batch
 
-    async def _append_batch(self, batch: list[_QueuedAppend]) -> list[Exception | None]:
-        script = self._scripts.get(_APPEND)
+    async def _scripted(self, source: str, calls: list[tuple[list[str], list[EncodableT]]]) -> list[Any]:
+        """Run ``calls`` (keys, arguments) of the Lua script ``source`` as one acknowledged write (:class:`_Writes`);
+        its replies, errors among them. A node that lacks the script (Redis restarted, or a replica was promoted
+        since it was loaded) answers NOSCRIPT: the script is loaded (on every primary of a cluster) and the
+        pipeline sent again, once; the scripts are safe to run twice."""
+        script = self._scripts.get(source)
         if script is None:
-            script = self._scripts[_APPEND] = self._r.register_script(_APPEND)
-        calls = [self._append_call(event, completes) for event, completes, _future in batch]
+            script = self._scripts[source] = self._r.register_script(source)
         for attempt in range(2):
             with self._guard():
-                async with self._r.pipeline(transaction=False) as pipe:
-                    for keys, args in calls:
-                        pipe.evalsha(script.sha, 3, *keys, *args)
-                    self._acknowledge(pipe)
-                    replies = await pipe.execute(raise_on_error=False)
+                writes = await self.writes()
+                for keys, args in calls:
+                    writes.on(keys[0]).evalsha(script.sha, len(keys), *keys, *args)
+                replies = await writes.execute(raise_on_error=False)
             if attempt or not any(isinstance(reply, rx.NoScriptError) for reply in replies):
                 break
-            with self._guard():  # Redis restarted and lost its script cache: load it, send the batch again
-                await self._r.script_load(_APPEND)
-        try:
-            replies = self._acknowledged(replies)
-        except StoreUnavailable as exc:  # not held by enough replicas: none of it may be published yet
-            return [exc] * len(batch)
+            with self._guard():
+                await self._r.script_load(source)
+        return replies
+
+    async def _append_batch(self, batch: list[_QueuedAppend]) -> list[Exception | None]:
+        replies = await self._scripted(_APPEND, [self._append_call(event, completes) for event, completes, _ in batch])
         completed = [
             event.stream
             for (event, completes, _future), reply in zip(batch, replies, strict=True)
@@ -1021,14 +1301,10 @@ class RedisStore:
         if sid is None:
             return None
         keys = [self._key(sid, "s:", stream), self._key(sid, "e:", stream), self._key(sid, "streams")]
-        script = self._scripts.get(_MARK_LOST)
-        if script is None:
-            script = self._scripts[_MARK_LOST] = self._r.register_script(_MARK_LOST)
-        with self._guard():
-            async with self._r.pipeline(transaction=False) as pipe:
-                await script(keys=keys, args=[owner, loss.value, *self._completion(stream)], client=pipe)
-                self._acknowledge(pipe)
-                [reply] = self._acknowledged(await pipe.execute())
+        [reply] = await self._scripted(_MARK_LOST, [(keys, [owner, loss.value, *self._completion(stream)])])
+        if isinstance(reply, Exception):
+            with self._guard():  # an outage is StoreUnavailable; anything else is a bug, raised as it is
+                raise reply
         if reply == b"taken":
             raise StreamTakenOver(f"stream {stream} is produced by another instance than {owner}")
         if reply == b"ok":

@@ -36,10 +36,11 @@ from urllib.parse import parse_qsl
 import orjson
 
 from ..core.events import EventRows, Loss, RequestId, StoredEvent, StreamKind, StreamRecord
+from ..core.idempotency import KeyRecord, StreamTarget
 from ..core.principal import Principal
 from ._codec import CACHE_LIMIT, Interner, decode_requests, encode_requests, encode_tags
 from .base import EventsEvicted, SessionRecord, StoreFull, StoreUnavailable, StreamTakenOver
-from .held import ROW_BYTES, STREAM_BYTES, HeldBytes
+from .held import ROW_BYTES, STREAM_BYTES, HeldBytes, HeldKeys
 
 T = TypeVar("T")
 
@@ -98,6 +99,21 @@ CREATE TABLE IF NOT EXISTS tasks (
     expires_at REAL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    id INTEGER PRIMARY KEY,
+    issuer TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    client_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    arguments_hash TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    created REAL NOT NULL,
+    expires REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_by_expiry ON idempotency_keys (expires);
+CREATE INDEX IF NOT EXISTS idempotency_keys_by_stream ON idempotency_keys (stream, expires);
 """
 """Schema 4 (ADR 0017): a stream's events are keyed by its row's integer id, which grows with each stream opened,
 so the events of the streams in work sit together at the end of their B-tree and a commit writes a few pages,
@@ -118,7 +134,26 @@ commit of 8 calls from 16 sessions, 20 without it). The streams not indexed yet 
 Schema 6 (ADR 0028): the tasks of the 2026-07-28 leg (:mod:`.tasks_sqlite`) are part of the schema, written by
 the writer thread like everything else. Version 5 files may hold the same ``tasks`` table already (the task store
 created it, outside the versioned schema, with a connection of its own): its definition is this one, so the
-migration keeps it and its rows as they are, and creates it where it is missing."""
+migration keeps it and its rows as they are, and creates it where it is missing.
+
+``idempotency_keys`` (ADR 0029) is in version 6 too, created where it is missing (every open runs the schema):
+a table added, nothing changed, so files of the versions before it read as before. A key row is written in the
+transaction of its stream's row (:class:`_Open`); its request id is stored as JSON (a string or an integer). Rows
+are numbered by the store in the order keys are recorded, and no index is on the key itself: a random key would put
+each new row (or index entry) on a random page, so that a commit of 16 keys wrote ~16 scattered pages (ADR 0017's
+lesson for streams). A key is found through the store's in-memory index of live keys (:class:`.held.HeldKeys`,
+read from the table at open), which names its row. A file whose table is keyed by (principal, key), as it was
+first, has its rows copied into the numbered table when it is opened (:data:`_NUMBER_KEYS`)."""
+_NUMBER_KEYS = """
+DROP INDEX IF EXISTS idempotency_keys_by_expiry;
+DROP INDEX IF EXISTS idempotency_keys_by_stream;
+ALTER TABLE idempotency_keys RENAME TO idempotency_keys_unnumbered;
+{schema}
+INSERT INTO idempotency_keys (issuer, subject, client_id, key, tool, arguments_hash, stream, request_id, created,
+    expires) SELECT * FROM idempotency_keys_unnumbered ORDER BY created;
+DROP TABLE idempotency_keys_unnumbered;
+"""
+"""The first layout of ``idempotency_keys`` (keyed by principal and key) made numbered (see :data:`_SCHEMA`)."""
 _MIGRATE_FROM_1 = (
     "ALTER TABLE streams ADD COLUMN completed_at REAL; UPDATE streams SET completed_at = {now} WHERE completed;"
 )
@@ -142,6 +177,8 @@ DROP TABLE streams_v2;
 _MIGRATE_FROM_3 = "DROP INDEX IF EXISTS streams_by_session;"
 """Version 3 had schema 4's tables with one index by (session, completion time); version 4 one by session: both
 replaced by ``session_streams``, which the first indexing fills with every stream."""
+_KEYED = "SELECT 1 FROM idempotency_keys AS k WHERE k.stream = streams.stream AND k.expires > ?5"
+"""A live idempotency key names the stream (?5: now): kept past its session's count as past its age (ADR 0029)."""
 _SESSION_STREAMS = (
     "SELECT stream_id FROM session_streams WHERE session_id = ?1"
     " UNION ALL SELECT id FROM streams WHERE id > ?2 AND session_id = ?1"
@@ -252,11 +289,15 @@ class _Open:
     """A queued :meth:`SqliteStore.open_stream`: part of the batch's appends, so a call's stream record and its
     answer arriving in one batch cost one row write and no read."""
 
-    __slots__ = ("future", "record")
+    __slots__ = ("future", "keys", "record")
 
-    def __init__(self, record: StreamRecord, future: asyncio.Future[None]) -> None:
+    def __init__(
+        self, record: StreamRecord, future: asyncio.Future[None], keys: Sequence[tuple[Any, ...]] = ()
+    ) -> None:
         self.record = record
         self.future = future
+        self.keys = keys
+        """The rows of its idempotency keys (:func:`_key_row`)."""
 
 
 class _Call:
@@ -271,6 +312,19 @@ class _Call:
 
 
 _Op = _Append | _Open | _Call
+_PUT_KEY = "INSERT INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+"""The decision to run a key was taken on finding none live (:mod:`..core.idempotency`): a row left of the same key
+is expired, and the sweep deletes it."""
+
+
+def _key_row(key: KeyRecord, row: int) -> tuple[Any, ...]:
+    assert isinstance(key.target, StreamTarget), "a key recorded with a stream names that stream"
+    principal, target = key.principal, key.target
+    request_id = orjson.dumps(target.request_id).decode()
+    return (row, principal.issuer, principal.subject, principal.client_id, key.key, key.tool, key.arguments_hash,
+            target.stream, request_id, key.created, key.expires)  # fmt: skip
+
+
 _Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
 
 
@@ -528,6 +582,9 @@ class SqliteStore:
         self.max_bytes = max_bytes
         self._clock = clock
         self._counts = HeldBytes()
+        self._held_keys = HeldKeys()
+        self._next_key_row = 1
+        """The number the next idempotency key's row gets (read from the file at open): rows in recording order."""
         """What each principal's sessions hold in the file (writer thread only, but for :meth:`stored_bytes`)."""
         self._forgotten: list[str] = []
         """Sessions the writer's transaction deletes: their counts go from its counts once it committed."""
@@ -667,6 +724,9 @@ class SqliteStore:
         if version not in (0, 1, 2, 3, 4, 5, _SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {version}, expected {_SCHEMA_VERSION}")
         script = _SCHEMA
+        columns = [row[1] for row in db.execute("PRAGMA table_info(idempotency_keys)")]
+        if columns and "id" not in columns:
+            script = _NUMBER_KEYS.format(schema=_SCHEMA)
         if version in (3, 4):
             script = _MIGRATE_FROM_3 + script
         if version in (1, 2):
@@ -705,6 +765,13 @@ class SqliteStore:
             " FROM events AS e JOIN streams AS s ON s.id = e.stream_id GROUP BY s.session_id"
         ):
             counts.add(session_id, held)
+        keys = self._held_keys
+        for row, issuer, subject, client_id, key, expires in db.execute(
+            "SELECT id, issuer, subject, client_id, key, expires FROM idempotency_keys WHERE expires > ? ORDER BY id",
+            (self._clock(),),
+        ):
+            keys.add(Principal(issuer, subject, client_id), key, expires, row)
+        self._next_key_row = db.execute("SELECT coalesce(max(id), 0) FROM idempotency_keys").fetchone()[0] + 1
 
     def _index_sessions(self, db: sqlite3.Connection) -> None:
         """Enter the streams opened since the last indexing in ``session_streams``, in one transaction."""
@@ -795,6 +862,8 @@ class SqliteStore:
                     outcome((future, None, error))
                 elif isinstance(op, _Open):
                     batch.open(op)
+                    if op.keys:
+                        db.executemany(_PUT_KEY, op.keys)
                     outcome((op.future, None, None))
                 else:
                     batch.flush()
@@ -844,9 +913,12 @@ class SqliteStore:
         """One step of retention: delete up to a chunk of completed streams past their age or beyond their
         session's count, with their events, then return free pages. Returns whether more is due at once."""
         doomed: list[tuple[str, int]] = db.execute(
-            "SELECT session_id, id FROM streams WHERE completed_at IS NOT NULL AND completed_at < ? LIMIT ?",
-            (now - self.retention_seconds, _SWEEP_CHUNK),
+            "SELECT session_id, id FROM streams WHERE completed_at IS NOT NULL AND completed_at < ?1"
+            " AND NOT EXISTS (SELECT 1 FROM idempotency_keys AS k WHERE k.stream = streams.stream AND k.expires > ?3)"
+            " LIMIT ?2",
+            (now - self.retention_seconds, _SWEEP_CHUNK, now),
         ).fetchall()
+        db.execute("DELETE FROM idempotency_keys WHERE expires <= ?", (now,))  # autocommit: a key kept no longer
         if len(doomed) < _SWEEP_CHUNK:
             keep = self.max_completed_streams_per_session
             crowded = db.execute(
@@ -857,8 +929,8 @@ class SqliteStore:
             for (session_id,) in crowded:
                 doomed += db.execute(
                     f"SELECT session_id, id FROM streams WHERE id IN ({_SESSION_STREAMS}) AND completed_at IS NOT NULL"
-                    " ORDER BY completed_at DESC LIMIT ?3 OFFSET ?4",
-                    (session_id, self._indexed_through, _SWEEP_CHUNK - len(doomed), keep),
+                    f" AND NOT EXISTS ({_KEYED}) ORDER BY completed_at DESC LIMIT ?3 OFFSET ?4",
+                    (session_id, self._indexed_through, _SWEEP_CHUNK - len(doomed), keep, now),
                 ).fetchall()
                 if len(doomed) >= _SWEEP_CHUNK:
                     break
@@ -1012,6 +1084,9 @@ class SqliteStore:
         db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
 
     async def expire_sessions(self, idle_before: float) -> list[str]:
+        """Also forgets the expired keys held in memory (the sweep deletes their rows)."""
+        self._held_keys.purge(self._clock())
+
         def expire(db: sqlite3.Connection) -> list[str]:
             gone = [row[0] for row in db.execute("SELECT session_id FROM sessions WHERE last_seen < ?", (idle_before,))]
             for session_id in gone:
@@ -1026,12 +1101,41 @@ class SqliteStore:
         """Create ``record``'s stream; opening an existing key starts it afresh, as the memory store does."""
         await self.enqueue_open(record)
 
-    def enqueue_open(self, record: StreamRecord) -> asyncio.Future[None]:
+    idempotency_keys = True
+
+    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
         """Queue the stream's row for the next transaction: with the events enqueued after it in the same loop turn
-        (a call that answers at once), one transaction writes it and them, the row whole with its last position."""
+        (a call that answers at once), one transaction writes it and them, the row whole with its last position;
+        its idempotency keys' rows go in the same transaction."""
         future = self._future()
-        self._submit(_Open(record.copy(), future))
+        rows = []
+        for key in keys:
+            row = self._next_key_row
+            self._next_key_row = row + 1  # a rolled-back transaction leaves a gap, never a reuse
+            self._held_keys.add(key.principal, key.key, key.expires, row)
+            rows.append(_key_row(key, row))
+        self._submit(_Open(record.copy(), future, rows))
         return future
+
+    def keys_held(self, principal: Principal, now: float) -> int:
+        return self._held_keys.held(principal, now)
+
+    async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
+        """A key this process never recorded (nor found at open) is none: only a duplicate reads the file."""
+        number = self._held_keys.known(principal, key, now)
+        if number is None:
+            return None
+        row = await self._read(
+            lambda db: db.execute(
+                "SELECT tool, arguments_hash, stream, request_id, created, expires FROM idempotency_keys WHERE id = ?",
+                (number,),
+            ).fetchone()
+        )
+        if row is None:
+            return None
+        tool, arguments_hash, stream, request_id, created, expires = row
+        target = StreamTarget(stream, orjson.loads(request_id))
+        return KeyRecord(principal, key, tool, arguments_hash, target, created, expires)
 
     async def get_stream(self, stream: str) -> StreamRecord | None:
         rows = await self._read(

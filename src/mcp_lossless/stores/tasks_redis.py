@@ -25,11 +25,10 @@ from dataclasses import replace
 from typing import Any, cast
 
 from redis import exceptions as rx
-from redis.asyncio import Redis
 
 from ..core.tasks import TaskRecord, decode_task, encode_task
 from .base import StoreUnavailable
-from .redis import RedisStore, is_outage
+from .redis import RedisClient, RedisStore, is_outage
 from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
 
 EXPIRY_GRACE_SECONDS = 60.0
@@ -109,10 +108,14 @@ class RedisTaskStore:
         return None
 
     @contextlib.contextmanager
-    def _guard(self) -> Iterator[Redis]:
+    def _guard(self) -> Iterator[RedisClient]:
         try:
             yield self.events.client
-        except (rx.RedisError, TimeoutError) as exc:  # NOREPLICAS (min-replicas-to-write), MISCONF… as well
+        except (
+            rx.RedisError,
+            rx.RedisClusterException,
+            TimeoutError,
+        ) as exc:  # NOREPLICAS (min-replicas-to-write), MISCONF… as well
             if not is_outage(exc):
                 raise
             where = self.events.where
@@ -133,10 +136,11 @@ class RedisTaskStore:
                 if await r.zcard(self._index) >= self.max_tasks:
                     raise TaskLimitReached(limit_message(self.max_tasks))
             score = float("inf") if record.expires_at is None else record.expires_at
-            async with r.pipeline(transaction=False) as pipe:
-                pipe.zadd(self._index, {record.task_id: score})  # counted before it exists: never one uncounted
-                pipe.eval(_CREATE, 1, self._key(record.task_id), *self._fields(record))
-                await pipe.execute()
+            writes = await self.events.writes()  # acknowledged as the event store's writes are (wait_replicas)
+            writes.on(self._index).zadd(self._index, {record.task_id: score})  # counted before it exists
+            key = self._key(record.task_id)
+            writes.on(key).eval(_CREATE, 1, key, *self._fields(record))
+            await writes.execute()
 
     async def get(self, task_id: str) -> TaskRecord | None:
         with self._guard() as r:
@@ -147,8 +151,11 @@ class RedisTaskStore:
         return replace(record, seen_at=max(record.seen_at, float(seen)))
 
     async def update(self, record: TaskRecord) -> TaskRecord | None:
-        with self._guard() as r:
-            await r.eval(_UPDATE, 1, self._key(record.task_id), *self._fields(record))
+        with self._guard():
+            writes = await self.events.writes()  # a task's outcome counts once the replicas hold it
+            key = self._key(record.task_id)
+            writes.on(key).eval(_UPDATE, 1, key, *self._fields(record))
+            await writes.execute()
         return await self.get(record.task_id)
 
     async def touch(self, task_id: str, now: float) -> None:

@@ -33,7 +33,17 @@ from typing import Any
 import anyio
 import httpx
 
-from mcp_lossless.client import AuthorizationCodeGrant, Client, InputHandler, McpClientError, OAuth, ProtocolViolation
+from mcp_lossless.client import (
+    AuthorizationCodeGrant,
+    Client,
+    IdJagFromIdp,
+    InputHandler,
+    JwtBearerGrant,
+    McpClientError,
+    OAuth,
+    PrivateKeyJwt,
+    ProtocolViolation,
+)
 from mcp_lossless.client.modern import MODERN, ModernClient, open_client
 from mcp_lossless.client.oauth import Auth
 from mcp_lossless.client.registration import ClientRegistration
@@ -197,6 +207,16 @@ def _oauth(scenario: str, context: Mapping[str, Any], http: httpx.AsyncClient) -
     secret = context.get("client_secret")
     if scenario == "auth/client-credentials-basic":
         return OAuth(str(client_id), str(secret))
+    if scenario == "auth/client-credentials-jwt":  # private_key_jwt with the key the suite generated
+        key = PrivateKeyJwt(str(context["private_key_pem"]), str(context.get("signing_algorithm", "ES256")))
+        return OAuth(str(client_id), client_key=key)
+    if scenario == "auth/wif-jwt-bearer":  # the workload's JWT (as a platform would mount it) is the grant
+        return OAuth(str(client_id), grant=JwtBearerGrant(str(context["valid_jwt"])))
+    if scenario == "auth/enterprise-managed-authorization":  # the user's IdP ID token, exchanged for an ID-JAG
+        idp = IdJagFromIdp(
+            str(context["idp_token_endpoint"]), str(context["idp_id_token"]), str(context["idp_client_id"])
+        )
+        return OAuth(str(client_id), str(secret), grant=JwtBearerGrant(idp))
     grant = AuthorizationCodeGrant(REDIRECT_URI, _headless(http))
     if isinstance(client_id, str):
         return OAuth(client_id, secret if isinstance(secret, str) else None, grant=grant)
@@ -244,6 +264,9 @@ AUTH_SCENARIOS = (
     "auth/iss-normalized",
     "auth/metadata-issuer-mismatch",
     "auth/client-credentials-basic",
+    "auth/client-credentials-jwt",
+    "auth/wif-jwt-bearer",
+    "auth/enterprise-managed-authorization",
     "auth/dpop",
     "auth/dpop-nonce",
 )

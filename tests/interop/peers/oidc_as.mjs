@@ -2,7 +2,10 @@
 //
 // Usage: node oidc_as.mjs '<json config>' with
 //   {"module": "file:///…/node_modules/oidc-provider/lib/index.js", "port": 40123, "resources": {"<resource indicator>": <access token ttl seconds>, ...},
-//    "clients": [{"client_id": "...", "client_secret": "..."}], "redirect_uris": ["http://127.0.0.1:9/callback"]}
+//    "clients": [{"client_id": "...", "client_secret": "..."} or {"client_id": "...", "jwks": {"keys": [...]}}],
+//    "redirect_uris": ["http://127.0.0.1:9/callback"]}
+// A client with "jwks" authenticates with private_key_jwt (ES256 client assertions) instead of a secret. DPoP
+// (RFC 9449) is on, as oidc-provider 9 has it by default: a token request with a proof gets a bound JWT (cnf.jkt).
 // Every resource indicator (one per MCP tool, plus the server's own URI: the aggregate) is a resource server
 // whose access tokens are RS256 JWTs (typ at+jwt) with aud = that indicator. oidc-provider puts exactly one
 // audience in a token: asking for several resources at the token endpoint is refused with invalid_target.
@@ -26,11 +29,12 @@ const signingKey = { ...privateKey.export({ format: 'jwk' }), kid: randomUUID(),
 const provider = new Provider(issuer, {
   clients: config.clients.map((client) => ({
     client_id: client.client_id,
-    client_secret: client.client_secret,
     grant_types: ['client_credentials', 'authorization_code', 'refresh_token'],
     response_types: ['code'],
     redirect_uris: config.redirect_uris,
-    token_endpoint_auth_method: 'client_secret_basic',
+    ...(client.jwks
+      ? { jwks: client.jwks, token_endpoint_auth_method: 'private_key_jwt', token_endpoint_auth_signing_alg: 'ES256' }
+      : { client_secret: client.client_secret, token_endpoint_auth_method: 'client_secret_basic' }),
   })),
   jwks: { keys: [signingKey] },
   cookies: { keys: [randomUUID()] },

@@ -1,6 +1,7 @@
 """An official ``mcp`` 2.3 SDK server (``MCPServer``) as a gateway's upstream, over Streamable HTTP or stdio.
 
     python -m tests.interop.peers.sdk_gateway_upstream http PORT HEADERS_FILE   # env UPSTREAM_TOKEN
+    python -m tests.interop.peers.sdk_gateway_upstream jwt PORT HEADERS_FILE    # env UPSTREAM_ISSUER, UPSTREAM_SCOPES
     python -m tests.interop.peers.sdk_gateway_upstream stdio
 
 HTTP: the SDK's legacy leg with an event store of the SDK examples' shape and ``retry_interval`` (resumable
@@ -8,6 +9,11 @@ streams), behind a bearer check for ``UPSTREAM_TOKEN`` (401 otherwise); the ``Au
 every request it receives is appended to HEADERS_FILE as a JSON line, so a test can assert what reached
 it, and the JSON-RPC method and params of every message body. Prints ``ready PORT`` once listening. A
 separate process, so tests can SIGKILL it mid-call.
+
+JWT (``jwt``): the same server as a resource server of its own (the SDK's ``AuthSettings``: its protected resource
+metadata names ``UPSTREAM_ISSUER``, its bearer middleware requires ``UPSTREAM_SCOPES``), with a token verifier that
+checks each JWT itself (PyJWT: signature by the issuer's JWKS, ``typ`` at+jwt, ``iss``, ``aud`` = its own URL,
+``exp``); every POST is appended to HEADERS_FILE as one line with its ``Authorization`` and JSON-RPC method.
 
 Tools: ``work`` (progress per step, one log message; not idempotent), ``lookup`` (the same, annotated
 read-only and idempotent), ``polled`` (closes its own stream mid-call: SEP-1699 polling), ``hang`` (never
@@ -48,8 +54,8 @@ def confirmation_of(question: str) -> Elicit[Confirmation]:
     return Elicit(f"confirm: {question}", Confirmation)
 
 
-def build_server() -> MCPServer:
-    server = MCPServer("sdk-gateway-upstream")
+def build_server(**options: Any) -> MCPServer:
+    server = MCPServer("sdk-gateway-upstream", **options)
 
     async def steps_of(ctx: Context, what: str, steps: int, delay_ms: int) -> None:
         await ctx.info(f"{what} started")
@@ -216,26 +222,122 @@ def bearer_guard(app: Any, token: str, headers_file: str) -> Any:
 
 
 def serve_http(port: int, headers_file: str) -> None:
-    import uvicorn
-
     token = os.environ["UPSTREAM_TOKEN"]
     app = build_server().streamable_http_app(event_store=ExampleShapedEventStore(), retry_interval=RETRY_MS)
+    serve(bearer_guard(app, token, headers_file), port)
+
+
+class JwtAccessTokens:
+    """The SDK's ``TokenVerifier``: an RFC 9068 access token of ``issuer`` for ``resource``, checked here with PyJWT
+    (the issuer's JWKS found through its RFC 8414 metadata)."""
+
+    def __init__(self, issuer: str, resource: str) -> None:
+        self.issuer = issuer
+        self.resource = resource
+        self._keys: Any = None
+
+    def _jwks(self) -> Any:
+        import urllib.request
+        from urllib.parse import urlsplit
+
+        import jwt
+
+        if self._keys is None:
+            parts = urlsplit(self.issuer)
+            where = f"{parts.scheme}://{parts.netloc}/.well-known/oauth-authorization-server{parts.path}"
+            with urllib.request.urlopen(where, timeout=10) as response:
+                self._keys = jwt.PyJWKClient(json.load(response)["jwks_uri"])
+        return self._keys
+
+    async def verify_token(self, token: str) -> Any:
+        import jwt
+        from mcp.server.auth.provider import AccessToken
+
+        try:
+            if jwt.get_unverified_header(token).get("typ") != "at+jwt":
+                return None
+            key = self._jwks().get_signing_key_from_jwt(token)
+            claims = jwt.decode(
+                token,
+                key.key,
+                algorithms=["RS256", "ES256", "PS256"],
+                audience=self.resource,
+                issuer=self.issuer,
+                options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except jwt.PyJWTError:
+            return None
+        return AccessToken(
+            token=token,
+            client_id=str(claims.get("client_id", "")),
+            scopes=str(claims.get("scope", "")).split(),
+            expires_at=int(claims["exp"]),
+            resource=self.resource,
+            subject=str(claims["sub"]),
+            claims=claims,
+        )
+
+
+def recorded(app: Any, headers_file: str) -> Any:
+    """ASGI middleware: one line per POST with its ``Authorization`` header and JSON-RPC method and params."""
+
+    async def recording(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        messages = [await receive()]
+        while messages[-1].get("more_body"):
+            messages.append(await receive())
+        body: Any = None
+        with contextlib.suppress(ValueError):
+            body = json.loads(b"".join(m.get("body", b"") for m in messages))
+        raw = dict(scope["headers"]).get(b"authorization")
+        entry = {"http": "POST", "authorization": raw.decode() if raw else None}
+        if isinstance(body, dict):
+            entry |= {"method": body.get("method"), "params": body.get("params")}
+        record(headers_file, entry)
+        replay = iter(messages)
+
+        async def replayed() -> Any:
+            return next(replay, None) or await receive()
+
+        await app(scope, replayed, send)
+
+    return recording
+
+
+def serve_jwt(port: int, headers_file: str) -> None:
+    from mcp.server.auth.settings import AuthSettings
+    from pydantic import AnyHttpUrl
+
+    issuer, url = os.environ["UPSTREAM_ISSUER"], f"http://127.0.0.1:{port}/mcp"
+    settings = AuthSettings(
+        issuer_url=AnyHttpUrl(issuer),
+        resource_server_url=AnyHttpUrl(url),
+        required_scopes=os.environ.get("UPSTREAM_SCOPES", "").split() or None,
+        validate_token_resource=False,  # the verifier checks aud itself
+    )
+    server = build_server(token_verifier=JwtAccessTokens(issuer, url), auth=settings)
+    serve(recorded(server.streamable_http_app(), headers_file), port)
+
+
+def serve(app: Any, port: int) -> None:
+    import uvicorn
 
     class Announcing(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
             print(f"ready {port}", flush=True)
 
-    config = uvicorn.Config(
-        bearer_guard(app, token, headers_file), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
-    )
-    Announcing(config).run()
+    Announcing(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")).run()
 
 
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     if mode == "http":
         serve_http(int(sys.argv[2]), sys.argv[3])
+    elif mode == "jwt":
+        serve_jwt(int(sys.argv[2]), sys.argv[3])
     else:
         build_server().run("stdio")
 

@@ -1,0 +1,208 @@
+"""Idempotency keys (SEP-3182, ADR 0029) in both eras: what a keyed ``tools/call`` gets, and which keys its stream
+records (a legacy POST's stream, or the stream of its own that a 2026-07-28 keyed call records its answer on).
+
+The decision is :func:`~mcp_lossless.core.idempotency.decide_duplicate`'s; this module finds its facts (the key's
+record, the state of the stream it names) and carries out the verdict: a first use is recorded with the stream's
+record, the rest are answered at once with the recorded outcome or the SEP's errors. A first use is *claimed* in
+process from its decision until its record is stored, so that a duplicate arriving in that window is "in progress"
+rather than a second run (one process owns a SQLite file or a memory store). On a shared store (Redis) the record's
+write decides between processes: the store sets each key only if no one holds it, and the loser decides again, now
+finding the winner's record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from ..core import frames
+from ..core import limits as verdicts
+from ..core.errors import INVALID_PARAMS
+from ..core.events import Loss, PendingRequest, StreamRecord
+from ..core.idempotency import (
+    REPLAYED_META_KEY,
+    Conflict,
+    DuplicateFacts,
+    InProgress,
+    InvalidKey,
+    KeyRecord,
+    Lost,
+    Refuse,
+    Replay,
+    Run,
+    Settle,
+    StreamTarget,
+    TargetState,
+    argument_hash,
+    decide_duplicate,
+    key_of,
+)
+from ..core.limits import LimitExceeded
+from ..core.principal import Grant, Principal
+from ..stores.base import EventsEvicted, KeyTaken, StoreUnavailable
+from .errors import Refused
+from .observability import now
+from .sessions import ServerSession
+from .state import ServerState
+
+ClaimKey = tuple[Principal, str]
+_OPEN_ATTEMPTS = 3
+"""Decisions a keyed POST takes at most: a key lost to another replica is found held at the next one (a third only
+if that holder's key expired meanwhile); beyond, the store is not answering consistently (503)."""
+
+
+class Keys:
+    """One process's keyed calls between decision and record, and the decision's adapter for the legacy leg."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self._claims: dict[ClaimKey, KeyRecord] = {}
+
+    async def open(
+        self, session: ServerSession | None, grant: Grant, record: StreamRecord, requests: Sequence[dict[str, Any]],
+        pending: Sequence[PendingRequest], refuse: Callable[[LimitExceeded], Exception] = Refused.over,
+        alone: bool = False,
+    ) -> tuple[dict[int, bytes], asyncio.Future[None] | None]:  # fmt: skip
+        """Decide the keyed calls and enqueue ``record`` with the keys of their first uses: the answers of the
+        others, by index, and the record's write, stored already when any key goes with it (a key is recorded
+        before its tool starts). :class:`StoreUnavailable` when it cannot be stored; ``refuse`` (the era's 429)
+        when the first uses would take the principal past ``idempotency_keys_per_principal``, before anything is
+        stored. Either way the caller releases what it counted (a legacy POST counts its calls only once
+        dispatched; a 2026-07-28 call counts itself first). ``alone``: the stream holds the keyed call only (a
+        2026-07-28 call's): not opened, and no future, when no key goes with it."""
+        state = self.state
+        store = state.store
+        for _ in range(_OPEN_ATTEMPTS):
+            at = now()
+            answers, keys = await self.judge(session, grant, record.stream, requests, pending, at)
+            if keys:
+                held = store.keys_held(grant.principal, at)
+                exceeded = verdicts.new_keys(state.config.limits, held, len(keys))
+                if exceeded is not None:
+                    self.release(keys)
+                    state.metrics.limit_refusals.labels(exceeded.limit).inc()
+                    raise refuse(exceeded)
+            if not keys:
+                return answers, None if alone else store.enqueue_open(record)
+            opening = store.enqueue_open(record, keys)
+            try:
+                await opening
+            except KeyTaken:
+                continue  # another replica's first use won: decided again, a duplicate of it
+            finally:
+                self.release(keys)
+            return answers, opening
+        raise StoreUnavailable("idempotency keys changed hands during every decision")
+
+    async def judge(
+        self,
+        session: ServerSession | None,
+        grant: Grant,
+        stream: str,
+        requests: Sequence[dict[str, Any]],
+        pending: Sequence[PendingRequest],
+        now: float,
+    ) -> tuple[dict[int, bytes], list[KeyRecord]]:
+        """Each keyed call's answer when it is not a first use (by its index in ``requests``), and the keys of the
+        first uses, to store with ``stream``'s record. Claims the first uses: :meth:`release` them once stored."""
+        answers: dict[int, bytes] = {}
+        first: list[KeyRecord] = []
+        for index, (message, request) in enumerate(zip(requests, pending, strict=True)):
+            params = message.get("params")
+            if request.tool is None or not isinstance(params, dict):
+                continue
+            try:
+                key = key_of(params)
+            except InvalidKey as exc:
+                answers[index] = frames.error(request.request_id, INVALID_PARAMS, str(exc))
+                continue
+            if key is None:
+                continue
+            hashed = argument_hash(params.get("arguments") or {})
+            answer = await self._decide(session, grant, key, request, hashed, now)
+            if answer is None:
+                record = KeyRecord(
+                    grant.principal, key, request.tool, hashed, StreamTarget(stream, request.request_id), now,
+                    now + self.state.config.idempotency_seconds,
+                )  # fmt: skip
+                self._claims[grant.principal, key] = record
+                first.append(record)
+            else:
+                answers[index] = answer
+        return answers, first
+
+    def release(self, keys: Sequence[KeyRecord]) -> None:
+        """The keys are stored (or failed to be): the store answers for them from now on."""
+        for key in keys:
+            self._claims.pop((key.principal, key.key), None)
+
+    async def _decide(
+        self, session: ServerSession | None, grant: Grant, key: str, request: PendingRequest, hashed: str, now: float
+    ) -> bytes | None:
+        """``None`` to run it; else its one answer."""
+        state = self.state
+        rid = request.request_id
+        for _ in range(2):  # a settled dead owner's key is decided once more, as lost
+            claimed = self._claims.get((grant.principal, key))
+            record = claimed or await state.store.get_key(grant.principal, key, now)
+            target_state, last_event_id = TargetState.RUNNING, None
+            if record is not None and claimed is None:
+                target_state, last_event_id = await self._target_state(session, record)
+            facts = DuplicateFacts(
+                record, target_state, request.tool or "", hashed, request.resources, now, last_event_id
+            )
+            verdict = decide_duplicate(facts, grant, state.policy)
+            match verdict:
+                case Run():
+                    return None
+                case Refuse():
+                    raise AssertionError("the POST's admission refused every call its token does not cover")
+                case Conflict() | InProgress() | Lost():
+                    error = verdict.error()
+                    return frames.error(rid, error["code"], error["message"], error["data"])
+                case Replay(target=target):
+                    assert isinstance(target, StreamTarget)
+                    return await self._replay(target, rid, key)
+                case Settle(target=target):
+                    stream = await state.store.get_stream(target.stream)
+                    if stream is not None:
+                        await state.store.mark_lost(target.stream, stream.owner, Loss.OWNER)
+        raise AssertionError("a settled key is decided as lost")
+
+    async def _target_state(self, session: ServerSession | None, record: KeyRecord) -> tuple[TargetState, str | None]:
+        """``session``: the duplicate's legacy session, whose live stream a running first use is resumed from."""
+        target = record.target
+        assert isinstance(target, StreamTarget)
+        store = self.state.store
+        stream = await store.get_stream(target.stream)
+        if stream is None:
+            return TargetState.GONE, None
+        if target.request_id in stream.answered:
+            return TargetState.ANSWERED, None
+        if stream.completed:
+            return TargetState.LOST, None
+        if stream.owner == self.state.instance or await store.owner_alive(stream.owner):
+            live = None if session is None else session.live.get(target.stream)
+            return TargetState.RUNNING, live.event_id(live.record.last_seq) if live is not None else None
+        return TargetState.OWNER_DEAD, None
+
+    async def _replay(self, target: StreamTarget, rid: Any, key: str) -> bytes:
+        """The recorded answer under the duplicate's id, its result marked replayed; errors replayed as they were."""
+        try:
+            events = await self.state.store.read_after(target.stream, 0)
+        except EventsEvicted:
+            events = ()
+        for event in events:
+            if event.terminal and event.request_id == target.request_id:
+                message = orjson.loads(event.data)
+                message["id"] = rid
+                result = message.get("result")
+                if isinstance(result, dict):
+                    meta = result.get("_meta")
+                    result["_meta"] = {**(meta if isinstance(meta, dict) else {}), REPLAYED_META_KEY: True}
+                return orjson.dumps(message)
+        error = Lost(key, "outcome_gone").error()
+        return frames.error(rid, error["code"], error["message"], error["data"])

@@ -1,0 +1,123 @@
+"""OpenTelemetry traces when the ``otel`` extra is installed (``pip install mcp-lossless[otel]``); nothing otherwise.
+
+W3C Trace Context travels in each request's ``params._meta`` under ``traceparent``, ``tracestate`` and ``baggage``
+(SEP-414, as the OpenTelemetry semantic conventions for MCP ask): per message, since one HTTP request may carry
+several and a stdio pipe has no headers. A server span takes its parent from there; our clients write the
+current context there on every request they send, so a gateway's upstream request carries its caller's trace.
+
+Spans are named as the conventions name MCP's (``tools/call search``), with ``mcp.method.name``,
+``gen_ai.tool.name`` and ``jsonrpc.request.id``. Export is configured the standard way: ``OTEL_*`` variables
+(:func:`configure_export`); without an endpoint, or without the extra, spans cost one flag test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any, Literal
+
+from . import __version__
+
+try:
+    from opentelemetry import propagate, trace
+
+    ENABLED = True
+except ImportError:  # the extra is not installed
+    ENABLED = False
+
+CARRIER_KEYS = ("traceparent", "tracestate", "baggage")
+"""The ``_meta`` keys of W3C Trace Context and Baggage (SEP-414: root keys, an exception to DNS prefixes)."""
+SpanKind = Literal["server", "client", "internal"]
+log = logging.getLogger("mcp_lossless.tracing")
+
+
+@contextlib.contextmanager
+def span(
+    name: str,
+    attributes: Mapping[str, Any] | None = None,
+    *,
+    carrier: Mapping[str, Any] | None = None,
+    kind: SpanKind = "internal",
+) -> Iterator[None]:
+    """A span around the block, current inside it; its parent the trace context in ``carrier`` (a request's
+    ``_meta``) when that has one, else the current span. ``None`` attributes are left out."""
+    if not ENABLED:
+        yield
+        return
+    parent = None
+    if carrier is not None:
+        found = {key: value for key in CARRIER_KEYS if isinstance(value := carrier.get(key), str)}
+        if found:
+            parent = propagate.extract(found)
+    kinds = {"server": trace.SpanKind.SERVER, "client": trace.SpanKind.CLIENT, "internal": trace.SpanKind.INTERNAL}
+    tracer = trace.get_tracer("mcp_lossless", __version__)
+    shown = {key: value for key, value in (attributes or {}).items() if value is not None}
+    with tracer.start_as_current_span(name, context=parent, kind=kinds[kind], attributes=shown):
+        yield
+
+
+def decision(name: str, attributes: Mapping[str, Any]) -> None:
+    """A decision taken at once (a resume refused or rejected) as a span of its own: when and what, no duration."""
+    if ENABLED:
+        with span(name, attributes, kind="server"):
+            pass
+
+
+def annotate(attributes: Mapping[str, Any]) -> None:
+    """Set attributes on the current span (an outcome known only at its end)."""
+    if ENABLED:
+        current = trace.get_current_span()
+        for key, value in attributes.items():
+            if value is not None:
+                current.set_attribute(key, value)
+
+
+def inject(meta: MutableMapping[str, Any]) -> None:
+    """Write the current trace context into an outgoing request's ``_meta`` (nothing when no span is current)."""
+    if ENABLED:
+        propagate.inject(meta)
+
+
+def with_trace(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` of an outgoing request, its ``_meta`` carrying the current trace context when there is one."""
+    out = dict(params)
+    if ENABLED:
+        meta = dict(out.get("_meta") or {})
+        inject(meta)
+        if meta:
+            out["_meta"] = meta
+    return out
+
+
+def log_ids() -> dict[str, str]:
+    """The current span's trace and span ids, as a JSON log line carries them (none outside a span)."""
+    if not ENABLED:
+        return {}
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return {}
+    return {"trace_id": format(context.trace_id, "032x"), "span_id": format(context.span_id, "016x")}
+
+
+def configure_export() -> None:
+    """OTLP over HTTP to ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT``, configured by the standard ``OTEL_*`` variables
+    (headers, timeout, ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``; ``OTEL_SDK_DISABLED=true`` turns it off),
+    for ``serve`` and ``gateway``. Without an endpoint nothing is exported; an embedding app configures its own."""
+    if not ENABLED or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return
+    if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        return
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        log.warning("an OTLP endpoint is set, but the otel extra is not installed: pip install mcp-lossless[otel]")
+        return
+    service = os.environ.get("OTEL_SERVICE_NAME", "mcp-lossless")
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)

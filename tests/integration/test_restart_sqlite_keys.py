@@ -1,0 +1,119 @@
+"""Idempotency keys across a SIGKILL restart on SQLite (ADR 0029), over real HTTP with real dev-AS JWTs: a keyed call
+whose server died during the tool's run is never run again (its duplicate gets execution lost naming the key, and
+the client's ``call_tool`` one may-have-run outcome); one whose answer was stored before the kill is replayed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from mcp_lossless.client import Client, ProgressUpdate
+from mcp_lossless.client.errors import CallMayHaveRun
+from mcp_lossless.client.oauth import OAuth
+from mcp_lossless.core.errors import EXECUTION_LOST
+from mcp_lossless.core.idempotency import KEY_PARAM, REPLAYED_META_KEY
+from tests.support.mcp_http import Peer, call, dev_token
+from tests.support.processes import ServerProcess, cli_server
+
+pytestmark = pytest.mark.anyio
+
+KEY = "5f0e9c1a-2b3d-4e5f-8a9b-0c1d2e3f4a5b"
+TOOLS = '''
+import asyncio
+from pathlib import Path
+
+from mcp_lossless.server.tools import ToolContext, ToolRegistry
+
+tools = ToolRegistry()
+
+
+@tools.tool()
+async def charge(ctx: ToolContext, amount: str, steps: int = 1) -> str:
+    """Not idempotent: each run is one line in the runs file (the side effect, counted across processes)."""
+    with Path({runs!r}).open("a") as runs:
+        runs.write(amount + "\\n")
+    for step in range(1, steps + 1):
+        await ctx.report_progress(step, steps)
+        if step < steps:
+            await asyncio.sleep(0.2)
+    return f"charged {{amount}}"
+'''
+
+
+def server_args(tmp_path: Path) -> tuple[list[str], Path]:
+    runs = tmp_path / "runs.txt"
+    module = tmp_path / "charging.py"
+    module.write_text(TOOLS.format(runs=str(runs)))
+    return [f"{module}:tools", "--store", f"sqlite:{tmp_path / 'keys.db'}", "--retry-ms", "100"], runs
+
+
+def runs_of(runs: Path) -> list[str]:
+    return runs.read_text().split() if runs.exists() else []
+
+
+def keyed(request_id: int, amount: str, steps: int, key: str = KEY) -> dict[str, Any]:
+    message = call(request_id, "charge", progress="p", amount=amount, steps=steps)
+    message["params"][KEY_PARAM] = key
+    return message
+
+
+async def fresh_peer(http: httpx.AsyncClient, server: ServerProcess) -> Peer:
+    peer = Peer(http, server.base, await dev_token(http, server.base, f"{server.base}/mcp"))
+    initialized = await peer.initialize()
+    assert initialized["capabilities"]["tools"]["idempotency"] == {}
+    return peer
+
+
+async def test_a_key_killed_mid_run_is_execution_lost_naming_it_and_one_answered_is_replayed(tmp_path: Path) -> None:
+    args, runs = server_args(tmp_path)
+    async with httpx.AsyncClient(timeout=10) as http:
+        with cli_server(args, tmp_path / "first.log") as first:
+            peer = await fresh_peer(http, first)
+            answered = (await peer.post(keyed(1, "answered", 1, "answered-key"))).messages[-1]
+            assert answered["result"]["content"][0]["text"] == "charged answered"
+            started = await peer.post(keyed(2, "killed", 50), stop_after=2)  # priming + the tool's first progress
+            assert runs_of(runs) == ["answered", "killed"]
+            first.kill()  # SIGKILL during the tool's run
+
+        with cli_server(args, tmp_path / "second.log", port=first.port) as second:
+            again = await fresh_peer(http, second)  # a new session: the key is the principal's
+            lost = (await again.post(keyed(3, "killed", 50))).messages[-1]
+            assert lost["error"]["code"] == EXECUTION_LOST
+            assert lost["error"]["data"] == {"reason": "execution_lost", KEY_PARAM: KEY, "resumable": False}
+            replayed = (await again.post(keyed(4, "answered", 1, "answered-key"))).messages
+            assert [m.get("method") for m in replayed] == [None], "no progress: the tool did not run again"
+            assert replayed[-1]["result"]["content"] == answered["result"]["content"]
+            assert replayed[-1]["result"]["_meta"][REPLAYED_META_KEY] is True
+            assert runs_of(runs) == ["answered", "killed"], "neither key ran a second time"
+            assert started.status == 200
+
+
+async def test_the_clients_call_across_a_sigkill_restart_ends_once_as_may_have_run(tmp_path: Path) -> None:
+    args, runs = server_args(tmp_path)
+    running = asyncio.Event()
+
+    def progressed(_update: ProgressUpdate) -> None:
+        running.set()
+
+    async with httpx.AsyncClient(timeout=10) as http, contextlib.AsyncExitStack() as stack:
+        first = stack.enter_context(cli_server(args, tmp_path / "first.log"))
+        client = await stack.enter_async_context(
+            Client(f"{first.base}/mcp", auth=OAuth("dev-client", "dev-secret"), http=http, timeout=30)
+        )
+        outcome = asyncio.create_task(
+            client.call_tool("charge", {"amount": "once", "steps": 50}, on_progress=progressed, idempotency_key=KEY)
+        )
+        await running.wait()
+        first.kill()
+        stack.enter_context(cli_server(args, tmp_path / "second.log", port=first.port))
+        with pytest.raises(CallMayHaveRun) as ended:
+            await outcome
+        assert runs_of(runs) == ["once"], "the key kept the call from a second run"
+        error = ended.value.error
+        assert error is not None and error["code"] == EXECUTION_LOST, ended.value
+        assert error["data"][KEY_PARAM] == KEY, "re-issued under its key, the server named it: never run again"
