@@ -3,6 +3,10 @@
     .venv/bin/python benchmarks/modern.py --quick                  # smoke run, 1 rep, a second or two per workload
     flock /work/wt/bench.lock .venv/bin/python benchmarks/modern.py --reps 3
     .venv/bin/python benchmarks/modern.py --render benchmarks/results/modern-<timestamp>.json
+    .venv/bin/python benchmarks/modern.py --baseline ../old   # adds base-none, base-sqlite: that checkout's server
+
+`--baseline` runs an older checkout (with its own `.venv`) as `base-none` and `base-sqlite` (`run.py`'s), interleaved
+with this one in the same reps, tasks included, and reports ours over it: a regression of this leg where it shows.
 
 Workloads, each on a fresh server started by `run.py`'s harness (same configs, same CPU pinning, same wait for
 a quiet box), reps interleaved:
@@ -47,7 +51,9 @@ import run as harness
 MODERN = "2026-07-28"
 TASKS = "io.modelcontextprotocol/tasks"
 NAMES = ("ours-none", "ours-sqlite", "sdk-sse", "floor")
-TASK_CONFIGS = ("ours-none", "ours-sqlite")
+BASELINE = {"base-none": "ours-none", "base-sqlite": "ours-sqlite"}
+"""With ``--baseline``: the older checkout's configs, each with the config of this checkout it is compared with."""
+TASK_CONFIGS = ("ours-none", "ours-sqlite", *BASELINE)
 BENCH_DIR = Path(__file__).resolve().parent
 
 
@@ -232,7 +238,8 @@ def _median(values: list[float]) -> float:
 
 def summarize(windows: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, Any]:
     calls: dict[str, dict[int, dict[str, float]]] = {}
-    for name in NAMES:
+    run = {w["config"] for w in windows}
+    for name in [*NAMES, *(b for b in BASELINE if b in run)]:
         mine = [w for w in windows if w["config"] == name and "failed" not in w]
         calls[name] = {}
         for concurrency in plan["concurrency"]:
@@ -245,7 +252,7 @@ def summarize(windows: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, 
                 "reps": len(rows),
             }
     tasks = {}
-    for name in TASK_CONFIGS:
+    for name in (t for t in TASK_CONFIGS if t in run or t in NAMES):
         rows = [w["tasks"] for w in windows if w["config"] == name and "tasks" in w and not w["tasks"]["errors"]]
         tasks[name] = {
             "tasks_per_s": _median([r["ops_per_s"] for r in rows]),
@@ -352,6 +359,7 @@ def markdown(document: dict[str, Any], json_path: Path) -> str:
         " token like any (here `--auth none`: the anonymous principal).",
         "",
     ]
+    lines += _against_baseline(document)
     failed = [f"{w['config']} rep {w['rep']}: {w['failed']}" for w in document["windows"] if "failed" in w]
     errors = [
         f"{w['config']} rep {w['rep']} c={r['concurrency']}: {r['error_samples']}"
@@ -362,6 +370,54 @@ def markdown(document: dict[str, Any], json_path: Path) -> str:
     if failed or errors:
         lines += ["## Failures", "", *(f"- {line}" for line in failed + errors), ""]
     return "\n".join(lines)
+
+
+def _against_baseline(document: dict[str, Any]) -> list[str]:
+    """With ``--baseline``: this checkout's server CPU per call and per task over the older one's, medians of each
+    side over the same interleaved reps, and each side's spread over reps (min to max), which is the noise."""
+    summary, windows = document["summary"], document["windows"]
+    pairs = [(base, ours) for base, ours in BASELINE.items() if base in document["configs"] and ours in summary["call"]]
+    if not pairs:
+        return []
+
+    def spread(name: str, pick: Callable[[dict[str, Any]], float | None]) -> str:
+        values = [v for w in windows if w["config"] == name and "failed" not in w for v in [pick(w)] if v is not None]
+        return f"{min(values):,.0f}-{max(values):,.0f}" if values else "—"
+
+    def call_cpu(concurrency: int) -> Callable[[dict[str, Any]], float | None]:
+        def pick(window: dict[str, Any]) -> float | None:
+            rows = [r for r in window["call"] if r["concurrency"] == concurrency and not r["errors"]]
+            return rows[0]["server_cpu_us_per_op"] if rows else None
+
+        return pick
+
+    def task_cpu(window: dict[str, Any]) -> float | None:
+        tasks = window.get("tasks")
+        return tasks["server_cpu_us_per_op"] if tasks and not tasks["errors"] else None
+
+    lines = [
+        "## Against the baseline (`--baseline`): server CPU, this checkout over the older one",
+        "",
+        "| this | baseline | workload | this µs (reps) | baseline µs (reps) | this / baseline |",
+        "|---|---|---|---|---|---|",
+    ]
+    for base, ours in pairs:
+        for concurrency, row in summary["call"][ours].items():
+            theirs = summary["call"][base][concurrency]["cpu_us"]
+            pick = call_cpu(int(concurrency))  # a key from JSON (``--render``) is a string
+            lines.append(
+                f"| {ours} | {base} | tools/call c={concurrency}, per call | {_f(row['cpu_us'])}"
+                f" ({spread(ours, pick)}) | {_f(theirs)} ({spread(base, pick)})"
+                f" | {_f(_ratio(row['cpu_us'], theirs), 2)} |"
+            )
+        mine, older = summary["tasks"].get(ours), summary["tasks"].get(base)
+        if mine and older:
+            lines.append(
+                f"| {ours} | {base} | task create + poll, per task | {_f(mine['cpu_us_per_task'])}"
+                f" ({spread(ours, task_cpu)}) | {_f(older['cpu_us_per_task'])} ({spread(base, task_cpu)})"
+                f" | {_f(_ratio(mine['cpu_us_per_task'], older['cpu_us_per_task']), 2)} |"
+            )
+    return [*lines, ""]
 
 
 async def run_all(plan: Plan, names: list[str]) -> list[dict[str, Any]]:
@@ -392,16 +448,20 @@ def main() -> None:
     parser.add_argument("--reps", type=int, help="interleaved repetitions (default 3, quick 1)")
     parser.add_argument("--only", default="", help=f"comma-separated names of {list(NAMES)}")
     parser.add_argument("--render", type=Path, help="only rewrite the report from an earlier results JSON")
+    parser.add_argument("--baseline", type=Path, help="another checkout to run as base-none and base-sqlite")
     parser.add_argument("--results-dir", type=Path, default=BENCH_DIR / "results")
     parser.add_argument("--report", type=Path, default=BENCH_DIR / "RESULTS-modern.md")
     args = parser.parse_args()
     if args.render:
         render(args.render, args.report)
         return
+    if args.baseline:
+        harness.add_baseline(args.baseline)
     plan = QUICK if args.quick else FULL
     if args.reps:
         plan = dataclasses.replace(plan, reps=args.reps)
-    names = [n for n in NAMES if not args.only or n in args.only.split(",")]
+    known = [*NAMES, *(BASELINE if args.baseline else ())]
+    names = [n for n in known if not args.only or n in args.only.split(",")]
     if not names:
         parser.error(f"--only {args.only!r} names none of {list(NAMES)}")
     pinning = "server on CPU 0 (taskset), generator on CPU 1"

@@ -232,6 +232,31 @@ async def test_a_cancel_while_an_answer_is_stored_loses_neither_the_answer_nor_i
         await store.close()
 
 
+async def test_progress_that_waited_in_line_behind_an_answer_is_all_published_in_order(tmp_path: Path) -> None:
+    """A batch's stream: while one request's answer waits for its commit (holding the append lock), two progress
+    events of the other request, then its answer, wait in line. Each must go behind the first progress event, which
+    made the commit queue while they waited: a queue read before the wait made a second one and the first event was
+    never published, and an answer that did not see it could be published before the progress it follows."""
+    store = SqliteStore(str(tmp_path / "in-line.db"))
+    await store.open()
+    try:
+        second = PendingRequest(2, "tools/call", "a", TOOL_A)
+        record = StreamRecord("s1", "live-1", StreamKind.POST, "instance-1", (REQUEST, second), 0)
+        await store.open_stream(record)
+        live = LiveStream(record.copy(), store, EventIdCodec(await store.secret()), lambda _seconds: None)
+        answering = asyncio.create_task(live.append(b'{"jsonrpc":"2.0","id":1,"result":{}}', REQUEST, terminal=True))
+        await asyncio.sleep(0)  # the answer is handed to the store and waits for it, holding the lock
+        in_line = [asyncio.create_task(live.append(progress(n), second)) for n in (1, 2)]
+        last = live.append(b'{"jsonrpc":"2.0","id":2,"result":{}}', second, terminal=True)
+        await asyncio.gather(answering, *in_line, last)
+
+        assert live.done
+        assert [e.seq for e in live.events] == [1, 2, 3, 4]
+        assert await store.read_after("live-1", 0) == live.events
+    finally:
+        await store.close()
+
+
 async def test_a_stream_whose_record_cannot_be_stored_stores_and_publishes_nothing(tmp_path: Path) -> None:
     """The record is queued with the first events (``enqueue_open``) while another connection holds the write lock:
     the transaction fails, and the stream knows its record is not stored: the answer fails with

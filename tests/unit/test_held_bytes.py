@@ -49,6 +49,27 @@ def test_what_is_queued_counts_until_it_lands_even_if_its_session_goes_meanwhile
     assert counts.held(ALICE) == 0
 
 
+def test_queued_bytes_of_two_sessions_of_one_principal_land_apart_and_count_together() -> None:
+    """Each session's queued bytes land on their own; the principal's figure is their sum until the last lands, and
+    what is queued after that counts afresh."""
+    counts = HeldBytes()
+    counts.bind("a1", ALICE)
+    counts.bind("a2", ALICE)
+    counts.bind("b1", BOB)
+    counts.queue("a1", 100)
+    counts.queue("a2", 40)
+    counts.queue("b1", 5)
+    assert (counts.held(ALICE), counts.held(BOB)) == (140, 5)
+    counts.landed({"a1": 100, "b1": 5})
+    assert (counts.held(ALICE), counts.held(BOB)) == (40, 0)
+    counts.queue("a1", 7)
+    counts.landed({"a2": 40})
+    assert counts.held(ALICE) == 7
+    counts.landed({"a1": 1000})  # more than is queued lands: nothing goes below nothing
+    counts.queue("a2", 3)
+    assert (counts.held(ALICE), counts.held(BOB)) == (3, 0)
+
+
 def test_a_completed_stream_is_released_when_its_keys_expire_and_a_purged_session_at_once() -> None:
     now = [0.0]
     held = ExpiringHeld(retention_seconds=60, clock=lambda: now[0])

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .resources import Audience
 
 
-@dataclass(frozen=True, slots=True)
-class Principal:
+class Principal(NamedTuple):
+    """Who a token speaks for: its issuer, subject and client.
+
+    A named tuple, not a frozen dataclass: a principal is a dict key on the per-event path (what it makes the
+    store hold is looked up for every event, :meth:`~..stores.base.EventStore.stored_bytes`), and a tuple hashes
+    and compares in C, where a dataclass runs a generated Python ``__hash__`` that builds a tuple each time (about
+    2,000 instructions an event). Two principals are equal exactly when their three fields are.
+    """
+
     issuer: str
     subject: str
     client_id: str

@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
 from operator import itemgetter
 from time import perf_counter
+from typing import Any
 
 from .. import tracing
 from ..core.eventids import EventIdCodec
@@ -30,9 +31,11 @@ STORE_RETRY_SECONDS = 30.0
 UNCOMMITTED_LIMIT = 256
 """Events of one stream queued in the store and not yet stored: a progress append beyond it waits for the store."""
 _UNTRACED = contextlib.nullcontext()
-"""What a progress event's append runs under instead of a span (reusable: nothing to allocate per event)."""
+"""What an answer that answers nothing new (a batch's repeated id) runs under instead of a span (reusable: nothing to
+allocate per event)."""
 YIELD_EVERY = 16
-"""Progress appends between two turns given to other tasks: a tool reporting in a tight loop never holds the loop."""
+"""Positions between two turns a progress append gives to other tasks: a tool reporting in a tight loop never holds
+the loop (counted by position, which the stream keeps anyway, not by a counter of its own)."""
 
 
 async def _append_with_retry(
@@ -156,7 +159,6 @@ class LiveStream:
     """
 
     __slots__ = (
-        "_appends",
         "_backlog_bytes",
         "_drained",
         "_lock",
@@ -169,6 +171,7 @@ class LiveStream:
         "_queued",
         "_repair",
         "_store",
+        "_stored",
         "_waiters",
         "_waiting",
         "answers_only",
@@ -230,13 +233,14 @@ class LiveStream:
         """Progress events handed to the store and not yet published, in position order, with their commits; made
         when the first one waits for its store (a memory store's never does)."""
         self._repair: asyncio.Future[None] | None = None
+        self._stored: asyncio.Future[None] | None = None
+        """The store's last write of a progress event found successful at once (:meth:`_stored_now`)."""
         self._lost: BaseException | None = None
         self.loss: EventsLost | None = None
         """Set once the store lost events of this stream it had acknowledged: the stream has ended as lost."""
         self._marking: asyncio.Future[None] | None = None
         """Ending the stream as lost in the store (:meth:`_lose`)."""
         """Why a queued event could not be stored even after retrying: every later append fails with it."""
-        self._appends = 0
         self.recording: asyncio.Future[None] | None = None
         """The store's write of this stream's record (:meth:`EventStore.enqueue_open`) until it is known stored
         (``None`` from then on): no id of the stream may reach a client before, since a resume from it could not
@@ -416,130 +420,169 @@ class LiveStream:
         if drained is not None and not drained.done():
             drained.set_result(None)
 
-    async def append(self, data: bytes, request: PendingRequest, terminal: bool = False) -> StoredEvent:
-        """Store one event of ``request``, then publish it. The answer to the last request completes the stream
-        in the same store write.
-
-        A progress event (not ``terminal``) returns once the store has queued it; it is published when the store
-        has it, in position order, so a client never holds the id of an event the store could lose. At most
-        :data:`UNCOMMITTED_LIMIT` of them wait for the store at once. An answer returns once it is stored and
-        published, after every event before it.
+    def append(self, data: bytes, request: PendingRequest, terminal: bool = False) -> Coroutine[Any, Any, StoredEvent]:
+        """Store one event of ``request``, then publish it: an answer (``terminal``, :meth:`_answer`) or a progress
+        event (:meth:`_progress`). Both take the stream's next position in one shared step (:meth:`_next_event`).
 
         An event carries its request's tags and nothing else, so a stream's possible tag sets are its requests'
         (what lets replay checks skip per-event work when a token covers them all).
+
+        Not a coroutine itself: it hands back the step's, so an event pays for one coroutine, not two.
         """
-        record = self.record
-        store = self._store
-        request_id = request.request_id
+        return self._answer(data, request) if terminal else self._progress(data, request)
+
+    async def _progress(self, data: bytes, request: PendingRequest) -> StoredEvent:
+        """A progress event: returns once the store has queued it; it is published when the store has it, in
+        position order, so a client never holds the id of an event the store could lose. At most
+        :data:`UNCOMMITTED_LIMIT` of them wait for the store at once: beyond, the next waits in line until half
+        are published. Then the backlog's bound (:meth:`_wait_for_reader`) and the loop's turn."""
         if not self.answers_only:  # held until sent: an exact-size copy (``orjson.dumps`` keeps ~4 KiB per result),
             data = b"".join((data, b""))  # made as the memory store makes its own (stores/memory.py)
-        lock = self._lock
         queued = self._queued
-        # An append while the lock is free and nothing is queued for the store (or, for progress, the queue has
-        # room) runs without suspending up to the store's answer: nothing can come between, so it takes no lock
-        # (two calls per event saved). An answer the store does not hold at once takes it before it waits.
-        locking = (bool(queued) if terminal else queued is not None and len(queued) >= UNCOMMITTED_LIMIT) or (
-            lock is not None and lock.locked()
-        )
-        if locking:
-            lock = self._append_lock()
-            if not lock.take():
-                await lock.wait()
+        lock = self._lock
+        # The fast path: the lock is free and the store's queue has room, so nothing suspends up to the store's
+        # answer and nothing can come between: no lock is taken (two calls per event saved).
+        fast = (queued is None or len(queued) < UNCOMMITTED_LIMIT) and (lock is None or not lock.locked())
+        if not fast:
+            lock = await self._wait_in_line(UNCOMMITTED_LIMIT, UNCOMMITTED_LIMIT // 2)
         try:
-            if self._lost is not None:
-                raise self._lost
-            if queued and (terminal or len(queued) >= UNCOMMITTED_LIMIT):
-                await self._publish_queued(0 if terminal else UNCOMMITTED_LIMIT // 2)
-            seq = record.last_seq + 1
-            event = _new_event(  # all nine fields, in order
-                StoredEvent,
-                (
-                    record.session_id,
-                    record.stream,
-                    seq,
-                    EventIdCodec.encode(record.stream, seq, self._mac),
-                    data,
-                    request_id,
-                    request.tool,
-                    request.resources,
-                    terminal,
-                ),
-            )
-            published = True
-            if not terminal:
-                committed = store.enqueue(event)
-                record.last_seq = seq
-                if not queued and committed.done() and not committed.cancelled() and committed.exception() is None:
-                    # Stored at once (memory): published without a turn of the loop, as :meth:`_publish` would
-                    # (no writer can have sent a position stored just now; an answers-only response holds no progress).
-                    if not self.answers_only:
-                        self._backlog_bytes += len(data)
-                        self.events.append(event)
-                else:
+            event = self._next_event(data, request, False)
+            committed = self._store.enqueue(event)
+            self.record.last_seq = seq = event.seq
+            queued = self._queued
+            if not queued and (committed is self._stored or self._stored_now(committed)):
+                # Stored at once (memory): published without a turn of the loop, as :meth:`_publish` would (no
+                # writer can have sent a position stored just now; an answers-only response holds no progress).
+                if not self.answers_only:
                     self._backlog_bytes += len(data)
-                    if queued is None:
-                        queued = self._queued = deque()
-                    if not queued or queued[-1][1] is not committed:  # a future the store shares calls back once
-                        committed.add_done_callback(self._committed)
-                    queued.append((event, committed))
-                    published = False
-            else:
-                waiting = self._waiting
-                answers = request_id in waiting  # a batch may repeat an id: only its first answer counts
-                completes = answers and len(waiting) == 1
-                # The commit of an answer is a span of the call's trace (a progress event's is not: the hot path).
-                stored = {"mcp_lossless.stream": event.stream, "mcp_lossless.seq": event.seq} if answers else None
-                with tracing.span("store commit", stored) if answers else _UNTRACED:
-                    started = perf_counter()
-                    write = store.enqueue(event, completes)  # handed over: it happens whatever becomes of this task
-                    # Stored at once (memory): no task and no turn of the loop, so the writer's one yield finds the
-                    # answer and sends the whole response in one write.
-                    if not write.done() or write.cancelled() or write.exception() is not None:
-                        if not locking:  # free, as nothing suspended since it was found free: held while this waits
-                            lock = self._append_lock()
-                            lock.take()
-                            locking = True
-                        if not write.done():
-                            # Woken by the store's outcome through a future of its own, not by awaiting ``write``
-                            # (a cancel of this task would cancel that) nor by a task shielded around it (a second
-                            # task and the shield's future per answer): nearly every write succeeds the first time.
-                            try:
-                                await _done(write)
-                            except asyncio.CancelledError:
-                                retry = asyncio.ensure_future(
-                                    _store_durably(store, event, completes, write, self.recording)
-                                )
-                                await self._settle_cancelled(event, answers, completes, retry)
-                                raise
-                        if write.cancelled() or write.exception() is not None:  # stored again through an outage
-                            retry = asyncio.ensure_future(
-                                _store_durably(store, event, completes, write, self.recording)
-                            )
-                            try:
-                                await asyncio.shield(retry)
-                            except asyncio.CancelledError:
-                                await self._settle_cancelled(event, answers, completes, retry)
-                                raise
-                            except EventsLost as lost:
-                                self._lose(lost)
-                                raise
-                    self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
-                    self._answer_stored(event, answers, completes)
+                    self.events.append(event)
+                if self._waiters:  # no call when no one waits (a writer busy sending, or none)
+                    self.notify()
+            else:  # published in order once stored (:meth:`_committed`)
+                self._backlog_bytes += len(data)
+                if queued is None:
+                    queued = self._queued = deque()
+                if not queued or queued[-1][1] is not committed:  # a future the store shares calls back once
+                    committed.add_done_callback(self._committed)
+                queued.append((event, committed))
         finally:
-            if locking:
+            if not fast:
                 assert lock is not None
                 lock.release()
-        if published and self._waiters:  # no call when no one waits (a writer busy sending, or none)
-            self.notify()
-        if not terminal:
-            full = record.last_seq - self.delivered >= self._max_events or self._backlog_bytes >= self._max_bytes
-            if full and not (self.answers_only or self.done or self.broken):  # wait for a reader to send half
-                await self._wait_for_reader()
-            else:
-                self._appends += 1
-                if self._appends % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)  # give other tasks their turn: nothing else may suspend a tight loop
+        full = seq - self.delivered >= self._max_events or self._backlog_bytes >= self._max_bytes
+        if full and not (self.answers_only or self.done or self.broken):  # wait for a reader to send half
+            await self._wait_for_reader()
+        elif seq % YIELD_EVERY == 0:
+            await asyncio.sleep(0)  # give other tasks their turn: nothing else may suspend a tight loop
         return event
+
+    def _stored_now(self, committed: asyncio.Future[None]) -> bool:
+        """Whether ``committed`` is a successful write already; if so it is remembered, as a store that stores at once
+        hands out one such future for every event (a resolved future never changes): the next event's is known by
+        identity, not by three calls."""
+        if committed.done() and not committed.cancelled() and committed.exception() is None:
+            self._stored = committed
+            return True
+        return False
+
+    async def _wait_in_line(self, full: int, keep: int) -> AppendLock:
+        """Take the append lock behind the appends holding or awaiting it; then, when ``full`` or more progress
+        events wait for the store, publish them (waiting for their writes) until ``keep`` remain. Returns the lock,
+        held. The queue is read once the lock is held: an append before this one may have made it. After an
+        earlier failure nothing is stored again: :meth:`_next_event` raises it."""
+        lock = self._append_lock()
+        if not lock.take():
+            await lock.wait()
+        queued = self._queued
+        if self._lost is None and queued is not None and len(queued) >= full:
+            try:
+                await self._publish_queued(keep)
+            except BaseException:
+                lock.release()
+                raise
+        return lock
+
+    def _next_event(self, data: bytes, request: PendingRequest, terminal: bool) -> StoredEvent:
+        """The event at the stream's next position, the step progress and answers share. The position is taken
+        (``record.last_seq``) only once the store has the event: queued for progress, stored for an answer. Raises
+        what made an earlier queued event unstorable: no later position may be stored after a lost one."""
+        if self._lost is not None:
+            raise self._lost
+        record = self.record
+        stream = record.stream
+        seq = record.last_seq + 1
+        request_id, _method, tool, resources = request  # one unpack, not three field lookups
+        event_id = EventIdCodec.encode(stream, seq, self._mac)
+        # all nine fields, in order
+        return _new_event(
+            StoredEvent, (record.session_id, stream, seq, event_id, data, request_id, tool, resources, terminal)
+        )
+
+    async def _answer(self, data: bytes, request: PendingRequest) -> StoredEvent:
+        """An answer: returns once it is stored and published, after every event before it. The answer to the last
+        request completes the stream in the same store write. In line when an append holds or awaits the lock or
+        progress waits for the store (all of it is published first); otherwise the fast path, which takes the lock
+        only if the store does not hold the answer at once."""
+        if not self.answers_only:  # held until sent: an exact-size copy, as for progress
+            data = b"".join((data, b""))
+        lock = self._lock
+        fast = not self._queued and (lock is None or not lock.locked())
+        if not fast:
+            lock = await self._wait_in_line(1, 0)
+        try:
+            event = self._next_event(data, request, True)
+            waiting = self._waiting
+            answers = event.request_id in waiting  # a batch may repeat an id: only its first answer counts
+            completes = answers and len(waiting) == 1
+            # The commit of an answer is a span of the call's trace (a progress event's is not: the hot path).
+            stored = {"mcp_lossless.stream": event.stream, "mcp_lossless.seq": event.seq} if answers else None
+            with tracing.span("store commit", stored) if answers else _UNTRACED:
+                started = perf_counter()
+                write = self._store.enqueue(event, completes)  # handed over: it happens whatever becomes of this task
+                # Stored at once (memory): no task and no turn of the loop, so the writer's one yield finds the
+                # answer and sends the whole response in one write.
+                if not write.done() or write.cancelled() or write.exception() is not None:
+                    if fast:  # free, as nothing suspended since it was found free: held while this waits
+                        lock = self._append_lock()
+                        lock.take()
+                        fast = False
+                    await self._answer_written(event, answers, completes, write)
+                self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
+                self._answer_stored(event, answers, completes)
+        finally:
+            if not fast:
+                assert lock is not None
+                lock.release()
+        if self._waiters:
+            self.notify()
+        return event
+
+    async def _answer_written(
+        self, event: StoredEvent, answers: bool, completes: bool, write: asyncio.Future[None]
+    ) -> None:
+        """Under the lock: wait for the store's ``write`` of an answer, storing it again through an outage. Woken by
+        the store's outcome through a future of its own, not by awaiting ``write`` (a cancel of this task would cancel
+        that) nor by a task shielded around it (a second task and the shield's future per answer): nearly every write
+        succeeds the first time. Cancelled, the outcome is still learned before the lock goes
+        (:meth:`_settle_cancelled`)."""
+        store = self._store
+        if not write.done():
+            try:
+                await _done(write)
+            except asyncio.CancelledError:
+                retry = asyncio.ensure_future(_store_durably(store, event, completes, write, self.recording))
+                await self._settle_cancelled(event, answers, completes, retry)
+                raise
+        if write.cancelled() or write.exception() is not None:  # stored again through an outage
+            retry = asyncio.ensure_future(_store_durably(store, event, completes, write, self.recording))
+            try:
+                await asyncio.shield(retry)
+            except asyncio.CancelledError:
+                await self._settle_cancelled(event, answers, completes, retry)
+                raise
+            except EventsLost as lost:
+                self._lose(lost)
+                raise
 
     async def _settle_cancelled(
         self, event: StoredEvent, answers: bool, completes: bool, durable: asyncio.Future[None]

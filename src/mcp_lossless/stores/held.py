@@ -24,6 +24,18 @@ STREAM_BYTES = 256
 """What one stream counts: its record (kind, owner, requests, positions) and its entries in the indexes."""
 
 
+class _Queued:
+    """Bytes queued and not landed yet, of one session (``total``: its principal's :class:`_QueuedTotal`) or of one
+    principal. Mutable, so that a queued event adds to both without a new tuple or a lookup by principal."""
+
+    __slots__ = ("principal", "size", "total")
+
+    def __init__(self, principal: Principal, total: _Queued | None = None) -> None:
+        self.principal = principal
+        self.size = 0
+        self.total = self if total is None else total
+
+
 class HeldBytes:
     """Bytes held per session and per principal.
 
@@ -43,10 +55,12 @@ class HeldBytes:
         """Each session's principal and the bytes counted for it."""
         self._held: dict[Principal, int] = {}
         """Each principal's total over its sessions; a principal holding nothing has no entry."""
-        self._queued: dict[str, tuple[Principal, int]] = {}
-        """Bytes queued for each session and not yet written or failed (loop thread only)."""
-        self._queued_held: dict[Principal, int] = {}
-        """The same per principal."""
+        self._queued: dict[str, _Queued] = {}
+        """Bytes queued for each session and not yet written or failed (loop thread only); an entry goes once its
+        bytes have all landed."""
+        self._queued_held: dict[Principal, _Queued] = {}
+        """The same per principal, each its sessions' ``total``; an entry goes once its bytes have all landed (then
+        so have those of every session of the principal)."""
 
     def bind(self, session_id: str, principal: Principal) -> None:
         """``session_id`` belongs to ``principal`` (a session already bound keeps its count)."""
@@ -69,35 +83,39 @@ class HeldBytes:
             self._count(account[0], -account[1])
 
     def queue(self, session_id: str, size: int) -> None:
-        """On the loop: ``size`` bytes queued for ``session_id``, counted until :meth:`landed`."""
+        """On the loop: ``size`` bytes queued for ``session_id``, counted until :meth:`landed`. Called per event: the
+        session's entry, once made, is one lookup and two additions."""
         queued = self._queued.get(session_id)
         if queued is None:
             account = self._sessions.get(session_id)
             if account is None:
                 return
-            queued = (account[0], 0)
-        principal = queued[0]
-        self._queued[session_id] = (principal, queued[1] + size)
-        self._queued_held[principal] = self._queued_held.get(principal, 0) + size
+            principal = account[0]
+            total = self._queued_held.get(principal)
+            if total is None:
+                total = self._queued_held[principal] = _Queued(principal)
+            queued = self._queued[session_id] = _Queued(principal, total)
+        queued.size += size
+        queued.total.size += size
 
     def landed(self, sizes: dict[str, int]) -> None:
         """On the loop: what :meth:`queue` counted was written (and counted by then) or failed."""
         for session_id, size in sizes.items():
-            queued = self._queued.pop(session_id, None)
+            queued = self._queued.get(session_id)
             if queued is None:
                 continue
-            principal, held = queued
-            written = min(size, held)
-            if held > written:
-                self._queued[session_id] = (principal, held - written)
-            total = self._queued_held.get(principal, 0) - written
-            if total > 0:
-                self._queued_held[principal] = total
-            else:
-                self._queued_held.pop(principal, None)
+            written = min(size, queued.size)
+            queued.size -= written
+            if queued.size <= 0:
+                del self._queued[session_id]
+            total = queued.total
+            total.size -= written
+            if total.size <= 0:
+                self._queued_held.pop(total.principal, None)
 
     def held(self, principal: Principal) -> int:
-        return self._held.get(principal, 0) + self._queued_held.get(principal, 0)
+        queued = self._queued_held.get(principal)
+        return self._held.get(principal, 0) + (0 if queued is None else queued.size)
 
     def _count(self, principal: Principal, size: int) -> None:
         total = self._held.get(principal, 0) + size
