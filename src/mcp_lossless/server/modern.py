@@ -693,7 +693,7 @@ class ModernLeg:
                     return frames.result(rid, {**self._input_required(asked, channel), "resultType": "input_required"})
             try:
                 outcome.settle(None, await run_tool(tool, params, ctx))
-            except Exception as exc:
+            except (Exception, InputRequired) as exc:  # a request for input is this round's answer, as unkeyed
                 outcome.settle(exc)
             return self._outcome(rid, outcome, channel)[1]
 
