@@ -79,13 +79,14 @@ LEASE_SECONDS = {"flip": 5, "sentinel": 10}
 lease lets the other server end a live call as "execution lost" (it does: with 1 s, a Sentinel promotion under
 ``wait_replicas=1`` loses calls whose server never died). A Sentinel promotion takes ``DOWN_AFTER_MS`` and an
 election, and a split vote waits twice ``FAILOVER_TIMEOUT_MS`` before the next: up to about 7 s."""
-DOWN_AFTER_MS = 1000
-"""The Sentinels' ``down-after-milliseconds``: with 500 a loaded machine makes them fail over by themselves."""
+DOWN_AFTER_MS = 2000
+"""The Sentinels' ``down-after-milliseconds``: with 500, and still now and then with 1000, a loaded machine makes them
+fail a healthy primary over by themselves."""
 FAILOVER_TIMEOUT_MS = 2000
 WAIT_TIMEOUT_MS = 300
 PROGRESS_EVERY = 25
 """A summary line every so many schedules (seen with ``-s``): a long run stopped early still has its figures."""
-START_TRIES = 5
+START_TRIES = 10
 """Sessions started per schedule while the server answers ``initialize`` 503 (the store still settling)."""
 BALANCER_GRACE = 30.0
 """While a server restarts, the balancer holds new connections for up to this long."""
