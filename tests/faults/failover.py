@@ -36,6 +36,7 @@ from typing import Any
 import anyio
 import httpx
 import orjson
+import redis
 from anyio.from_thread import BlockingPortal
 
 from mcp_lossless.client import (
@@ -78,11 +79,14 @@ LEASE_SECONDS = {"flip": 5, "sentinel": 10}
 lease lets the other server end a live call as "execution lost" (it does: with 1 s, a Sentinel promotion under
 ``wait_replicas=1`` loses calls whose server never died). A Sentinel promotion takes ``DOWN_AFTER_MS`` and an
 election, and a split vote waits twice ``FAILOVER_TIMEOUT_MS`` before the next: up to about 7 s."""
-DOWN_AFTER_MS = 1000
-"""The Sentinels' ``down-after-milliseconds``: with 500 a loaded machine makes them fail over by themselves."""
+DOWN_AFTER_MS = 2000
+"""The Sentinels' ``down-after-milliseconds``: with 500, and still now and then with 1000, a loaded machine makes them
+fail a healthy primary over by themselves."""
 FAILOVER_TIMEOUT_MS = 2000
 WAIT_TIMEOUT_MS = 300
-START_TRIES = 5
+PROGRESS_EVERY = 25
+"""A summary line every so many schedules (seen with ``-s``): a long run stopped early still has its figures."""
+START_TRIES = 10
 """Sessions started per schedule while the server answers ``initialize`` 503 (the store still settling)."""
 BALANCER_GRACE = 30.0
 """While a server restarts, the balancer holds new connections for up to this long."""
@@ -239,6 +243,19 @@ class FailoverHarness:
                 raise AssertionError(f"the Sentinels report {masters} after {timeout} s")
             time.sleep(0.05)  # readiness of other processes: there is no event to await
 
+    def reestablished(self, site: Site, tries: int = 5) -> None:
+        """After a schedule: the staged primary is the master and its replica holds every write it accepted. The
+        Sentinels may fail the pair over by themselves at any moment (see :meth:`settle`), even between the two
+        steps: then settle again."""
+        for attempt in range(tries):
+            self.settle(site)
+            try:
+                site.topology.wait_replicated()
+                return
+            except (redis.RedisError, AssertionError):
+                if attempt == tries - 1:
+                    raise
+
     def run(self, schedule: FailoverSchedule) -> None:
         self._number += 1
         number = self._number
@@ -262,6 +279,8 @@ class FailoverHarness:
             client_log.removeHandler(said)
             self.stats.seconds += time.monotonic() - started
         self._tally(schedule, run)
+        if self.stats.schedules % PROGRESS_EVERY == 0:
+            print(f"\n[{time.strftime('%H:%M:%S')}] {describe_stats(self.stats)}", flush=True)
 
     async def _run(self, schedule: FailoverSchedule, number: int, site: Site, pair: Pair) -> FailoverRun:
         run = FailoverRun(schedule, number)
@@ -291,8 +310,7 @@ class FailoverHarness:
         if run.frozen and not run.killed:
             await anyio.to_thread.run_sync(site.topology.thaw_link)
             run.frozen = False
-        await anyio.to_thread.run_sync(self.settle, site)  # the Sentinels may have failed over by themselves
-        await anyio.to_thread.run_sync(site.topology.wait_replicated)
+        await anyio.to_thread.run_sync(self.reestablished, site)
         check(run, recorder)
         return run
 
