@@ -11,8 +11,10 @@ carries the trace id. Both eras of the gateway's own leg, and both of the upstre
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterator
 
+import httpx
 import orjson
 import pytest
 
@@ -28,6 +30,7 @@ from mcp_lossless.client.modern import ModernClient
 from mcp_lossless.gateway import UpstreamConfig
 from mcp_lossless.server.observability import JsonFormatter
 from tests.support.gateway_deployment import Deployment, sdk_upstream, serve_gateway
+from tests.support.mcp_http import Peer, call, dev_token
 
 pytestmark = pytest.mark.anyio
 
@@ -136,3 +139,24 @@ async def test_one_call_is_one_trace_from_the_client_through_the_gateway_to_the_
 
     logged = [e for e in lines.entries if e.get("event") == "upstream_call" and e.get("exposed") == tool]
     assert logged and logged[-1]["trace_id"] == hex_id(trace_id, 32)
+
+
+async def test_a_resume_joins_the_trace_its_traceparent_header_names(deployment: Deployment) -> None:
+    """A resume is a GET, with no body and no ``_meta``: its caller's trace comes in the W3C ``traceparent`` header,
+    and the resume's spans (the GET, its replay) are in that trace."""
+    d = deployment
+    async with httpx.AsyncClient(timeout=30) as http:
+        peer = Peer(http, d.mcp.removesuffix("/mcp"), await dev_token(http, d.mcp.removesuffix("/mcp"), d.mcp))
+        await peer.initialize()
+        done = await peer.post(call(1, "legacy_lookup", progress="p", key="resumed", steps=2))
+        assert done.ids, done.body
+        trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+        headers = peer.headers(**{"last-event-id": done.ids[0], "traceparent": f"00-{trace_id}-{parent}-01"})
+        headers.pop("content-type")
+        response = await http.get(peer.url, headers=headers)
+        assert response.status_code == 200
+    spans = in_trace(int(trace_id, 16))
+    names = sorted(s.name for s in spans)
+    assert names == ["GET resume", "resume"], names
+    (outer,) = [s for s in spans if s.name == "GET resume"]
+    assert outer.parent is not None and hex_id(outer.parent.span_id, 16) == parent, "the caller's span is its parent"

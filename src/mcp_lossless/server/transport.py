@@ -353,7 +353,10 @@ class Transport:
         last_event_id = header(scope, b"last-event-id")
         if last_event_id is None:
             await self._listen(receive, send, session, grant)
-        else:
+            return
+        # A resume has no body, hence no _meta: the caller's trace comes in W3C Trace Context headers (traceparent).
+        carrier = {key: value for key in tracing.CARRIER_KEYS if (value := header(scope, key.encode())) is not None}
+        with tracing.span("GET resume", carrier=carrier, kind="server"):
             await self._resume(receive, send, session, grant, last_event_id.strip())
 
     async def _listen(self, receive: Receive, send: Send, session: ServerSession, grant: Grant) -> None:
