@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -401,6 +402,9 @@ async def test_config_scopes_per_exposed_tool_are_required_of_the_token(deployme
     refused = await peer.post(call(3, "guarded_work", label="g", steps=0))
     assert refused.status == 403
     error = refused.json()["error"]
+    envelope = error["data"].pop("authorization")  # SEP-2643's, beside our own fields (ADR 0031)
+    assert error["data"].pop("_meta") == {"io.modelcontextprotocol/authorization": envelope}
+    assert envelope["reason"] == "insufficient_authorization"
     assert error["data"] == {"requiredResources": [], "requiredScopes": ["docs:write"]}
     assert error["message"] == "token lacks scope docs:write"
     challenge = refused.headers["www-authenticate"]
@@ -438,6 +442,17 @@ async def test_stdio_child_killed_mid_call(deployment: Deployment, http) -> None
     )
     assert "completed" in answer(again, 2)["result"]["content"][0]["text"]  # type: ignore[index]
     assert everything.restarts >= 1 and pysdk.restarts >= restarts
+
+
+async def until_upstream_up(http: httpx.AsyncClient, d: Deployment, name: str) -> None:
+    """Until the gateway's ``upstream_up`` gauge says ``name`` answers again: a poll of what the gateway saw of
+    another process (its breaker's probe), bounded."""
+    pattern = re.compile(rf'^mcp_lossless_gateway_upstream_up\{{upstream="{name}"\}} 1(\.0)?$', re.M)
+    with anyio.fail_after(30):
+        for _ in itertools.count():  # another process's state: there is no event to await
+            if pattern.search((await http.get(f"{d.url}/metrics")).text):
+                return
+            await anyio.sleep(0.05)
 
 
 async def read_with(
@@ -496,6 +511,7 @@ async def test_sdk_http_upstream_sigkilled_mid_call(deployment: Deployment, http
     assert error["data"] == {"reason": "execution_lost", "requestId": 1, "resumable": False, "upstream": "sdk"}  # type: ignore[index]
 
     d.sdk.restart_after_death()
+    await until_upstream_up(http, d, "sdk")  # the breaker's probe saw it back (a call sooner fails at once, by design)
     lookup = call(2, "sdk_lookup", progress="l", key="k", steps=10, delay_ms=100)
     again = await call_and_kill(peer, lookup, d.sdk.proc.pid, then=d.sdk.restart_after_death, deadline=70)
     assert answer(again, 2)["result"]["content"][0]["text"] == "value of k", "re-issued upstream once it was back"  # type: ignore[index]

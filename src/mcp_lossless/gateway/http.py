@@ -436,7 +436,12 @@ class HttpUpstream:
         self._probed_at = asyncio.get_running_loop().time()
         try:
             async with asyncio.timeout(RELIST_PROBE_SECONDS):
-                tools = await _listed(self._clients[0])
+                try:
+                    tools = await _listed(self._clients[0])
+                except ConnectionFailed:
+                    # Not sent: refused (down), or sent on a session the upstream no longer knows (restarted: it
+                    # answered 404, and the client opens a new session for its next request). Once more tells which.
+                    tools = await _listed(self._clients[0])
         except (McpClientError, httpx.TransportError, TimeoutError) as exc:
             timed_out = isinstance(exc, TimeoutError)
             self._reachable(False, f"no answer in {RELIST_PROBE_SECONDS:g} s" if timed_out else describe_failure(exc))
