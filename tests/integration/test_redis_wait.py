@@ -73,56 +73,56 @@ async def linked(pair: tuple[RedisServer, RedisServer]) -> AsyncIterator[tuple[R
         await to_replica.aclose()
 
 
-async def test_an_append_counts_only_once_a_replica_holds_it(
-    pair: tuple[RedisServer, RedisServer], linked: tuple[RedisServer, Redis, Redis]
-) -> None:
-    primary, _ = pair
-    replica, _, to_replica = linked
-    store = RedisStore(primary.url, wait_replicas=1, wait_timeout_ms=300)
+@pytest.fixture
+async def acknowledged(pair: tuple[RedisServer, RedisServer]) -> AsyncIterator[RedisStore]:
+    """A store on the primary whose writes count once one replica holds them (300 ms for it to say so)."""
+    store = RedisStore(pair[0].url, wait_replicas=1, wait_timeout_ms=300)
     await store.open()
     try:
-        await store.put_session(session("s1"))
-        await store.open_stream(stream("k1"))
-        await store.append(event("k1", 0))
-        assert await to_replica.xlen("mcpl:{s1}:e:k1") == 1, "acknowledged: the replica holds it already"
-
-        with stopped(replica):
-            started = time.monotonic()
-            with pytest.raises(StoreUnavailable, match="0 of 1 replicas acknowledged"):
-                await store.append(event("k1", 1))
-            assert time.monotonic() - started < 3, "a WAIT times out as configured, it does not hang"
-            with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
-                await store.open_stream(stream("k2"))
-
-        await store.append(event("k1", 1))  # the same append again (the server's retry): stored once, now held
-        assert await to_replica.xlen("mcpl:{s1}:e:k1") == 2
-        assert [e.seq for e in await store.read_after("k1", -1)] == [0, 1]
+        yield store
     finally:
         await store.close()
+
+
+async def test_an_append_counts_only_once_a_replica_holds_it(
+    acknowledged: RedisStore, linked: tuple[RedisServer, Redis, Redis]
+) -> None:
+    store = acknowledged
+    replica, _, to_replica = linked
+    await store.put_session(session("s1"))
+    await store.open_stream(stream("k1"))
+    await store.append(event("k1", 0))
+    assert await to_replica.xlen("mcpl:{s1}:e:k1") == 1, "acknowledged: the replica holds it already"
+
+    with stopped(replica):
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="0 of 1 replicas acknowledged"):
+            await store.append(event("k1", 1))
+        assert time.monotonic() - started < 3, "a WAIT times out as configured, it does not hang"
+        with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
+            await store.open_stream(stream("k2"))
+
+    await store.append(event("k1", 1))  # the same append again (the server's retry): stored once, now held
+    assert await to_replica.xlen("mcpl:{s1}:e:k1") == 2
+    assert [e.seq for e in await store.read_after("k1", -1)] == [0, 1]
 
 
 async def test_a_task_record_counts_only_once_a_replica_holds_it(
-    pair: tuple[RedisServer, RedisServer], linked: tuple[RedisServer, Redis, Redis]
+    acknowledged: RedisStore, linked: tuple[RedisServer, Redis, Redis]
 ) -> None:
-    primary, _ = pair
     replica, _, to_replica = linked
-    store = RedisStore(primary.url, wait_replicas=1, wait_timeout_ms=300)
-    await store.open()
-    tasks = RedisTaskStore(store)
-    try:
-        await tasks.create(task("t-1"))
-        assert await to_replica.exists("mcpl:task:t-1") == 1, "acknowledged: the replica holds the task already"
-        with stopped(replica):
-            with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
-                await tasks.create(task("t-2"))
-            done = advance(task("t-1"), TaskStatus.COMPLETED, T0 + 1, result={"content": []})
-            with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):  # an outcome not held is not stored
-                await tasks.update(done)
-        assert (await tasks.update(done)) is not None  # the same write again, now held
-        got = await tasks.get("t-1")
-        assert got is not None and got.status is TaskStatus.COMPLETED
-    finally:
-        await store.close()
+    tasks = RedisTaskStore(acknowledged)
+    await tasks.create(task("t-1"))
+    assert await to_replica.exists("mcpl:task:t-1") == 1, "acknowledged: the replica holds the task already"
+    with stopped(replica):
+        with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
+            await tasks.create(task("t-2"))
+        done = advance(task("t-1"), TaskStatus.COMPLETED, T0 + 1, result={"content": []})
+        with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):  # an outcome not held is not stored
+            await tasks.update(done)
+    assert (await tasks.update(done)) is not None  # the same write again, now held
+    got = await tasks.get("t-1")
+    assert got is not None and got.status is TaskStatus.COMPLETED
 
 
 async def test_without_wait_replicas_the_primary_alone_acknowledges(
