@@ -26,11 +26,11 @@ from mcp_lossless.server.tools import ToolContext, ToolRegistry
 from mcp_lossless.stores.base import EventStore
 from mcp_lossless.stores.memory import MemoryStore
 from mcp_lossless.stores.redis import RedisStore
-from mcp_lossless.stores.sqlite import SqliteStore
 from tests.integration.conftest import CLIENTS
 from tests.support.mcp_http import dev_token
 from tests.support.modern_http import ModernPeer, answer, meta
 from tests.support.processes import free_port
+from tests.support.stores import KINDS, store_of_kind
 from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio
@@ -95,16 +95,9 @@ def base() -> Iterator[str]:
     yield from serve(MemoryStore())
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=KINDS)
 def any_store_base(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    store: EventStore
-    if request.param == "memory":
-        store = MemoryStore()
-    elif request.param == "sqlite":
-        store = SqliteStore(str(tmp_path / "events.db"))
-    else:
-        store = RedisStore(request.getfixturevalue("redis_url"), prefix=f"input-{uuid.uuid4().hex}")
-    yield from serve(store)
+    yield from serve(store_of_kind(request, tmp_path, "input"))
 
 
 async def poll_while(peer: ModernPeer, task_id: str, *statuses: str) -> dict[str, Any]:

@@ -32,11 +32,10 @@ from mcp_lossless.server.demo import demo_tools
 from mcp_lossless.server.tools import ToolContext
 from mcp_lossless.stores.base import EventStore
 from mcp_lossless.stores.memory import MemoryStore
-from mcp_lossless.stores.redis import RedisStore
-from mcp_lossless.stores.sqlite import SqliteStore
 from tests.integration.conftest import CLIENTS
 from tests.support.mcp_http import Peer, call, dev_token
 from tests.support.modern_http import MODERN, ModernPeer, answer, meta, poll_until_settled
+from tests.support.stores import KINDS, store_of_kind
 from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio
@@ -93,16 +92,9 @@ def base() -> Iterator[str]:
     yield from serve(MemoryStore())
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=KINDS)
 def any_store_base(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    store: EventStore
-    if request.param == "memory":
-        store = MemoryStore()
-    elif request.param == "sqlite":
-        store = SqliteStore(str(tmp_path / "events.db"))
-    else:
-        store = RedisStore(request.getfixturevalue("redis_url"), prefix=f"modern-{uuid.uuid4().hex}")
-    yield from serve(store)
+    yield from serve(store_of_kind(request, tmp_path, "modern"))
 
 
 async def tokens(http: httpx.AsyncClient, base: str) -> tuple[str, str]:

@@ -17,12 +17,11 @@ from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
 from mcp_lossless.stores.base import EventStore
 from mcp_lossless.stores.memory import MemoryStore
-from mcp_lossless.stores.redis import RedisStore
-from mcp_lossless.stores.sqlite import SqliteStore
 from tests.integration.conftest import CLIENTS
 from tests.support.mcp_http import StreamRead, dev_token, parse_sse
 from tests.support.modern_http import ModernPeer, answer, poll_until_settled
 from tests.support.processes import cli_server
+from tests.support.stores import KINDS, store_of_kind
 from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio
@@ -38,16 +37,9 @@ def serve(store: EventStore) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=KINDS)
 def any_store_base(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    store: EventStore
-    if request.param == "memory":
-        store = MemoryStore()
-    elif request.param == "sqlite":
-        store = SqliteStore(str(tmp_path / "events.db"))
-    else:
-        store = RedisStore(request.getfixturevalue("redis_url"), prefix=f"ts-{uuid.uuid4().hex}")
-    yield from serve(store)
+    yield from serve(store_of_kind(request, tmp_path, "ts"))
 
 
 async def stream(peer: ModernPeer, task_id: str, after: int | None = None, *, token: str | None = None,
