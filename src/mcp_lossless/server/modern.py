@@ -340,6 +340,7 @@ class _Inbox:
 
 async def run_tool(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """A tool's ``CallToolResult``; a :class:`MethodError` for a JSON-RPC error (bad arguments, client input)."""
+    ctx.idempotency_key = key_of(params)  # valid: an invalid key was answered before anything ran
     try:
         kwargs = tool.bind(params.get("arguments"))
     except ToolInputError as exc:
