@@ -1,4 +1,4 @@
-"""Idempotency keys through the gateway (issue 28, ADR 0032), over real HTTP with real dev-AS JWTs and real processes:
+"""Idempotency keys through the gateway (issue 28, ADR 0033), over real HTTP with real dev-AS JWTs and real processes:
 an upstream tool runs at most once per client key, across a gateway SIGKILL restart on SQLite and a replica change
 on Redis, whether the upstream records keys itself (this project's server, which declares ``tools.idempotency``)
 or not (the official Python SDK's server, which does not). Each upstream counts its own runs: ours appends a line per

@@ -151,7 +151,7 @@ async def test_a_server_silent_before_initialize_is_legacy_once_the_probe_times_
 
 
 async def test_a_call_key_goes_to_a_stdio_child_that_declares_keys() -> None:
-    """ADR 0032: the gateway's key for the call goes with it where the child declares ``tools.idempotency``."""
+    """ADR 0033: the gateway's key for the call goes with it where the child declares ``tools.idempotency``."""
     async with started(UpstreamConfig(name="keyed", command=(*SILENT, "keyed"))) as keyed:
         echoed = await keyed.call("echo", {"text": "hi"}, Collected(), idempotent=False, key="gw1.k")
         assert [c["text"] for c in echoed["content"]] == ["hi", "idempotencyKey gw1.k"]

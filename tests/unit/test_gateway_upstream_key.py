@@ -1,4 +1,4 @@
-"""The key the gateway sends upstream for its client's (ADR 0032): the same for the same principal and key on every
+"""The key the gateway sends upstream for its client's (ADR 0033): the same for the same principal and key on every
 gateway process, another for another principal's same string, a valid SEP-3182 key that shows neither."""
 
 from __future__ import annotations

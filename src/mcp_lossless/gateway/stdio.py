@@ -130,7 +130,7 @@ class StdioUpstream:
         self._closing = False
         self._tools: list[UpstreamTool] = []
         self._keyed = False
-        """The running child declared ``tools.idempotency``: a call's key goes with it (ADR 0032)."""
+        """The running child declared ``tools.idempotency``: a call's key goes with it (ADR 0033)."""
         self._on_tools_changed: Callable[[], None] = lambda: None
 
     @property

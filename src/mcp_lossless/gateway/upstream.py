@@ -39,7 +39,7 @@ UPSTREAM_KEY_PREFIX = "gw1."
 
 
 def upstream_key(principal: Principal, key: str) -> str:
-    """The idempotency key the gateway sends upstream for its client's ``key`` (ADR 0032).
+    """The idempotency key the gateway sends upstream for its client's ``key`` (ADR 0033).
 
     Upstream, every call is the gateway's (its own credentials): a key passed on verbatim would be one key for all
     of the gateway's clients there, so one principal's key string would replay another's outcome. The derived key

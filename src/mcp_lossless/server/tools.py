@@ -65,7 +65,7 @@ class ToolContext:
         """The client cancelled this request (the tool sees it as ``asyncio.CancelledError`` at its next await)."""
         self.idempotency_key: str | None = None
         """The call's SEP-3182 key as its client sent it (set when the tool runs): the server has already recorded
-        it; a gateway passes it on to an upstream that dedups keys itself (ADR 0032)."""
+        it; a gateway passes it on to an upstream that dedups keys itself (ADR 0033)."""
         self._progress_token = progress_token
         self._channel = channel
         self._asked = 0
