@@ -612,8 +612,9 @@ class ModernLeg:
             f"tools/call {tool.name}", called, carrier=meta if isinstance(meta, dict) else None, kind="server"
         ):
             try:  # whatever refuses the call below (a 503 included) comes after the count: the finally releases it
-                if key is not None:
-                    await self._keyed_call(receive, send, grant, rid, tool, params, declared, channel)
+                if key is not None and await self._keyed_call(
+                    receive, send, grant, rid, tool, params, declared, channel
+                ):
                     return
                 if tool.task is not None and declared:
                     if tool.input_before_task:
@@ -648,12 +649,13 @@ class ModernLeg:
         params: dict[str, Any],
         declared: bool,
         channel: _RequestChannel,
-    ) -> None:
+    ) -> bool:
         """A keyed ``tools/call`` (ADR 0029): a duplicate is answered from the key's record; a first use records
         its key with a stream of its own (its own session id: no session holds it) before anything runs, and its
         answer, result or ``CreateTaskResult`` (a repeated key returns the same task), is that stream's one event,
         stored before it is sent. The work runs detached from the request (:meth:`_run_keyed`), so a broken
-        connection does not cancel it: the retry finds it running or answered."""
+        connection does not cancel it: the retry finds it running or answered. ``False``: a lost key of a tool
+        whose upstream dedups it, for the caller to run as an unkeyed call (ADR 0033)."""
         s = self.s
         creates_task = tool.task is not None and declared and not tool.input_before_task
         if creates_task:
@@ -663,14 +665,16 @@ class ModernLeg:
         stream = stream_key()
         record = StreamRecord(stream, stream, StreamKind.POST, s.instance, (pending,), 0)
         try:
-            answers, _opened = await self.keys.open(
+            answers, opened = await self.keys.open(
                 None, grant, record, [{"params": params}], [pending], _over_limit, alone=True
             )
         except StoreUnavailable:
             raise _refused(503, errors.INTERNAL_ERROR, "the event store is unavailable") from None
         if 0 in answers:
             await respond(send, 200, answers[0], b"application/json")
-            return
+            return True
+        if opened is None:
+            return False  # not recorded: run again, its upstream answering the key from its own record
         if creates_task:
             task_channel = _TaskChannel(self, channel.capabilities, channel.answers or {})
 
@@ -683,7 +687,7 @@ class ModernLeg:
                 return frames.result(rid, {**created, "resultType": "task"})
 
             await self._run_keyed(receive, send, grant, record, create(), channel)
-            return
+            return True
         ctx = ToolContext(grant, rid, _progress_token(params), channel)
 
         async def run() -> bytes:
@@ -699,6 +703,7 @@ class ModernLeg:
             return self._outcome(rid, outcome, channel)[1]
 
         await self._run_keyed(receive, send, grant, record, run(), channel)
+        return True
 
     async def _run_keyed(
         self,
