@@ -683,7 +683,7 @@ class ModernLeg:
 
             await self._run_keyed(receive, send, grant, record, create(), channel)
             return
-        ctx = ToolContext(grant, rid, _progress_token(params), channel)
+        ctx = ToolContext(grant, rid, _progress_token(params), channel, idempotency_key=key_of(params))
 
         async def run() -> bytes:
             outcome = _Outcome()

@@ -56,11 +56,23 @@ class InputRequired(BaseException):
 class ToolContext:
     """What a running tool (or method handler) may use: its caller, progress, logs, client requests, cancellation."""
 
-    __slots__ = ("_asked", "_channel", "_progress_token", "cancelled", "grant", "request_id")
+    __slots__ = ("_asked", "_channel", "_progress_token", "cancelled", "grant", "idempotency_key", "request_id")
 
-    def __init__(self, grant: Grant, request_id: str | int, progress_token: str | int | None, channel: Channel) -> None:
+    def __init__(
+        self,
+        grant: Grant,
+        request_id: str | int,
+        progress_token: str | int | None,
+        channel: Channel,
+        *,
+        idempotency_key: str | None = None,
+    ) -> None:
         self.grant = grant
         self.request_id = request_id
+        self.idempotency_key = idempotency_key
+        """The SEP-3182 key this run was recorded under (ADR 0029), ``None`` for an unkeyed call or a store that
+        records no keys: a tool whose side effect lives elsewhere (a payment provider's own idempotency key, a
+        ledger row) can pass it on, so that the effect is deduplicated by the same identity as the call."""
         self.cancelled = False
         """The client cancelled this request (the tool sees it as ``asyncio.CancelledError`` at its next await)."""
         self._progress_token = progress_token
