@@ -521,7 +521,8 @@ async def test_a_body_that_is_not_json_is_a_parse_error(server: InProcess) -> No
 async def test_a_foreign_origin_is_refused_before_the_token_is_read(server: InProcess) -> None:
     """DNS-rebinding protection holds for the stateless leg too: a page elsewhere cannot drive a loopback server."""
     peer = server.peer()
-    read = await peer.send(peer.message("tools/list", request_id=22), headers={"origin": "http://evil.example", "authorization": None})
+    anonymous_elsewhere: dict[str, str | None] = {"origin": "http://evil.example", "authorization": None}
+    read = await peer.send(peer.message("tools/list", request_id=22), headers=anonymous_elsewhere)
     assert read.status == 403
     assert json_of(read) == rpc_error(None, INVALID_REQUEST, "origin 'http://evil.example' is not allowed")
 
