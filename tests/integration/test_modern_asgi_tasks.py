@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import time
@@ -57,6 +58,8 @@ class Gates:
     release: asyncio.Event = field(default_factory=asyncio.Event)
     started: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    runs: list[str] = field(default_factory=list)
+    """The ``count`` tool's runs, by argument."""
 
 
 def tools(gates: Gates) -> ToolRegistry:
@@ -82,6 +85,12 @@ def tools(gates: Gates) -> ToolRegistry:
         """A task that runs until the test releases it."""
         return await held(ctx)
 
+    @registry.tool()
+    async def count(ctx: ToolContext, label: str) -> str:
+        """Notes each run: a replay of its key must not run it again."""
+        gates.runs.append(label)
+        return f"run {len(gates.runs)}: {label}"
+
     @registry.tool(task=True)
     async def approve(ctx: ToolContext, item: str) -> str:
         """A task that waits for its owner's approval (``tasks/update``)."""
@@ -91,6 +100,7 @@ def tools(gates: Gates) -> ToolRegistry:
     return registry
 
 
+@asynccontextmanager
 async def serve(store: EventStore, gates: Gates, limits: Limits | None = None) -> AsyncIterator[InProcess]:
     async with in_process(store, tools(gates), limits=limits or Limits()) as server:
         yield server
@@ -109,7 +119,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> EventStore:
 
 @pytest.fixture
 async def server(store: EventStore, gates: Gates) -> AsyncIterator[InProcess]:
-    async for served in serve(store, gates):
+    async with serve(store, gates) as served:
         yield served
 
 
@@ -334,7 +344,7 @@ async def test_input_the_owner_delivers_with_tasks_update_reaches_the_waiting_ta
 
 
 async def test_a_call_past_the_principals_cap_is_429_naming_the_limit(store: EventStore, gates: Gates) -> None:
-    async for server in serve(store, gates, Limits(calls_per_principal=1)):
+    async with serve(store, gates, Limits(calls_per_principal=1)) as server:
         peer = server.peer()
         async with anyio.create_task_group() as group:
             group.start_soon(peer.call, "hold")
@@ -351,7 +361,7 @@ async def test_a_call_past_the_principals_cap_is_429_naming_the_limit(store: Eve
 
 
 async def test_a_task_past_the_running_cap_is_503_naming_the_limit(store: EventStore, gates: Gates) -> None:
-    async for server in serve(store, gates, Limits(running_tasks=1)):
+    async with serve(store, gates, Limits(running_tasks=1)) as server:
         peer = server.peer()
         await create_task(peer, "hold_task")
         await gates.started.wait()
@@ -361,6 +371,34 @@ async def test_a_task_past_the_running_cap_is_503_naming_the_limit(store: EventS
             9, LIMIT_EXCEEDED, "this server runs 1 tasks, the most allowed; retry later",
             {"limit": "running_tasks", "maximum": 1, "retryAfter": 5},
         )  # fmt: skip
+
+
+async def test_a_key_is_replayed_and_one_past_the_principals_bound_is_429(store: EventStore, gates: Gates) -> None:
+    async with serve(store, gates, Limits(idempotency_keys_per_principal=1)) as server:
+        peer = server.peer(tasks=False)
+
+        def keyed(key: str, label: str) -> dict[str, Any]:
+            params = {"name": "count", "arguments": {"label": label}, "idempotencyKey": key}
+            return peer.message("tools/call", params, request_id=16)
+
+        ran = {"content": [{"type": "text", "text": "run 1: a"}], "isError": False, "resultType": "complete"}
+        first = await peer.send(keyed("k1", "a"))
+        assert (first.status, json_of(first)) == (200, {"jsonrpc": "2.0", "id": 16, "result": ran})
+        again = await peer.send(keyed("k1", "a"))
+        replayed = {**ran, "_meta": {"io.github.mcp-lossless/replayed": True}}
+        assert (again.status, json_of(again)) == (200, {"jsonrpc": "2.0", "id": 16, "result": replayed})
+        past = await peer.send(keyed("k2", "b"))
+        assert (past.status, past.headers["retry-after"]) == (429, "60")
+        assert json_of(past) == rpc_error(
+            16, LIMIT_EXCEEDED,
+            "this principal holds 1 idempotency keys, at most 1 allowed; retry later, as they expire",
+            {"limit": "idempotency_keys_per_principal", "maximum": 1, "retryAfter": 60},
+        )  # fmt: skip
+        empty = await peer.send(keyed("", "c"))
+        assert json_of(empty) == rpc_error(
+            16, INVALID_PARAMS, "idempotencyKey must be a non-empty string of at most 255 characters"
+        )
+        assert gates.runs == ["a"], "the replay ran nothing; the refused calls ran nothing"
 
 
 # -- the raw ASGI interface ---------------------------------------------------------------------------------

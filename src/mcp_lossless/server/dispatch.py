@@ -17,7 +17,7 @@ import orjson
 from .. import tracing
 from ..core import errors, frames
 from ..core.events import PendingRequest
-from ..core.idempotency import InvalidKey, key_of
+from ..core.idempotency import key_of
 from ..core.principal import Grant
 from ..stores.base import StoreUnavailable
 from .checks import is_request_id
@@ -198,8 +198,7 @@ class Dispatcher:
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         channel = StreamChannel(session, live, request, state.config.client_request_seconds, state.sessions)
-        progress = None if token is None or not is_request_id(token) else token
-        ctx = ToolContext(grant, rid, progress, channel, idempotency_key=_recorded_key(state, method, params))
+        ctx = ToolContext(grant, rid, None if token is None or not is_request_id(token) else token, channel)
         session.contexts[rid] = ctx
         run = self._run(session, live, request, ctx, work)
         if request.tool is None:
@@ -213,6 +212,7 @@ class Dispatcher:
         rid = request.request_id
 
         async def work(ctx: ToolContext) -> bytes:
+            ctx.idempotency_key = key_of(params)  # valid: an invalid key was answered before anything ran
             try:
                 kwargs = tool.bind(params.get("arguments"))
             except ToolInputError as exc:
@@ -289,17 +289,6 @@ class Dispatcher:
         future = session.outbound.get(message.get("id"))  # type: ignore[arg-type]
         if future is not None and not future.done():
             future.set_result(message)
-
-
-def _recorded_key(state: ServerState, method: str, params: dict[str, Any]) -> str | None:
-    """The idempotency key a ``tools/call`` runs under: only where the store records keys (else the key means
-    nothing to this server). An invalid one never gets here: :class:`~.idempotency.Keys` answered it already."""
-    if method != "tools/call" or not state.store.idempotency_keys:
-        return None
-    try:
-        return key_of(params)
-    except InvalidKey:
-        return None
 
 
 async def _traced(

@@ -340,6 +340,7 @@ class _Inbox:
 
 async def run_tool(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """A tool's ``CallToolResult``; a :class:`MethodError` for a JSON-RPC error (bad arguments, client input)."""
+    ctx.idempotency_key = key_of(params)  # valid: an invalid key was answered before anything ran
     try:
         kwargs = tool.bind(params.get("arguments"))
     except ToolInputError as exc:
@@ -683,7 +684,7 @@ class ModernLeg:
 
             await self._run_keyed(receive, send, grant, record, create(), channel)
             return
-        ctx = ToolContext(grant, rid, _progress_token(params), channel, idempotency_key=key_of(params))
+        ctx = ToolContext(grant, rid, _progress_token(params), channel)
 
         async def run() -> bytes:
             outcome = _Outcome()

@@ -58,23 +58,14 @@ class ToolContext:
 
     __slots__ = ("_asked", "_channel", "_progress_token", "cancelled", "grant", "idempotency_key", "request_id")
 
-    def __init__(
-        self,
-        grant: Grant,
-        request_id: str | int,
-        progress_token: str | int | None,
-        channel: Channel,
-        *,
-        idempotency_key: str | None = None,
-    ) -> None:
+    def __init__(self, grant: Grant, request_id: str | int, progress_token: str | int | None, channel: Channel) -> None:
         self.grant = grant
         self.request_id = request_id
-        self.idempotency_key = idempotency_key
-        """The SEP-3182 key this run was recorded under (ADR 0029), ``None`` for an unkeyed call or a store that
-        records no keys: a tool whose side effect lives elsewhere (a payment provider's own idempotency key, a
-        ledger row) can pass it on, so that the effect is deduplicated by the same identity as the call."""
         self.cancelled = False
         """The client cancelled this request (the tool sees it as ``asyncio.CancelledError`` at its next await)."""
+        self.idempotency_key: str | None = None
+        """The call's SEP-3182 key as its client sent it (set when the tool runs): the server has already recorded
+        it; a gateway passes it on to an upstream that dedups keys itself (ADR 0033)."""
         self._progress_token = progress_token
         self._channel = channel
         self._asked = 0
