@@ -25,7 +25,7 @@ from ..observability import log_decision
 from ..sessions import SessionRegistry
 from ..tools import InputRequired, RegisteredTool, ToolContext
 from ..writer import SSE_HEADERS
-from .inline import RunOutcome, InlineRuns, RequestChannel, disconnected, input_before_task, progress_token, run_tool
+from .inline import InlineRuns, RequestChannel, RunOutcome, disconnected, input_before_task, progress_token, run_tool
 from .replies import refused
 from .tasks import TaskChannel, Tasks
 
