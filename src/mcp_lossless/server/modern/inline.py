@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from ...asgi import Receive, Send, respond
 from ...core import errors, frames, mrtr, protocol
 from ...core.events import RequestId
+from ...core.idempotency import key_of
 from ...core.principal import Grant
 from ..observability import log_decision, now
 from ..tools import (
@@ -147,6 +148,7 @@ def progress_token(params: dict[str, Any]) -> str | int | None:
 
 async def run_tool(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """A tool's ``CallToolResult``; a :class:`MethodError` for a JSON-RPC error (bad arguments, client input)."""
+    ctx.idempotency_key = key_of(params)  # valid: an invalid key was answered before anything ran
     try:
         kwargs = tool.bind(params.get("arguments"))
     except ToolInputError as exc:
