@@ -366,8 +366,15 @@ async def test_mirrored_arguments_with_their_headers_are_served(
         ({"dry": True}, {"mcp-param-dry": "True"}, "mcp-param-dry header does not match arguments.dry"),
         ({"region": "zürich"}, {"mcp-param-region": "=?base64?enVyaWNo?="},
          "mcp-param-region header does not match arguments.region"),
+        ({"priority": 10}, {"mcp-param-priority": "1_0"},
+         "mcp-param-priority header does not match arguments.priority"),
+        ({"priority": 42}, {"mcp-param-priority": "=?base64?2aTZog==?="},
+         "mcp-param-priority header does not match arguments.priority"),
+        ({"priority": 2**53}, {"mcp-param-priority": "9007199254740993.0"},
+         "mcp-param-priority header does not match arguments.priority"),
     ],
-    ids=["missing", "other-value", "not-a-number", "boolean-spelling", "other-decoded"],
+    ids=["missing", "other-value", "not-a-number", "boolean-spelling", "other-decoded", "underscore",
+         "arabic-indic-digits", "past-float-precision"],
 )  # fmt: skip
 async def test_a_mirrored_header_missing_or_unequal_is_refused_before_the_tool_runs(
     server: InProcess, arguments: dict[str, Any], headers: dict[str, str], message: str
