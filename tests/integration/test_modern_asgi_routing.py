@@ -516,3 +516,29 @@ async def test_a_body_that_is_not_json_is_a_parse_error(server: InProcess) -> No
     body = response.json()
     assert body["id"] is None and body["error"]["code"] == PARSE_ERROR
     assert body["error"]["message"].startswith("body is not JSON: ")
+
+
+async def test_a_foreign_origin_is_refused_before_the_token_is_read(server: InProcess) -> None:
+    """DNS-rebinding protection holds for the stateless leg too: a page elsewhere cannot drive a loopback server."""
+    peer = server.peer()
+    anonymous_elsewhere: dict[str, str | None] = {"origin": "http://evil.example", "authorization": None}
+    read = await peer.send(peer.message("tools/list", request_id=22), headers=anonymous_elsewhere)
+    assert read.status == 403
+    assert json_of(read) == rpc_error(None, INVALID_REQUEST, "origin 'http://evil.example' is not allowed")
+
+
+async def test_a_client_gone_before_its_body_is_read_gets_nothing_and_runs_nothing(server: InProcess) -> None:
+    peer = server.peer()
+    message = peer.message("tools/call", {"name": "search", "arguments": {"query": "q", "steps": 0}})
+    sent: list[Any] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(event: Any) -> None:
+        sent.append(event)
+
+    headers = [(k.encode(), v.encode()) for k, v in peer.headers(message).items()]
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": headers, "client": ("127.0.0.1", 1)}
+    await server.app(scope, receive, send)
+    assert sent == []

@@ -3,7 +3,9 @@ memory and SQLite stores: a task created and delivered to its owner; ``tasks/get
 ``tasks/cancel`` answered for an unknown id, for another principal's id exactly as for an unknown one, for a token
 that stopped covering the tool with the SEP-2643 denial naming what is missing, and for a task whose process is gone
 (settled lost); input delivered to a waiting task; the limits (``-32044`` with ``{limit, maximum}``); and, on the
-raw ASGI interface, a refusal that is the whole response and a disconnect that cancels the request.
+raw ASGI interface, a refusal that is the whole response, a disconnect that cancels the request, ``tasks/stream``
+(every event, then the answer; a stranger's task unknown; a narrowed token 403 before any event) and
+``subscriptions/listen`` (watching only what the token may poll, pushing the outcome).
 
 Tools that must be running while a test speaks wait on events the test sets: nothing here waits on time. Records
 a decision must see (a task of a process that is gone) are put in the task store the app was given.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import time
@@ -55,6 +58,8 @@ class Gates:
     release: asyncio.Event = field(default_factory=asyncio.Event)
     started: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    runs: list[str] = field(default_factory=list)
+    """The ``count`` tool's runs, by argument."""
 
 
 def tools(gates: Gates) -> ToolRegistry:
@@ -80,6 +85,12 @@ def tools(gates: Gates) -> ToolRegistry:
         """A task that runs until the test releases it."""
         return await held(ctx)
 
+    @registry.tool()
+    async def count(ctx: ToolContext, label: str) -> str:
+        """Notes each run: a replay of its key must not run it again."""
+        gates.runs.append(label)
+        return f"run {len(gates.runs)}: {label}"
+
     @registry.tool(task=True)
     async def approve(ctx: ToolContext, item: str) -> str:
         """A task that waits for its owner's approval (``tasks/update``)."""
@@ -89,6 +100,7 @@ def tools(gates: Gates) -> ToolRegistry:
     return registry
 
 
+@asynccontextmanager
 async def serve(store: EventStore, gates: Gates, limits: Limits | None = None) -> AsyncIterator[InProcess]:
     async with in_process(store, tools(gates), limits=limits or Limits()) as server:
         yield server
@@ -107,7 +119,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> EventStore:
 
 @pytest.fixture
 async def server(store: EventStore, gates: Gates) -> AsyncIterator[InProcess]:
-    async for served in serve(store, gates):
+    async with serve(store, gates) as served:
         yield served
 
 
@@ -332,7 +344,7 @@ async def test_input_the_owner_delivers_with_tasks_update_reaches_the_waiting_ta
 
 
 async def test_a_call_past_the_principals_cap_is_429_naming_the_limit(store: EventStore, gates: Gates) -> None:
-    async for server in serve(store, gates, Limits(calls_per_principal=1)):
+    async with serve(store, gates, Limits(calls_per_principal=1)) as server:
         peer = server.peer()
         async with anyio.create_task_group() as group:
             group.start_soon(peer.call, "hold")
@@ -349,7 +361,7 @@ async def test_a_call_past_the_principals_cap_is_429_naming_the_limit(store: Eve
 
 
 async def test_a_task_past_the_running_cap_is_503_naming_the_limit(store: EventStore, gates: Gates) -> None:
-    async for server in serve(store, gates, Limits(running_tasks=1)):
+    async with serve(store, gates, Limits(running_tasks=1)) as server:
         peer = server.peer()
         await create_task(peer, "hold_task")
         await gates.started.wait()
@@ -359,6 +371,34 @@ async def test_a_task_past_the_running_cap_is_503_naming_the_limit(store: EventS
             9, LIMIT_EXCEEDED, "this server runs 1 tasks, the most allowed; retry later",
             {"limit": "running_tasks", "maximum": 1, "retryAfter": 5},
         )  # fmt: skip
+
+
+async def test_a_key_is_replayed_and_one_past_the_principals_bound_is_429(store: EventStore, gates: Gates) -> None:
+    async with serve(store, gates, Limits(idempotency_keys_per_principal=1)) as server:
+        peer = server.peer(tasks=False)
+
+        def keyed(key: str, label: str) -> dict[str, Any]:
+            params = {"name": "count", "arguments": {"label": label}, "idempotencyKey": key}
+            return peer.message("tools/call", params, request_id=16)
+
+        ran = {"content": [{"type": "text", "text": "run 1: a"}], "isError": False, "resultType": "complete"}
+        first = await peer.send(keyed("k1", "a"))
+        assert (first.status, json_of(first)) == (200, {"jsonrpc": "2.0", "id": 16, "result": ran})
+        again = await peer.send(keyed("k1", "a"))
+        replayed = {**ran, "_meta": {"io.github.mcp-lossless/replayed": True}}
+        assert (again.status, json_of(again)) == (200, {"jsonrpc": "2.0", "id": 16, "result": replayed})
+        past = await peer.send(keyed("k2", "b"))
+        assert (past.status, past.headers["retry-after"]) == (429, "60")
+        assert json_of(past) == rpc_error(
+            16, LIMIT_EXCEEDED,
+            "this principal holds 1 idempotency keys, at most 1 allowed; retry later, as they expire",
+            {"limit": "idempotency_keys_per_principal", "maximum": 1, "retryAfter": 60},
+        )  # fmt: skip
+        empty = await peer.send(keyed("", "c"))
+        assert json_of(empty) == rpc_error(
+            16, INVALID_PARAMS, "idempotencyKey must be a non-empty string of at most 255 characters"
+        )
+        assert gates.runs == ["a"], "the replay ran nothing; the refused calls ran nothing"
 
 
 # -- the raw ASGI interface ---------------------------------------------------------------------------------
@@ -394,3 +434,112 @@ async def test_a_client_that_leaves_cancels_its_modern_request(server: InProcess
     assert exchange.status == 200 and exchange.headers[b"content-type"] == b"text/event-stream"
     assert gates.cancelled.is_set() and not gates.release.is_set()
     assert b"notifications/progress" in exchange.body and b"released" not in exchange.body
+
+
+# -- the streams: tasks/stream and subscriptions/listen ---------------------------------------------------------
+
+
+def sse_messages(body: bytes) -> list[dict[str, Any]]:
+    """The JSON-RPC messages of an SSE body (every event here is one ``data:`` line, with no id: none resumes)."""
+    events = [block for block in body.decode().split("\n\n") if block]
+    assert all(event.startswith("data: ") and "\n" not in event for event in events), events
+    return [orjson.loads(event.removeprefix("data: ")) for event in events]
+
+
+async def test_a_tasks_stream_gives_its_owner_every_event_then_its_answer(server: InProcess) -> None:
+    peer = server.peer()
+    task_id = await create_task(peer, url="https://e/a", steps=2, delay_ms=0)
+    message = peer.message("tasks/stream", {"taskId": task_id}, request_id=11)
+    exchange = await raw_post(server.app, orjson.dumps(message), peer.headers(message))
+    assert exchange.status == 200 and exchange.headers[b"content-type"] == b"text/event-stream"
+    related = {"io.modelcontextprotocol/related-task": {"taskId": task_id}}
+    payloads = [
+        ("status", {"status": "working"}),
+        ("progress", {"progress": 1, "total": 2, "message": "fetch step 1/2"}),
+        ("progress", {"progress": 2, "total": 2, "message": "fetch step 2/2"}),
+        ("outcome", {"status": "completed",
+                     "result": {"content": [{"type": "text", "text": "contents of https://e/a: 11 bytes"}],
+                                "isError": False}}),
+    ]  # fmt: skip
+    events = [
+        {"jsonrpc": "2.0", "method": "notifications/tasks/event",
+         "params": {"seq": seq, "taskId": task_id, "type": f"io.github.mcp-lossless.task.{kind}", "payload": payload,
+                    "_meta": related}}
+        for seq, (kind, payload) in enumerate(payloads)
+    ]  # fmt: skip
+    assert sse_messages(exchange.body) == [*events, {"jsonrpc": "2.0", "id": 11, "result": {"resultType": "complete"}}]
+
+
+async def test_a_tasks_stream_of_another_principals_task_is_an_unknown_one(server: InProcess) -> None:
+    task_id = await create_task(server.peer(), url="https://e/a", steps=0)
+    stranger = server.peer(server.mallory)
+    bodies = []
+    for asked in (task_id, "0" * len(task_id)):
+        message = stranger.message("tasks/stream", {"taskId": asked}, request_id=12)
+        exchange = await raw_post(server.app, orjson.dumps(message), stranger.headers(message))
+        assert exchange.status == 200 and b"www-authenticate" not in exchange.headers
+        bodies.append(exchange.body)
+    assert bodies[0] == bodies[1]
+    assert orjson.loads(bodies[0]) == rpc_error(12, INVALID_PARAMS, UNKNOWN)
+
+
+async def test_a_tasks_stream_for_a_narrowed_token_is_403_before_any_event(server: InProcess) -> None:
+    peer = server.peer()
+    task_id = await create_task(peer, url="https://e/a", steps=0)
+    message = peer.message("tasks/stream", {"taskId": task_id}, request_id=13)
+    exchange = await raw_post(server.app, orjson.dumps(message), peer.headers(message, server.narrowed))
+    assert [m["type"] for m in exchange.sent] == ["http.response.start", "http.response.body"]
+    assert exchange.status == 403
+    body = orjson.loads(exchange.body)
+    envelope = body["error"]["data"]["authorization"]
+    text = (
+        f"task {task_id} events not delivered: the token does not cover {FETCH}; re-authorize and stream from its start"
+    )
+    assert body == rpc_error(
+        13, TASK_DENIED, text,
+        {"reason": "insufficient_audience", "taskId": task_id, "lastSeq": None, "resumable": True,
+         "requiredResources": [FETCH], "requiredScopes": [], "authorization": envelope,
+         "_meta": {"io.modelcontextprotocol/authorization": envelope}},
+    )  # fmt: skip
+    assert (
+        exchange.headers[b"www-authenticate"]
+        == (
+            f'Bearer error="insufficient_scope", error_description="{text}", resource="{FETCH}", '
+            'resource_metadata="http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp"'
+        ).encode()
+    )
+
+
+async def test_a_listen_stream_watches_only_the_tasks_its_token_may_poll_and_pushes_their_outcome(
+    server: InProcess, gates: Gates
+) -> None:
+    peer = server.peer()
+    mine = await create_task(peer, "hold_task")
+    await gates.started.wait()
+    theirs = await create_task(server.peer(server.mallory), url="https://e/b", steps=0)
+    asked = {"notifications": {"taskIds": [mine, theirs, "t-never", mine]}}
+    message = peer.message("subscriptions/listen", asked, request_id=14)
+
+    def pushed(sent: list[Any]) -> bool:
+        """Release the task once the acknowledgement is out; leave once its outcome is pushed."""
+        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        if b"notifications/subscriptions/acknowledged" in body:
+            gates.release.set()
+        return b'"completed"' in body
+
+    with anyio.fail_after(10):
+        exchange = await raw_post(server.app, orjson.dumps(message), peer.headers(message), leave=pushed)
+    assert exchange.status == 200 and exchange.headers[b"content-type"] == b"text/event-stream"
+    ack, *pushes = sse_messages(exchange.body)
+    subscription = {"io.modelcontextprotocol/subscriptionId": 14}
+    assert ack == {
+        "jsonrpc": "2.0",
+        "method": "notifications/subscriptions/acknowledged",
+        "params": {"notifications": {"taskIds": [mine]}, "_meta": subscription},
+    }, "another principal's id and an unknown one are left out alike"
+    assert pushes and all(p["method"] == "notifications/tasks" for p in pushes)
+    assert {p["params"]["taskId"] for p in pushes} == {mine}
+    final = pushes[-1]["params"]
+    assert (final["status"], final["result"]["content"], final["_meta"]) == (
+        "completed", [{"type": "text", "text": "released"}], subscription
+    )  # fmt: skip

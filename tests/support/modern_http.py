@@ -60,7 +60,7 @@ class ModernPeer:
         return out
 
     async def send(
-        self, message: dict[str, Any], *, token: str | None = None, headers: dict[str, str] | None = None
+        self, message: dict[str, Any], *, token: str | None = None, headers: dict[str, str | None] | None = None
     ) -> StreamRead:
         sent = self.headers(message, token)
         for name, value in (headers or {}).items():

@@ -33,7 +33,7 @@ from .config import GatewayConfigError, UpstreamConfig
 from .http import HttpUpstream
 from .stdio import StdioUpstream
 from .table import ExposedTool, expose
-from .upstream import Upstream, UpstreamFailure, UpstreamRpcError
+from .upstream import Upstream, UpstreamFailure, UpstreamRpcError, upstream_key
 from .vetting import Verdicts
 
 log = logging.getLogger("mcp_lossless.gateway")
@@ -271,7 +271,8 @@ class Gateway:
         started = time.perf_counter()
         outcome = "ok"
         try:
-            result = await upstream.call(exposed.tool.name, arguments, ctx, idempotent=exposed.idempotent)
+            key = None if ctx.idempotency_key is None else upstream_key(ctx.principal, ctx.idempotency_key)
+            result = await upstream.call(exposed.tool.name, arguments, ctx, idempotent=exposed.idempotent, key=key)
             if result.get("isError") is True:
                 outcome = "tool_error"
             return result

@@ -17,6 +17,7 @@ import orjson
 from .. import tracing
 from ..core import errors, frames
 from ..core.events import PendingRequest
+from ..core.idempotency import key_of
 from ..core.principal import Grant
 from ..stores.base import StoreUnavailable
 from .checks import is_request_id
@@ -211,6 +212,7 @@ class Dispatcher:
         rid = request.request_id
 
         async def work(ctx: ToolContext) -> bytes:
+            ctx.idempotency_key = key_of(params)  # valid: an invalid key was answered before anything ran
             try:
                 kwargs = tool.bind(params.get("arguments"))
             except ToolInputError as exc:

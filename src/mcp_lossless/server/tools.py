@@ -56,13 +56,16 @@ class InputRequired(BaseException):
 class ToolContext:
     """What a running tool (or method handler) may use: its caller, progress, logs, client requests, cancellation."""
 
-    __slots__ = ("_asked", "_channel", "_progress_token", "cancelled", "grant", "request_id")
+    __slots__ = ("_asked", "_channel", "_progress_token", "cancelled", "grant", "idempotency_key", "request_id")
 
     def __init__(self, grant: Grant, request_id: str | int, progress_token: str | int | None, channel: Channel) -> None:
         self.grant = grant
         self.request_id = request_id
         self.cancelled = False
         """The client cancelled this request (the tool sees it as ``asyncio.CancelledError`` at its next await)."""
+        self.idempotency_key: str | None = None
+        """The call's SEP-3182 key as its client sent it (set when the tool runs): the server has already recorded
+        it; a gateway passes it on to an upstream that dedups keys itself (ADR 0033)."""
         self._progress_token = progress_token
         self._channel = channel
         self._asked = 0
