@@ -117,3 +117,5 @@ def test_a_killed_process_pending_keyed_call_is_reissued_under_its_key_and_runs_
     assert result.text == "charged 5 (run 1)" and result.replayed, "the first run's outcome, replayed"
     assert charges.runs == [5], "the tool's side effect ran exactly once"
     assert journal.calls() == [], "an outcome received settles the call"
+    fresh = anyio.run(resume, server, era, journal, PendingCall("charge", {"amount": 5}, "a-new-key"))
+    assert (fresh.text, fresh.replayed, charges.runs) == ("charged 5 (run 2)", False, [5, 5]), "a new key runs again"
