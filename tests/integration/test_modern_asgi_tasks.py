@@ -157,9 +157,13 @@ async def polled_until(peer: ModernPeer, task_id: str, *waiting: str) -> dict[st
             await anyio.lowlevel.checkpoint()
 
 
-async def put(server: InProcess, task_id: str, owner: str) -> TaskRecord:
-    """A working task of the dev client's for ``fetch``, owned by ``owner``, as a replica would have stored it."""
-    record = new_task(task_id, principal_of(server.whole), "fetch", Requirement(frozenset({FETCH})), owner, time(), 60)
+async def put(server: InProcess, task_id: str, owner: str, at: float | None = None) -> TaskRecord:
+    """A working task of the dev client's for ``fetch``, owned by ``owner``, as a replica would have stored it
+    ``at`` (now unless given), kept 60 s after its last change or poll."""
+    requirement = Requirement(frozenset({FETCH}))
+    record = new_task(
+        task_id, principal_of(server.whole), "fetch", requirement, owner, time() if at is None else at, 60
+    )
     await server.tasks.create(record)
     return record
 
@@ -258,6 +262,33 @@ async def test_a_narrowed_token_is_denied_naming_what_is_missing_and_the_task_is
     gates.release.set()
     delivered = await polled_until(peer, task_id, "working")
     assert delivered["status"] == "completed" and delivered["result"]["content"][0]["text"] == "released"
+
+
+@pytest.mark.parametrize("method", TASK_METHODS)
+async def test_an_expired_task_is_answered_to_its_owner_as_an_unknown_one(server: InProcess, method: str) -> None:
+    """Past its TTL (a minute after its last change or poll), even its owner's poll finds nothing, and says so as
+    for an id never issued; the stored record is not revived (no poll restarts a TTL that ended)."""
+    stored = await put(server, "t-expired", DEAD, at=time() - 120)
+    peer = server.peer()
+    read = await peer.send(peer.message(method, {"taskId": "t-expired"}, request_id=21))
+    never = await peer.send(peer.message(method, {"taskId": "t-nevers"}, request_id=21))
+    assert (
+        (read.status, read.body)
+        == (never.status, never.body)
+        == (200, orjson.dumps(rpc_error(21, INVALID_PARAMS, UNKNOWN)))
+    )
+    after = await server.tasks.get("t-expired")
+    assert after is None or after == stored, "neither settled lost nor touched"
+
+
+async def test_cancelling_a_completed_task_keeps_its_result(server: InProcess) -> None:
+    peer = server.peer()
+    task_id = await create_task(peer, url="https://e/c", steps=0)
+    done = await polled_until(peer, task_id, "working")
+    read = await peer.send(peer.message("tasks/cancel", {"taskId": task_id}, request_id=22))
+    assert json_of(read) == {"jsonrpc": "2.0", "id": 22, "result": {"resultType": "complete"}}
+    again = answer(await peer.task("tasks/get", task_id))["result"]
+    assert (again["status"], again["result"]) == ("completed", done["result"]), "the first outcome stays"
 
 
 # -- a task whose process is gone -----------------------------------------------------------------------------
