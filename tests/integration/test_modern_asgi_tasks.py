@@ -32,7 +32,8 @@ from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, new_tas
 from mcp_lossless.server.demo import demo_tools
 from mcp_lossless.server.tools import ToolContext, ToolRegistry
 from mcp_lossless.stores.base import EventStore
-from tests.support.in_process import InProcess, in_process, principal_of, raw_post, tool_resource
+from tests.support.in_process import BASE, MCP, InProcess, in_process, principal_of, raw_post, tool_resource
+from tests.support.mcp_http import dev_token
 from tests.support.modern_http import TASKS, ModernPeer, answer
 from tests.support.stores import store_of_kind
 
@@ -90,6 +91,11 @@ def tools(gates: Gates) -> ToolRegistry:
         """Notes each run: a replay of its key must not run it again."""
         gates.runs.append(label)
         return f"run {len(gates.runs)}: {label}"
+
+    @registry.tool(task=True, scopes=("files:write",))
+    async def write_task(ctx: ToolContext) -> str:
+        """A task that needs the ``files:write`` scope besides its resource; runs until released."""
+        return await held(ctx)
 
     @registry.tool(task=True)
     async def approve(ctx: ToolContext, item: str) -> str:
@@ -289,6 +295,36 @@ async def test_cancelling_a_completed_task_keeps_its_result(server: InProcess) -
     assert json_of(read) == {"jsonrpc": "2.0", "id": 22, "result": {"resultType": "complete"}}
     again = answer(await peer.task("tasks/get", task_id))["result"]
     assert (again["status"], again["result"]) == ("completed", done["result"]), "the first outcome stays"
+
+
+async def test_a_token_that_lost_the_tools_scope_is_denied_naming_the_scope(server: InProcess, gates: Gates) -> None:
+    scoped = await dev_token(server.http, BASE, MCP, scope="files:write")
+    peer = server.peer(scoped)
+    task_id = await create_task(peer, "write_task")
+    await gates.started.wait()
+    denied = await peer.send(peer.message("tasks/get", {"taskId": task_id}, request_id=23), token=server.whole)
+    assert denied.status == 403
+    message = (
+        f"task {task_id} not delivered: the token does not cover scope files:write; "
+        "the task is kept: re-authorize and poll the same task id"
+    )
+    assert denied.headers["www-authenticate"] == (
+        f'Bearer error="insufficient_scope", error_description="{message}", scope="files:write", '
+        'resource_metadata="http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp"'
+    )
+    body = json_of(denied)
+    envelope = body["error"]["data"]["authorization"]
+    assert body == rpc_error(
+        23, TASK_DENIED, message,
+        {"reason": "insufficient_scope", "taskId": task_id, "resumable": True, "requiredResources": [],
+         "requiredScopes": ["files:write"], "authorization": envelope,
+         "_meta": {"io.modelcontextprotocol/authorization": envelope}},
+    )  # fmt: skip
+    assert envelope["remediationHints"] == [
+        {"type": "io.github.mcp-lossless/oauth-grant", "resources": [], "scopes": ["files:write"]}
+    ]
+    gates.release.set()
+    assert (await polled_until(peer, task_id, "working"))["status"] == "completed", "the scoped token gets it"
 
 
 # -- a task whose process is gone -----------------------------------------------------------------------------
