@@ -468,6 +468,32 @@ async def test_a_key_is_replayed_and_one_past_the_principals_bound_is_429(store:
         assert gates.runs == ["a"], "the replay ran nothing; the refused calls ran nothing"
 
 
+async def test_a_keyed_task_is_created_once_and_its_key_is_the_principals_own(server: InProcess) -> None:
+    """The retry under a key gets the same task (marked replayed); other arguments under it conflict; another
+    principal's same key is its own; a token that does not cover the tool gets the 403, not the task."""
+    peer, stranger = server.peer(), server.peer(server.mallory)
+
+    def keyed(who: ModernPeer, url: str, request_id: int) -> dict[str, Any]:
+        params = {"name": "fetch", "arguments": {"url": url, "steps": 0}, "idempotencyKey": "k"}
+        return who.message("tools/call", params, request_id=request_id)
+
+    created = json_of(await peer.send(keyed(peer, "https://e/a", 31)))["result"]
+    assert created["resultType"] == "task"
+    replayed = await peer.send(keyed(peer, "https://e/a", 32))
+    expected = {**created, "_meta": {"io.github.mcp-lossless/replayed": True}}
+    assert json_of(replayed) == {"jsonrpc": "2.0", "id": 32, "result": expected}
+    conflict = await peer.send(keyed(peer, "https://e/other", 33))
+    assert json_of(conflict) == rpc_error(
+        33, INVALID_PARAMS, "idempotency key 'k' was used with another tool or other arguments",
+        {"type": "idempotency_key_conflict", "idempotencyKey": "k"},
+    )  # fmt: skip
+    theirs = json_of(await stranger.send(keyed(stranger, "https://e/a", 34)))["result"]
+    assert theirs["resultType"] == "task" and theirs["taskId"] != created["taskId"] and "_meta" not in theirs
+    narrowed = await peer.send(keyed(peer, "https://e/a", 35), token=server.narrowed)
+    assert narrowed.status == 403 and created["taskId"].encode() not in narrowed.body
+    assert json_of(narrowed)["error"]["code"] == TOOL_FORBIDDEN
+
+
 # -- the raw ASGI interface ---------------------------------------------------------------------------------
 
 
