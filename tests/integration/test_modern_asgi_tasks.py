@@ -26,7 +26,14 @@ import anyio.lowlevel
 import orjson
 import pytest
 
-from mcp_lossless.core.errors import INVALID_PARAMS, LIMIT_EXCEEDED, TASK_DENIED, TASK_EXECUTION_LOST, TOOL_FORBIDDEN
+from mcp_lossless.core.errors import (
+    EXECUTION_LOST,
+    INVALID_PARAMS,
+    LIMIT_EXCEEDED,
+    TASK_DENIED,
+    TASK_EXECUTION_LOST,
+    TOOL_FORBIDDEN,
+)
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, new_task
 from mcp_lossless.server.demo import demo_tools
@@ -636,3 +643,35 @@ async def test_a_listen_stream_watches_only_the_tasks_its_token_may_poll_and_pus
     assert (final["status"], final["result"]["content"], final["_meta"]) == (
         "completed", [{"type": "text", "text": "released"}], subscription
     )  # fmt: skip
+
+
+async def test_a_drain_ends_calls_in_their_requests_and_records_running_tasks_lost(
+    server: InProcess, gates: Gates
+) -> None:
+    """At a drain's deadline (here at once) each call running in its request answers execution lost on its stream
+    and each running task is recorded lost, so every client has its one outcome before the process goes."""
+    peer = server.peer()
+    task_id = await create_task(peer, "hold_task")
+    await gates.started.wait()
+    gates.started.clear()
+    message = peer.message("tools/call", {"name": "hold", "arguments": {}, "_meta": {"progressToken": 1}}, 41)
+    exchanges = []
+
+    async def call() -> None:
+        exchanges.append(await raw_post(server.app, orjson.dumps(message), peer.headers(message)))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(call)
+        await gates.started.wait()
+        await server.app.drain(0)
+    [exchange] = exchanges
+    assert exchange.status == 200 and gates.cancelled.is_set()
+    assert sse_messages(exchange.body) == [
+        {"jsonrpc": "2.0", "method": "notifications/progress",
+         "params": {"progressToken": 1, "progress": 0, "total": 1, "message": "holding"}},
+        rpc_error(41, EXECUTION_LOST,
+                  "execution lost: the process running this request ended before it answered; the tool may have run",
+                  {"reason": "execution_lost", "requestId": 41, "resumable": False}),
+    ]  # fmt: skip
+    lost = answer(await peer.task("tasks/get", task_id))["result"]
+    assert (lost["status"], lost["error"]["code"]) == ("failed", TASK_EXECUTION_LOST)
