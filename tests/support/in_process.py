@@ -31,6 +31,8 @@ BASE = "http://127.0.0.1:8000"
 """What the in-process server is addressed as (a loopback host, so its DNS-rebinding check lets it through)."""
 MCP = f"{BASE}/mcp"
 CLIENTS = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
+"""The dev authorization server's clients in every server test: two principals (``tests.integration.conftest``
+hands the same to the uvicorn-served ones)."""
 
 
 def tool_resource(name: str) -> str:
