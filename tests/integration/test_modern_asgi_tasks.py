@@ -30,6 +30,7 @@ from mcp_lossless.core.errors import (
     EXECUTION_LOST,
     INVALID_PARAMS,
     LIMIT_EXCEEDED,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
     TASK_DENIED,
     TASK_EXECUTION_LOST,
     TOOL_FORBIDDEN,
@@ -608,6 +609,31 @@ async def test_a_tasks_stream_for_a_narrowed_token_is_403_before_any_event(serve
             'resource_metadata="http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp"'
         ).encode()
     )
+
+
+NOT_TASK_IDS = "notifications.taskIds must be a list of task id strings"
+
+
+@pytest.mark.parametrize(
+    ("tasks", "watched", "status", "error"),
+    [
+        (False, ["t"], 400, {"code": MISSING_REQUIRED_CLIENT_CAPABILITY,
+                             "message": "Missing required client capability",
+                             "data": {"requiredCapabilities": {"extensions": {TASKS: {}}}}}),
+        (True, "t", 400, {"code": INVALID_PARAMS, "message": NOT_TASK_IDS}),
+        (True, ["t", 1], 400, {"code": INVALID_PARAMS, "message": NOT_TASK_IDS}),
+    ],
+    ids=["without-the-extension", "not-a-list", "not-strings"],
+)  # fmt: skip
+async def test_a_listen_stream_asking_for_tasks_it_cannot_have_is_refused_before_any_byte(
+    server: InProcess, tasks: bool, watched: Any, status: int, error: dict[str, Any]
+) -> None:
+    peer = server.peer(tasks=tasks)
+    message = peer.message("subscriptions/listen", {"notifications": {"taskIds": watched}}, request_id=15)
+    exchange = await raw_post(server.app, orjson.dumps(message), peer.headers(message))
+    assert [m["type"] for m in exchange.sent] == ["http.response.start", "http.response.body"]
+    assert exchange.status == status
+    assert orjson.loads(exchange.body) == {"jsonrpc": "2.0", "id": 15, "error": error}
 
 
 async def test_a_listen_stream_watches_only_the_tasks_its_token_may_poll_and_pushes_their_outcome(
