@@ -44,8 +44,9 @@ from .auth import CALLER, InvalidToken, VerifierUnavailable
 from .dispatch import Dispatcher
 from .errors import Refused, rpc_error
 from .keys import stream_key
-from .modern import ModernLeg, is_modern
+from .modern import ModernLeg
 from .observability import fingerprint, log_decision, now
+from .requests import Leg, era
 from .sessions import ServerSession
 from .state import ServerState
 from .streams import LiveStream, Producers
@@ -155,17 +156,17 @@ class Transport:
         if too_long is not None:  # before any of its messages is looked at
             raise self._over(too_long)
         messages = checks.check_messages(values)
-        if not batch:
-            index = headers(scope)
-            if is_modern(messages[0], index):
-                await self.modern.serve(receive, send, grant, index, messages[0], scope.get("client"))
-                return
+        index = headers(scope)
         first = messages[0]
+        requested = era(index, first, not batch)
+        if requested is Leg.MODERN:
+            await self.modern.serve(receive, send, grant, index, first, scope.get("client"))
+            return
         if first.get("method") == "initialize" and "id" in first:
             checks.require_alone(messages)
             await self._initialize(send, grant, first)
             return
-        version = checks.protocol_version(scope, messages)
+        version = checks.served_revision(requested, messages)
         session = self._recent_session(scope, grant)
         if session is None:
             session = await self._session(scope, grant)
@@ -348,7 +349,9 @@ class Transport:
         """Token, Accept, revision, session; then the standalone stream, or a resume from ``Last-Event-ID``."""
         grant = await self._authenticate(scope)
         checks.require_get_accept(scope)
-        checks.protocol_version(scope, [])
+        requested = era(headers(scope), None, False)
+        assert requested is not Leg.MODERN, "a GET carries no message to open the modern way"
+        checks.served_revision(requested, [])
         session = await self._session(scope, grant)
         last_event_id = header(scope, b"last-event-id")
         if last_event_id is None:

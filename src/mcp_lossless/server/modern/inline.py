@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Protocol
 
-from ...asgi import Receive, Send, respond
+from ...asgi import Receive, Send, disconnected, respond
 from ...core import errors, frames, mrtr, protocol
 from ...core.events import RequestId
 from ...core.idempotency import key_of
@@ -240,12 +240,6 @@ class _Resumed:
                     yielded = coro.send(sent)
                 except StopIteration as stop:
                     return stop.value  # type: ignore[no-any-return]
-
-
-async def disconnected(receive: Receive) -> None:
-    """Returns when the client has gone (ASGI ``http.disconnect``); anything else it reads is dropped."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class InlineRuns:

@@ -2,7 +2,7 @@
 version), then the method table, each method handed to the part that serves it.
 
 A request whose ``_meta`` carries the modern protocol fields is served here, on the same endpoint as the
-legacy sessions (:func:`is_modern`); ``initialize`` keeps selecting the legacy leg, unchanged.
+legacy sessions (:func:`..requests.era` decides which); ``initialize`` keeps selecting the legacy leg, unchanged.
 """
 
 from __future__ import annotations
@@ -53,21 +53,6 @@ CACHE_HINTS = {"ttlMs": 0, "cacheScope": "private"}
 """Never reuse without asking again, never share: what a principal may see depends on its token."""
 SHUTDOWN_SECONDS = 5.0
 """How long a drain or a shutdown waits for the cancelled calls and tasks to record their outcome."""
-
-
-def is_modern(message: Any, index: dict[bytes, bytes]) -> bool:
-    """Whether a POST opens the modern way: its ``_meta`` carries the protocol version, or it has no session and
-    names a protocol version no legacy session could have (it is then answered by this leg's validation)."""
-    if not isinstance(message, dict):
-        return False
-    params = message.get("params")
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    if isinstance(meta, dict) and protocol.VERSION_META_KEY in meta:
-        return True
-    version = index.get(b"mcp-protocol-version")
-    if version is None or b"mcp-session-id" in index:
-        return False
-    return version.decode("latin-1") not in protocol.HANDSHAKE_VERSIONS
 
 
 def _decoded(raw: bytes) -> str:
