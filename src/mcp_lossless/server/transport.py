@@ -16,14 +16,13 @@ from typing import Any, Protocol
 
 from .. import __version__, tracing
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
-from ..core import denials, errors, frames, protocol
+from ..core import errors, frames, protocol
 from ..core import limits as verdicts
 from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
 from ..core.limits import LimitExceeded
 from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal
-from ..core.resources import describe, resources_in
 from ..core.resume import (
     CursorRejected,
     Lookup,
@@ -46,7 +45,7 @@ from .errors import Refused, rpc_error
 from .keys import stream_key
 from .modern import ModernLeg
 from .observability import fingerprint, log_decision, now
-from .requests import Leg, era
+from .requests import Leg, era, uncovered
 from .sessions import ServerSession
 from .state import ServerState
 from .streams import LiveStream, Producers
@@ -246,14 +245,10 @@ class Transport:
         return requests, pending, calls
 
     def _forbidden(self, missing: list[str], requests: list[dict[str, Any]], pending: list[PendingRequest]) -> Refused:
-        lacks = "audience does not cover" if resources_in(missing) else "lacks"  # scopes only: the audience is fine
-        description = f"token {lacks} {describe(missing)}"
-        self.state.metrics.refusals.labels("insufficient_audience", "call").inc()
         needed = frozenset[str]().union(*(p.resources for p in pending))
-        data = denials.refusal_fields(" ".join(sorted(needed)), missing)
-        body = [rpc_error(errors.FORBIDDEN, description, m["id"], data) for m in requests]
-        challenge = metadata.insufficient_scope(description, self.state.prm_url, missing, needed)
-        return Refused(403, body if len(body) > 1 else body[0], [(b"www-authenticate", challenge)])
+        refusal = uncovered(missing, needed, self.state.prm_url, self.state.metrics)
+        body = [rpc_error(errors.FORBIDDEN, refusal.description, m["id"], refusal.data) for m in requests]
+        return Refused(403, body if len(body) > 1 else body[0], refusal.challenge)
 
     async def _open_post_stream(
         self,
