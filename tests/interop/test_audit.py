@@ -400,6 +400,8 @@ def test_a_2026_only_server_is_listed_the_modern_way_and_its_task_checks_say_why
     assert report["findings"] == [] and set(report["not_run"]) == set(CHECKS) - set(KEY_CHECKS)
     assert report["not_applicable"] == list(KEY_CHECKS), "server/discover declares no tools.idempotency"
     assert "(its server/discover)" in checks_of(report)["idempotency_conflict_accepted"]["summary"]
+    duplicate = checks_of(report)["idempotency_duplicate_runs"]["summary"]
+    assert "observed: the duplicate ran the tool again: 3 progress notification(s)" in duplicate, duplicate
     checks = checks_of(report)
     for name in ("task_leak_narrowed", "task_denial_unknown_alike"):
         assert "did not run the call as a task (HTTP 200" in checks[name]["summary"], checks[name]["summary"]

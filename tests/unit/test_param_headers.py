@@ -162,7 +162,11 @@ def test_a_missing_or_different_header_is_a_mismatch_naming_it_and_the_argument(
 @pytest.mark.parametrize(
     ("text", "value", "same"),
     [("42", 42, True), ("4.2e1", 42, True), ("42.5", 42, False), ("true", True, True), ("1", True, False),
-     ("false", 0, False), ("x", "x", True), ("x", 1.5, False)],
+     ("false", 0, False), ("x", "x", True), ("x", 1.5, False),
+     # a number only as JSON writes one, compared exactly: what a proxy reads is what the tool gets
+     ("1_0", 10, False), ("\u0664\u0662", 42, False), ("\uff14\uff12", 42, False), ("042", 42, False),
+     ("9007199254740993", 2**53, False), ("9007199254740993.0", 2**53, False), ("9007199254740992.0", 2**53, True),
+     ("-0", 0, True), ("1e9999999999999999999999", 1, False), ("+42", 42, False)],
 )  # fmt: skip
 def test_a_decoded_header_is_compared_to_its_argument_by_the_argument_s_type(
     text: str, value: object, same: bool

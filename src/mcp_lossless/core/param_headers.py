@@ -18,6 +18,7 @@ import re
 import string
 from base64 import b64decode, b64encode
 from collections.abc import Iterable, Iterator, Mapping
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 ANNOTATION = "x-mcp-header"
@@ -37,6 +38,8 @@ HeaderMirror = tuple[tuple[str, ...], bytes]
 """A mirrored parameter as the server looks it up: its path, and its full header name (``mcp-param-…``) as the
 lower-case bytes an ASGI header index is keyed by."""
 
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", re.ASCII)
+"""A number as JSON writes one (RFC 8259 §6): how a mirrored integer's header may spell it."""
 _SENTINEL_PREFIX, _SENTINEL_SUFFIX = "=?base64?", "?="
 _OUTSIDE_FIELD_VALUE = re.compile(rb"[^\x20-\x7e\t]")
 """A byte a plain header value may not hold: anything but visible ASCII, space and tab."""
@@ -149,17 +152,18 @@ def header_value(raw: bytes) -> str:
 
 def same_value(text: str, value: object) -> bool:
     """A mirrored header's decoded text against the argument it mirrors: booleans as ``true``/``false``, strings
-    exactly, integers as numbers (exactly: ``2**63 + 1`` is not ``2**63``, which a float compare would say)."""
+    exactly, integers as numbers: the text must be a JSON number (``42``, ``42.0``, ``4.2e1``) equal to the argument
+    exactly. Not Python's ``int``/``float`` reading, which takes ``1_0``, non-ASCII digits (``٤٢``, inside the
+    base64 form) and a sign, and rounds past 2**53: a proxy routing on the header would read another number, or
+    none, than the tool gets."""
     if isinstance(value, bool):
         return text == ("true" if value else "false")
     if isinstance(value, int):
+        if _JSON_NUMBER.fullmatch(text) is None:
+            return False
         try:
-            return int(text) == value
-        except ValueError:
-            pass
-        try:
-            return float(text) == value  # "4.2e1": a number spelled another way is the same number
-        except ValueError:
+            return Decimal(text) == value  # exact, whatever the spelling's exponent
+        except InvalidOperation:  # an exponent past what a decimal holds: no integer argument is that
             return False
     return isinstance(value, str) and text == value
 
