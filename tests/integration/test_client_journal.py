@@ -4,7 +4,8 @@ A client process (the real client, its own OAuth client-credentials token from t
 calls a tool that is not idempotent, with a :class:`FileJournal`. The tool has started on the server when the
 process is SIGKILLed. A new client object in the test's process reads the journal, re-issues the call under the
 same key, and gets the first run's outcome, replayed: the tool's side effect, counted server-side, ran once, and
-the journal is empty afterwards. In both eras: the legacy session client and the 2026-07-28 client.
+the journal is empty afterwards. In both eras: the legacy session client (and its blocking wrapper, for the
+re-issue) and the 2026-07-28 client.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from mcp_lossless.client import Client, FileJournal, OAuth, PendingCall, ToolResult
+from mcp_lossless.client import Client, FileJournal, OAuth, PendingCall, SyncClient, ToolResult
 from mcp_lossless.client.modern import ModernClient
 from mcp_lossless.server import ServerConfig, ToolRegistry, create_app
 from tests.support.uvicorn_server import lossless_server
@@ -84,7 +85,15 @@ def server(charges: Charges) -> Iterator[str]:
         yield f"{base}/mcp"
 
 
-async def resume(url: str, era: str, journal: FileJournal, call: PendingCall) -> ToolResult:
+def resume(url: str, era: str, journal: FileJournal, call: PendingCall) -> ToolResult:
+    """``call`` re-issued by a new client object of ``era`` reading the same journal."""
+    if era == "sync":
+        with SyncClient(url, auth=OAuth("dev-client", "dev-secret"), journal=journal) as blocking:
+            return blocking.resume_pending(call, timeout=WAIT_SECONDS)
+    return anyio.run(resume_async, url, era, journal, call)
+
+
+async def resume_async(url: str, era: str, journal: FileJournal, call: PendingCall) -> ToolResult:
     auth = OAuth("dev-client", "dev-secret")
     if era == "modern":
         async with ModernClient(url, auth=auth, journal=journal) as modern:
@@ -93,7 +102,7 @@ async def resume(url: str, era: str, journal: FileJournal, call: PendingCall) ->
         return await legacy.resume_pending(call, timeout=WAIT_SECONDS)
 
 
-@pytest.mark.parametrize("era", ["legacy", "modern"])
+@pytest.mark.parametrize("era", ["legacy", "sync", "modern"])
 def test_a_killed_process_pending_keyed_call_is_reissued_under_its_key_and_runs_once(
     server: str, charges: Charges, tmp_path: Path, era: str
 ) -> None:
@@ -112,10 +121,10 @@ def test_a_killed_process_pending_keyed_call_is_reissued_under_its_key_and_runs_
     assert journal.calls() == [pending], "a killed process leaves its call pending"
 
     charges.release.set()  # the first run ends and records its outcome, whether or not the re-issue came first
-    result = anyio.run(resume, server, era, journal, pending)
+    result = resume(server, era, journal, pending)
 
     assert result.text == "charged 5 (run 1)" and result.replayed, "the first run's outcome, replayed"
     assert charges.runs == [5], "the tool's side effect ran exactly once"
     assert journal.calls() == [], "an outcome received settles the call"
-    fresh = anyio.run(resume, server, era, journal, PendingCall("charge", {"amount": 5}, "a-new-key"))
+    fresh = resume(server, era, journal, PendingCall("charge", {"amount": 5}, "a-new-key"))
     assert (fresh.text, fresh.replayed, charges.runs) == ("charged 5 (run 2)", False, [5, 5]), "a new key runs again"

@@ -26,7 +26,15 @@ import anyio.lowlevel
 import orjson
 import pytest
 
-from mcp_lossless.core.errors import INVALID_PARAMS, LIMIT_EXCEEDED, TASK_DENIED, TASK_EXECUTION_LOST, TOOL_FORBIDDEN
+from mcp_lossless.core.errors import (
+    EXECUTION_LOST,
+    INVALID_PARAMS,
+    LIMIT_EXCEEDED,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    TASK_DENIED,
+    TASK_EXECUTION_LOST,
+    TOOL_FORBIDDEN,
+)
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, new_task
 from mcp_lossless.server.demo import demo_tools
@@ -603,6 +611,31 @@ async def test_a_tasks_stream_for_a_narrowed_token_is_403_before_any_event(serve
     )
 
 
+NOT_TASK_IDS = "notifications.taskIds must be a list of task id strings"
+
+
+@pytest.mark.parametrize(
+    ("tasks", "watched", "status", "error"),
+    [
+        (False, ["t"], 400, {"code": MISSING_REQUIRED_CLIENT_CAPABILITY,
+                             "message": "Missing required client capability",
+                             "data": {"requiredCapabilities": {"extensions": {TASKS: {}}}}}),
+        (True, "t", 400, {"code": INVALID_PARAMS, "message": NOT_TASK_IDS}),
+        (True, ["t", 1], 400, {"code": INVALID_PARAMS, "message": NOT_TASK_IDS}),
+    ],
+    ids=["without-the-extension", "not-a-list", "not-strings"],
+)  # fmt: skip
+async def test_a_listen_stream_asking_for_tasks_it_cannot_have_is_refused_before_any_byte(
+    server: InProcess, tasks: bool, watched: Any, status: int, error: dict[str, Any]
+) -> None:
+    peer = server.peer(tasks=tasks)
+    message = peer.message("subscriptions/listen", {"notifications": {"taskIds": watched}}, request_id=15)
+    exchange = await raw_post(server.app, orjson.dumps(message), peer.headers(message))
+    assert [m["type"] for m in exchange.sent] == ["http.response.start", "http.response.body"]
+    assert exchange.status == status
+    assert orjson.loads(exchange.body) == {"jsonrpc": "2.0", "id": 15, "error": error}
+
+
 async def test_a_listen_stream_watches_only_the_tasks_its_token_may_poll_and_pushes_their_outcome(
     server: InProcess, gates: Gates
 ) -> None:
@@ -636,3 +669,35 @@ async def test_a_listen_stream_watches_only_the_tasks_its_token_may_poll_and_pus
     assert (final["status"], final["result"]["content"], final["_meta"]) == (
         "completed", [{"type": "text", "text": "released"}], subscription
     )  # fmt: skip
+
+
+async def test_a_drain_ends_calls_in_their_requests_and_records_running_tasks_lost(
+    server: InProcess, gates: Gates
+) -> None:
+    """At a drain's deadline (here at once) each call running in its request answers execution lost on its stream
+    and each running task is recorded lost, so every client has its one outcome before the process goes."""
+    peer = server.peer()
+    task_id = await create_task(peer, "hold_task")
+    await gates.started.wait()
+    gates.started.clear()
+    message = peer.message("tools/call", {"name": "hold", "arguments": {}, "_meta": {"progressToken": 1}}, 41)
+    exchanges = []
+
+    async def call() -> None:
+        exchanges.append(await raw_post(server.app, orjson.dumps(message), peer.headers(message)))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(call)
+        await gates.started.wait()
+        await server.app.drain(0)
+    [exchange] = exchanges
+    assert exchange.status == 200 and gates.cancelled.is_set()
+    assert sse_messages(exchange.body) == [
+        {"jsonrpc": "2.0", "method": "notifications/progress",
+         "params": {"progressToken": 1, "progress": 0, "total": 1, "message": "holding"}},
+        rpc_error(41, EXECUTION_LOST,
+                  "execution lost: the process running this request ended before it answered; the tool may have run",
+                  {"reason": "execution_lost", "requestId": 41, "resumable": False}),
+    ]  # fmt: skip
+    lost = answer(await peer.task("tasks/get", task_id))["result"]
+    assert (lost["status"], lost["error"]["code"]) == ("failed", TASK_EXECUTION_LOST)

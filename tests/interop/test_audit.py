@@ -31,7 +31,7 @@ from mcp_lossless.audit.report import (
 from mcp_lossless.audit.tokens import ClientCredentialsGrant
 from mcp_lossless.audit.wire import Credential, Exchange, Wire, WireEvent, all_answered, call_message
 from mcp_lossless.cli import main
-from mcp_lossless.core.idempotency import CONFLICT, REPLAYED_META_KEY
+from mcp_lossless.core.idempotency import CONFLICT, IN_PROGRESS, REPLAYED_META_KEY
 from mcp_lossless.core.tasks import Purpose
 from mcp_lossless.devauth import DevAuthServer
 from mcp_lossless.server.app import create_app
@@ -56,6 +56,7 @@ TASK_CHECKS = ("task_leak_narrowed", "task_denial_unknown_alike", "task_other_pr
 STREAM_CHECK = "task_stream_narrowed"
 KEY_CHECKS = (
     "idempotency_duplicate_runs",
+    "idempotency_concurrent_runs",
     "idempotency_conflict_accepted",
     "idempotency_replay_narrowed",
     "idempotency_other_principal",
@@ -164,6 +165,8 @@ def test_our_server_has_no_findings_and_every_check_runs(tmp_path: Path) -> None
     duplicate = exchange(checks["idempotency_duplicate_runs"], "duplicate: the same key")
     assert "notifications/progress" not in texts(duplicate) and f'"{REPLAYED_META_KEY}":true' in texts(duplicate)
     assert "contents of https://example.com/report" in texts(duplicate), "the first's outcome, replayed"
+    running = exchange(checks["idempotency_concurrent_runs"], "while the first still runs")
+    assert f'"type":"{IN_PROGRESS}"' in texts(running) and "notifications/progress" not in texts(running)
     conflict = exchange(checks["idempotency_conflict_accepted"], "other arguments")
     assert orjson.loads(conflict["request"]["body"])["params"]["arguments"]["steps"] == 5
     assert f'"type":"{CONFLICT}"' in texts(conflict) and "contents of" not in texts(conflict)

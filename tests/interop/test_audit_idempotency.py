@@ -103,8 +103,24 @@ class KeysBroken:
 @pytest.mark.parametrize(
     ("cache", "findings"),
     [
-        (False, {"idempotency_duplicate_runs", "idempotency_conflict_accepted", "idempotency_replay_narrowed"}),
-        (True, {"idempotency_conflict_accepted", "idempotency_replay_narrowed", "idempotency_other_principal"}),
+        (
+            False,
+            {
+                "idempotency_duplicate_runs",
+                "idempotency_concurrent_runs",
+                "idempotency_conflict_accepted",
+                "idempotency_replay_narrowed",
+            },
+        ),
+        (
+            True,
+            {
+                "idempotency_concurrent_runs",
+                "idempotency_conflict_accepted",
+                "idempotency_replay_narrowed",
+                "idempotency_other_principal",
+            },
+        ),
     ],
     ids=["ignores-keys", "global-cache-before-auth"],
 )
@@ -139,6 +155,7 @@ def test_the_idempotency_checks_find_a_server_that_ignores_keys_or_shares_them(
     for name in findings:
         assert f"## {name}: FINDING" in markdown
     summary = {name: checks[name]["summary"] for name in KEY_CHECKS}
+    assert "ran the tool a second time" in summary["idempotency_concurrent_runs"], "it records only once answered"
     if not cache:
         assert "it ran the tool again: 4 progress notification(s)" in summary["idempotency_duplicate_runs"]
         assert "the tool ran with the other arguments under the used key" in summary["idempotency_conflict_accepted"]
@@ -191,7 +208,7 @@ class NoSessions:
 
 def test_the_idempotency_checks_pass_statelessly_on_our_2026_leg(tmp_path: Path) -> None:
     """Without sessions the keyed calls go as 2026-07-28 requests (no tasks extension: answered inline), the
-    capability comes from ``server/discover``, and our modern leg passes all four."""
+    capability comes from ``server/discover``, and our modern leg passes all five."""
     keys = tmp_path / "dev-keys.json"
     clients = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
 
@@ -222,3 +239,5 @@ def test_the_idempotency_checks_pass_statelessly_on_our_2026_leg(tmp_path: Path)
     assert '"io.github.mcp-lossless/replayed":true' in duplicate["body"]
     denied = exchange(checks["idempotency_replay_narrowed"], "narrowed token")["response"]
     assert denied["status"] == 403 and "contents of" not in denied["body"]
+    running = exchange(checks["idempotency_concurrent_runs"], "while the first still runs")["response"]
+    assert '"type":"idempotency_key_in_progress"' in running["body"]

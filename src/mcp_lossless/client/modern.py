@@ -367,6 +367,11 @@ class ModernClient(CatalogReads):
             return result, resources
         raise AuthorizationFailed(f"{method} was still refused after {MAX_AUTHORIZATIONS} fresh grants")
 
+    @property
+    def keyed(self) -> bool:
+        """Whether the server's last ``server/discover`` declared ``tools.idempotency``: calls carry keys."""
+        return self._keyed
+
     async def discover(self) -> dict[str, Any]:
         """``server/discover``; :class:`NotModern` when the server's answer is not a modern one."""
         try:

@@ -54,7 +54,7 @@ from ..client.errors import InputUnanswered, describe_failure
 from ..client.handlers import InputHandler, InputRefused
 from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
-from ..core import errors
+from ..core import errors, idempotency
 from .config import BearerFromEnv, ClientCredentialsFromEnv, TokenExchangeFromEnv, UpstreamConfig
 from .exchange import ExchangeRefused, TokenExchange, needing
 from .pool import UpstreamPool
@@ -472,6 +472,14 @@ class HttpUpstream:
 
     def tools(self) -> list[UpstreamTool]:
         return list(self._tools)
+
+    def dedups_keys(self) -> bool:
+        """Whether the upstream, as connected now, declares ``tools.idempotency`` on every session: then a call's
+        key goes with it and the upstream's record answers a repeat (ADR 0033). ``False`` while not connected."""
+        return bool(self._clients) and all(
+            client.keyed if isinstance(client, ModernClient) else idempotency.declared(client.server.capabilities)
+            for client in self._clients
+        )
 
     async def call(
         self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool, key: str | None

@@ -190,6 +190,10 @@ class RegisteredTool:
     input_before_task: bool = False
     """A task tool whose first asks of the client come before its first other await: on 2026-07-28 they are
     answered by multi round-trip requests on the ``tools/call`` itself, before the task is created."""
+    dedups_keys: Callable[[], bool] | None = None
+    """Whether, now, the tool's work passes the call's idempotency key on to something that dedups it itself (a
+    gateway's HTTP upstream declaring ``tools.idempotency``): then a key whose first run was lost is run again
+    under it, unrecorded, and that upstream answers it from its own record (ADR 0033)."""
 
     def input_schema(self) -> dict[str, Any]:
         if self.schema is not None:
@@ -315,9 +319,10 @@ class ToolRegistry:
         resource: str | None = None,
         scopes: tuple[str, ...] = (),
         task: TaskSupport | None = None,
+        dedups_keys: Callable[[], bool] | None = None,
     ) -> None:
         """Register a tool by its raw JSON ``input_schema``; ``handler(ctx, arguments)`` runs each call
-        (``scopes`` and ``task`` as for :meth:`tool`)."""
+        (``scopes`` and ``task`` as for :meth:`tool`; ``dedups_keys`` as :attr:`RegisteredTool.dedups_keys`)."""
         if name in self.tools:
             raise ValueError(f"tool {name!r} declared twice")
         checked = scope_tokens(f"tool {name!r}", scopes)
@@ -336,6 +341,7 @@ class ToolRegistry:
             scopes=checked,
             schema=input_schema,
             task=task,
+            dedups_keys=dedups_keys,
         )
 
     def remove(self, name: str) -> None:

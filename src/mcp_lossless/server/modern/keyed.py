@@ -69,12 +69,13 @@ class KeyedCalls:
         params: dict[str, Any],
         declared: bool,
         channel: RequestChannel,
-    ) -> None:
+    ) -> bool:
         """A keyed ``tools/call`` (ADR 0029): a duplicate is answered from the key's record; a first use records
         its key with a stream of its own (its own session id: no session holds it) before anything runs, and its
         answer, result or ``CreateTaskResult`` (a repeated key returns the same task), is that stream's one event,
         stored before it is sent. The work runs detached from the request (:meth:`_run`), so a broken
-        connection does not cancel it: the retry finds it running or answered."""
+        connection does not cancel it: the retry finds it running or answered. ``False``: a lost key of a tool
+        whose upstream dedups it, for the caller to run as an unkeyed call (ADR 0033)."""
         s = self.state
         creates_task = tool.task is not None and declared and not tool.input_before_task
         if creates_task:
@@ -84,14 +85,16 @@ class KeyedCalls:
         stream = stream_key()
         record = StreamRecord(stream, stream, StreamKind.POST, s.instance, (pending,), 0)
         try:
-            answers, _opened = await self.keys.open(
+            answers, opened = await self.keys.open(
                 None, grant, record, [{"params": params}], [pending], Refused.over, alone=True
             )
         except StoreUnavailable:
             raise refused(503, errors.INTERNAL_ERROR, "the event store is unavailable") from None
         if 0 in answers:
             await respond(send, 200, answers[0], b"application/json")
-            return
+            return True
+        if opened is None:
+            return False  # not recorded: run again, its upstream answering the key from its own record
         if creates_task:
             task_channel = TaskChannel(self.tasks, channel.capabilities, channel.answers or {})
 
@@ -104,7 +107,7 @@ class KeyedCalls:
                 return frames.result(rid, {**created, "resultType": "task"})
 
             await self._run(receive, send, grant, record, create(), channel)
-            return
+            return True
         ctx = ToolContext(grant, rid, progress_token(params), channel)
 
         async def run() -> bytes:
@@ -122,6 +125,7 @@ class KeyedCalls:
             return self.inline.outcome(rid, outcome, channel)[1]
 
         await self._run(receive, send, grant, record, run(), channel)
+        return True
 
     async def _run(
         self,

@@ -292,8 +292,9 @@ class ModernLeg:
             f"tools/call {tool.name}", called, carrier=meta if isinstance(meta, dict) else None, kind="server"
         ):
             try:  # whatever refuses the call below (a 503 included) comes after the count: the finally releases it
-                if key is not None:
-                    await self.keyed.call(receive, send, grant, rid, tool, params, declared, channel)
+                if key is not None and await self.keyed.call(
+                    receive, send, grant, rid, tool, params, declared, channel
+                ):
                     return
                 if tool.task is not None and declared:
                     if tool.input_before_task:
