@@ -446,7 +446,7 @@ async def test_a_call_the_token_does_not_cover_is_403_with_the_challenge(server:
     read = await peer.send(call)
     assert read.status == 403
     fetch = tool_resource("fetch")
-    description = f"token does not cover {fetch}"
+    description = f"token audience does not cover {fetch}"
     assert read.headers["www-authenticate"] == (
         f'Bearer error="insufficient_scope", error_description="{description}", resource="{fetch}", '
         'resource_metadata="http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp"'
@@ -474,7 +474,7 @@ async def test_an_extra_method_the_token_does_not_cover_is_403_naming_its_tag(se
     assert read.status == 403
     body = json_of(read)
     assert body["id"] == 19 and body["error"]["code"] == TOOL_FORBIDDEN
-    assert body["error"]["message"] == f"token does not cover {PROMPT}"
+    assert body["error"]["message"] == f"token audience does not cover {PROMPT}"
     assert body["error"]["data"]["requiredResources"] == [PROMPT]
     assert f'resource="{PROMPT}"' in read.headers["www-authenticate"]
 

@@ -13,6 +13,6 @@ stream), :mod:`.listen` (``subscriptions/listen``), :mod:`.keyed` (idempotency k
 shapes they all answer in). Each part is given the part of the server's state it reads.
 """
 
-from .routing import ModernLeg, is_modern
+from .routing import ModernLeg
 
-__all__ = ["ModernLeg", "is_modern"]
+__all__ = ["ModernLeg"]

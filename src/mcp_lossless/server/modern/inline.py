@@ -15,21 +15,18 @@ import logging
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Protocol
 
-from ...asgi import Receive, Send, respond
+from ...asgi import Receive, Send, disconnected, respond
 from ...core import errors, frames, mrtr, protocol
 from ...core.events import RequestId
-from ...core.idempotency import key_of
 from ...core.principal import Grant
 from ..observability import log_decision, now
+from ..requests import call_tool, tool_failed
 from ..tools import (
     InputRequests,
     InputRequired,
     MethodError,
     RegisteredTool,
     ToolContext,
-    ToolError,
-    ToolInputError,
-    content_of,
 )
 from ..writer import SSE_HEADERS
 
@@ -147,23 +144,16 @@ def progress_token(params: dict[str, Any]) -> str | int | None:
 
 
 async def run_tool(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    """A tool's ``CallToolResult``; a :class:`MethodError` for a JSON-RPC error (bad arguments, client input)."""
-    ctx.idempotency_key = key_of(params)  # valid: an invalid key was answered before anything ran
+    """A tool's ``CallToolResult`` (:func:`..requests.call_tool`); a crash is its ``isError`` result
+    (:func:`..requests.tool_failed`), whatever it raised; a :class:`MethodError` for a JSON-RPC error (bad
+    arguments, client input), which this leg answers as an error, and a cancellation go on up."""
     try:
-        kwargs = tool.bind(params.get("arguments"))
-    except ToolInputError as exc:
-        raise MethodError(errors.INVALID_PARAMS, f"invalid arguments for {tool.name}: {exc}") from None
-    if tool.context_param is not None:
-        kwargs[tool.context_param] = ctx
-    try:
-        return content_of(await tool.fn(**kwargs))
-    except ToolError as exc:
-        return {"content": [{"type": "text", "text": str(exc)}], "isError": True}
+        return await call_tool(tool, params, ctx)
     except (MethodError, asyncio.CancelledError):
         raise
     except Exception:
         log.exception("tool %s failed", tool.name)
-        return {"content": [{"type": "text", "text": f"tool {tool.name} failed"}], "isError": True}
+        return tool_failed(tool.name)
 
 
 def input_before_task(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> InputRequired | None:
@@ -240,12 +230,6 @@ class _Resumed:
                     yielded = coro.send(sent)
                 except StopIteration as stop:
                     return stop.value  # type: ignore[no-any-return]
-
-
-async def disconnected(receive: Receive) -> None:
-    """Returns when the client has gone (ASGI ``http.disconnect``); anything else it reads is dropped."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class InlineRuns:

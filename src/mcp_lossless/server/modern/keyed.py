@@ -12,7 +12,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from ...asgi import Receive, Send, respond
+from ...asgi import Receive, Send, disconnected, respond
 from ...core import errors, frames
 from ...core.eventids import EventIdCodec
 from ...core.events import Loss, PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
@@ -25,7 +25,7 @@ from ..observability import log_decision
 from ..sessions import SessionRegistry
 from ..tools import InputRequired, RegisteredTool, ToolContext
 from ..writer import SSE_HEADERS
-from .inline import InlineRuns, RequestChannel, RunOutcome, disconnected, input_before_task, progress_token, run_tool
+from .inline import InlineRuns, RequestChannel, RunOutcome, input_before_task, progress_token, run_tool
 from .replies import refused
 from .tasks import TaskChannel, Tasks
 

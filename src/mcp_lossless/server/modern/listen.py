@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol, assert_never
 
-from ...asgi import Receive, Send
+from ...asgi import Receive, Send, disconnected
 from ...core import errors, frames, protocol
 from ...core.events import RequestId
 from ...core.principal import Grant
 from ...core.tasks import Deliver, Denied, Purpose, Unknown, detailed_task
 from ..observability import now
 from ..writer import SSE_HEADERS
-from .inline import disconnected
 from .replies import missing_extension, refused
 from .tasks import Tasks
 

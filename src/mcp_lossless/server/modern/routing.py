@@ -2,12 +2,13 @@
 version), then the method table, each method handed to the part that serves it.
 
 A request whose ``_meta`` carries the modern protocol fields is served here, on the same endpoint as the
-legacy sessions (:func:`is_modern`); ``initialize`` keeps selecting the legacy leg, unchanged.
+legacy sessions (:func:`..requests.era` decides which); ``initialize`` keeps selecting the legacy leg, unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,6 @@ from ...core.events import RequestId
 from ...core.idempotency import CAPABILITY, InvalidKey, key_of
 from ...core.param_headers import HeaderMirror
 from ...core.principal import Grant
-from ...core.resources import describe
 from ...core.task_stream import STREAM_EXTENSION
 from ...core.tasks import EXTENSION
 from ...stores.base import StoreUnavailable
@@ -26,48 +26,21 @@ from ...stores.tasks import TaskStore
 from ..errors import Refused
 from ..idempotency import Keys
 from ..observability import now
+from ..requests import handling, uncovered
 from ..state import ServerState
 from ..tools import MethodError, RegisteredTool, ToolContext
 from .inline import InlineRuns, RequestChannel, input_before_task, run_tool
 from .keyed import KeyedCalls
 from .listen import Listeners
-from .replies import answer, invalid_params, missing_extension, refused, scope_challenge
+from .replies import answer, invalid_params, missing_extension, refused
 from .tasks import TaskChannel, Tasks
 
-TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
-REMOVED = frozenset(
-    {
-        "initialize",
-        "ping",
-        "logging/setLevel",
-        "resources/subscribe",
-        "resources/unsubscribe",
-        "tasks/result",
-        "tasks/list",
-    }
-)
-"""Removed by 2026-07-28 or by the tasks extension: ``-32601`` (404), like any method this leg does not serve."""
 CACHEABLE = frozenset({"tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read"})
 """Results that carry the caching hints ``ttlMs`` and ``cacheScope`` (SEP-2549; ``server/discover`` too)."""
 CACHE_HINTS = {"ttlMs": 0, "cacheScope": "private"}
 """Never reuse without asking again, never share: what a principal may see depends on its token."""
 SHUTDOWN_SECONDS = 5.0
 """How long a drain or a shutdown waits for the cancelled calls and tasks to record their outcome."""
-
-
-def is_modern(message: Any, index: dict[bytes, bytes]) -> bool:
-    """Whether a POST opens the modern way: its ``_meta`` carries the protocol version, or it has no session and
-    names a protocol version no legacy session could have (it is then answered by this leg's validation)."""
-    if not isinstance(message, dict):
-        return False
-    params = message.get("params")
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    if isinstance(meta, dict) and protocol.VERSION_META_KEY in meta:
-        return True
-    version = index.get(b"mcp-protocol-version")
-    if version is None or b"mcp-session-id" in index:
-        return False
-    return version.decode("latin-1") not in protocol.HANDSHAKE_VERSIONS
 
 
 def _decoded(raw: bytes) -> str:
@@ -180,10 +153,11 @@ class ModernLeg:
         capabilities = self._validate(index, method, params)
         rid: RequestId = message["id"]
         declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
-        if method == "tasks/stream":
+        kind = handling(method, True, self.state.methods)
+        if kind == "task_stream":
             await self.tasks.stream(receive, send, grant, rid, params, declared, connection)
             return
-        if method in TASK_METHODS:  # a poll needs no channel and no request state: straight to its decision
+        if kind == "task":  # a poll needs no channel and no request state: straight to its decision
             await self.tasks.request(send, grant, rid, method, params, declared)
             return
         answers: dict[str, dict[str, Any]] | None = None
@@ -203,15 +177,15 @@ class ModernLeg:
                     await invalid_params(send, rid, str(exc))
                     return
         channel = RequestChannel(capabilities, params["_meta"].get(protocol.LOG_LEVEL_META_KEY), answers, bound)
-        if method == "server/discover":
-            await answer(send, rid, self._discover())
-        elif method == "tools/list":
-            await answer(send, rid, {"tools": self.state.tools_list, **CACHE_HINTS})
-        elif method == "tools/call":
+        if kind == "call":
             await self._call(receive, send, grant, index, rid, params, declared, channel)
-        elif method == "subscriptions/listen":
+        elif kind == "discover":
+            await answer(send, rid, self._discover())
+        elif kind == "list_tools":
+            await answer(send, rid, {"tools": self.state.tools_list, **CACHE_HINTS})
+        elif kind == "listen":
             await self.listeners.listen(receive, send, grant, rid, params, declared)
-        elif method in self.state.methods and method not in REMOVED:
+        elif kind == "extra":
             handler = self.state.methods[method]
             tags = self.state.method_tags.get(method)
             if tags is not None:
@@ -332,13 +306,11 @@ class ModernLeg:
                     await answer(send, rid, await self.tasks.create(grant, tool, params, task_channel), "task")
                     return
 
-                async def work(ctx: ToolContext) -> dict[str, Any]:
-                    return await run_tool(tool, params, ctx)
-
                 me = asyncio.current_task()
                 assert me is not None
                 self.in_request.add(me)
                 try:
+                    work = functools.partial(run_tool, tool, params)
                     await self.inline.run_now(receive, send, grant, rid, params, work, channel)
                 finally:
                     self.in_request.discard(me)
@@ -348,14 +320,10 @@ class ModernLeg:
     def _require(self, grant: Grant, tags: frozenset[str]) -> None:
         """403 naming what the token lacks of ``tags`` (a tool's, or an extra method request's), with its challenge."""
         s = self.state
-        missing = sorted(s.policy.missing(grant.audience, tags, grant.scopes))
+        missing = s.policy.missing(grant.audience, tags, grant.scopes)
         if missing:
-            s.metrics.refusals.labels("insufficient_audience", "call").inc()
-            description = f"token does not cover {describe(missing)}"
-            data = denials.refusal_fields(" ".join(sorted(tags)), missing)
-            raise refused(
-                403, errors.TOOL_FORBIDDEN, description, data, scope_challenge(s.prm_url, description, missing, tags)
-            )
+            refusal = uncovered(sorted(missing), tags, s.prm_url, s.metrics)
+            raise refused(403, errors.TOOL_FORBIDDEN, refusal.description, refusal.data, refusal.challenge)
 
     def _mirrored(self, tool: RegisteredTool) -> tuple[HeaderMirror, ...]:
         """The tool's ``x-mcp-header`` parameters, read from its schema once (again if the tool was replaced)."""
