@@ -58,6 +58,12 @@ def tools() -> ToolRegistry:
         """Mirrors its three arguments into ``Mcp-Param-*`` headers."""
         return f"{region}/{priority}/{dry}"
 
+    @registry.tool()
+    async def book(ctx: ToolContext, city: str) -> str:
+        """Asks the traveller's name (one more round of the same request)."""
+        name = await ctx.request("elicitation/create", {"message": "Name?", "requestedSchema": {}})
+        return f"booked {city} for {name['content']['name']}"
+
     return registry
 
 
@@ -144,7 +150,7 @@ async def test_tools_list_names_every_tool_with_the_caching_hints(server: InProc
     body = json_of(await peer.send(peer.message("tools/list", request_id=21)))
     assert body["id"] == 21 and set(body) == {"jsonrpc", "id", "result"}
     result = body["result"]
-    assert [tool["name"] for tool in result.pop("tools")] == ["search", "fetch", "routed"]
+    assert [tool["name"] for tool in result.pop("tools")] == ["search", "fetch", "routed", "book"]
     assert result == {"ttlMs": 0, "cacheScope": "private", "resultType": "complete"}
 
 
@@ -366,8 +372,15 @@ async def test_mirrored_arguments_with_their_headers_are_served(
         ({"dry": True}, {"mcp-param-dry": "True"}, "mcp-param-dry header does not match arguments.dry"),
         ({"region": "zürich"}, {"mcp-param-region": "=?base64?enVyaWNo?="},
          "mcp-param-region header does not match arguments.region"),
+        ({"priority": 10}, {"mcp-param-priority": "1_0"},
+         "mcp-param-priority header does not match arguments.priority"),
+        ({"priority": 42}, {"mcp-param-priority": "=?base64?2aTZog==?="},
+         "mcp-param-priority header does not match arguments.priority"),
+        ({"priority": 2**53}, {"mcp-param-priority": "9007199254740993.0"},
+         "mcp-param-priority header does not match arguments.priority"),
     ],
-    ids=["missing", "other-value", "not-a-number", "boolean-spelling", "other-decoded"],
+    ids=["missing", "other-value", "not-a-number", "boolean-spelling", "other-decoded", "underscore",
+         "arabic-indic-digits", "past-float-precision"],
 )  # fmt: skip
 async def test_a_mirrored_header_missing_or_unequal_is_refused_before_the_tool_runs(
     server: InProcess, arguments: dict[str, Any], headers: dict[str, str], message: str
@@ -433,7 +446,7 @@ async def test_a_call_the_token_does_not_cover_is_403_with_the_challenge(server:
     read = await peer.send(call)
     assert read.status == 403
     fetch = tool_resource("fetch")
-    description = f"token does not cover {fetch}"
+    description = f"token audience does not cover {fetch}"
     assert read.headers["www-authenticate"] == (
         f'Bearer error="insufficient_scope", error_description="{description}", resource="{fetch}", '
         'resource_metadata="http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp"'
@@ -461,7 +474,7 @@ async def test_an_extra_method_the_token_does_not_cover_is_403_naming_its_tag(se
     assert read.status == 403
     body = json_of(read)
     assert body["id"] == 19 and body["error"]["code"] == TOOL_FORBIDDEN
-    assert body["error"]["message"] == f"token does not cover {PROMPT}"
+    assert body["error"]["message"] == f"token audience does not cover {PROMPT}"
     assert body["error"]["data"]["requiredResources"] == [PROMPT]
     assert f'resource="{PROMPT}"' in read.headers["www-authenticate"]
 
@@ -542,3 +555,48 @@ async def test_a_client_gone_before_its_body_is_read_gets_nothing_and_runs_nothi
     scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": headers, "client": ("127.0.0.1", 1)}
     await server.app(scope, receive, send)
     assert sent == []
+
+
+# -- multi round-trip requests ----------------------------------------------------------------------------------
+
+ELICITS: dict[str, Any] = {"io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+ASKED = {"input-1": {"method": "elicitation/create", "params": {"message": "Name?", "requestedSchema": {}}}}
+
+
+async def test_input_is_asked_in_rounds_bound_to_the_principal_and_the_call(server: InProcess) -> None:
+    """The request answers ``input_required`` with a sealed ``requestState``; the retry carrying the answers and
+    that state is served; the state is refused to another principal, for other arguments, or altered."""
+    peer = server.peer(tasks=False)
+    call = {"name": "book", "arguments": {"city": "Oslo"}, "_meta": ELICITS}
+    first = await peer.send(peer.message("tools/call", call, request_id=23))
+    assert first.status == 200
+    result = json_of(first)["result"]
+    state = result.pop("requestState")
+    assert result == {"inputRequests": ASKED, "resultType": "input_required"}
+    retry = {**call, "inputResponses": {"input-1": {"action": "accept", "content": {"name": "Ada"}}}}
+    retry["requestState"] = state
+    stranger = server.peer(server.mallory, tasks=False)
+    bound = "requestState was issued for another principal, request or arguments"
+    altered = state[:-1] + ("A" if state[-1] != "A" else "B")
+    for who, params, message in [
+        (stranger, retry, bound),
+        (peer, {**retry, "arguments": {"city": "Rome"}}, bound),
+        (peer, {**retry, "requestState": altered},
+         "requestState failed verification: it was not issued by this server or was altered"),
+    ]:  # fmt: skip
+        refused = await who.send(who.message("tools/call", params, request_id=24))
+        assert (refused.status, json_of(refused)) == (200, rpc_error(24, INVALID_PARAMS, message))
+    served = await peer.send(peer.message("tools/call", retry, request_id=25))
+    assert json_of(served) == rpc_result(
+        25, {"content": [{"type": "text", "text": "booked Oslo for Ada"}], "isError": False, "resultType": "complete"}
+    )
+
+
+async def test_input_the_client_cannot_give_is_refused_naming_the_capability(server: InProcess) -> None:
+    peer = server.peer(tasks=False)
+    read = await peer.send(peer.message("tools/call", {"name": "book", "arguments": {"city": "Oslo"}}, request_id=26))
+    assert read.status == 400
+    assert json_of(read) == rpc_error(
+        26, MISSING_REQUIRED_CLIENT_CAPABILITY, "Missing required client capability",
+        {"requiredCapabilities": {"elicitation": {}}},
+    )  # fmt: skip

@@ -26,13 +26,22 @@ import anyio.lowlevel
 import orjson
 import pytest
 
-from mcp_lossless.core.errors import INVALID_PARAMS, LIMIT_EXCEEDED, TASK_DENIED, TASK_EXECUTION_LOST, TOOL_FORBIDDEN
+from mcp_lossless.core.errors import (
+    EXECUTION_LOST,
+    INVALID_PARAMS,
+    LIMIT_EXCEEDED,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    TASK_DENIED,
+    TASK_EXECUTION_LOST,
+    TOOL_FORBIDDEN,
+)
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, new_task
 from mcp_lossless.server.demo import demo_tools
 from mcp_lossless.server.tools import ToolContext, ToolRegistry
 from mcp_lossless.stores.base import EventStore
-from tests.support.in_process import InProcess, in_process, principal_of, raw_post, tool_resource
+from tests.support.in_process import BASE, MCP, InProcess, in_process, principal_of, raw_post, tool_resource
+from tests.support.mcp_http import dev_token
 from tests.support.modern_http import TASKS, ModernPeer, answer
 from tests.support.stores import store_of_kind
 
@@ -90,6 +99,11 @@ def tools(gates: Gates) -> ToolRegistry:
         """Notes each run: a replay of its key must not run it again."""
         gates.runs.append(label)
         return f"run {len(gates.runs)}: {label}"
+
+    @registry.tool(task=True, scopes=("files:write",))
+    async def write_task(ctx: ToolContext) -> str:
+        """A task that needs the ``files:write`` scope besides its resource; runs until released."""
+        return await held(ctx)
 
     @registry.tool(task=True)
     async def approve(ctx: ToolContext, item: str) -> str:
@@ -157,9 +171,13 @@ async def polled_until(peer: ModernPeer, task_id: str, *waiting: str) -> dict[st
             await anyio.lowlevel.checkpoint()
 
 
-async def put(server: InProcess, task_id: str, owner: str) -> TaskRecord:
-    """A working task of the dev client's for ``fetch``, owned by ``owner``, as a replica would have stored it."""
-    record = new_task(task_id, principal_of(server.whole), "fetch", Requirement(frozenset({FETCH})), owner, time(), 60)
+async def put(server: InProcess, task_id: str, owner: str, at: float | None = None) -> TaskRecord:
+    """A working task of the dev client's for ``fetch``, owned by ``owner``, as a replica would have stored it
+    ``at`` (now unless given), kept 60 s after its last change or poll."""
+    requirement = Requirement(frozenset({FETCH}))
+    record = new_task(
+        task_id, principal_of(server.whole), "fetch", requirement, owner, time() if at is None else at, 60
+    )
     await server.tasks.create(record)
     return record
 
@@ -258,6 +276,63 @@ async def test_a_narrowed_token_is_denied_naming_what_is_missing_and_the_task_is
     gates.release.set()
     delivered = await polled_until(peer, task_id, "working")
     assert delivered["status"] == "completed" and delivered["result"]["content"][0]["text"] == "released"
+
+
+@pytest.mark.parametrize("method", TASK_METHODS)
+async def test_an_expired_task_is_answered_to_its_owner_as_an_unknown_one(server: InProcess, method: str) -> None:
+    """Past its TTL (a minute after its last change or poll), even its owner's poll finds nothing, and says so as
+    for an id never issued; the stored record is not revived (no poll restarts a TTL that ended)."""
+    stored = await put(server, "t-expired", DEAD, at=time() - 120)
+    peer = server.peer()
+    read = await peer.send(peer.message(method, {"taskId": "t-expired"}, request_id=21))
+    never = await peer.send(peer.message(method, {"taskId": "t-nevers"}, request_id=21))
+    assert (
+        (read.status, read.body)
+        == (never.status, never.body)
+        == (200, orjson.dumps(rpc_error(21, INVALID_PARAMS, UNKNOWN)))
+    )
+    after = await server.tasks.get("t-expired")
+    assert after is None or after == stored, "neither settled lost nor touched"
+
+
+async def test_cancelling_a_completed_task_keeps_its_result(server: InProcess) -> None:
+    peer = server.peer()
+    task_id = await create_task(peer, url="https://e/c", steps=0)
+    done = await polled_until(peer, task_id, "working")
+    read = await peer.send(peer.message("tasks/cancel", {"taskId": task_id}, request_id=22))
+    assert json_of(read) == {"jsonrpc": "2.0", "id": 22, "result": {"resultType": "complete"}}
+    again = answer(await peer.task("tasks/get", task_id))["result"]
+    assert (again["status"], again["result"]) == ("completed", done["result"]), "the first outcome stays"
+
+
+async def test_a_token_that_lost_the_tools_scope_is_denied_naming_the_scope(server: InProcess, gates: Gates) -> None:
+    scoped = await dev_token(server.http, BASE, MCP, scope="files:write")
+    peer = server.peer(scoped)
+    task_id = await create_task(peer, "write_task")
+    await gates.started.wait()
+    denied = await peer.send(peer.message("tasks/get", {"taskId": task_id}, request_id=23), token=server.whole)
+    assert denied.status == 403
+    message = (
+        f"task {task_id} not delivered: the token does not cover scope files:write; "
+        "the task is kept: re-authorize and poll the same task id"
+    )
+    assert denied.headers["www-authenticate"] == (
+        f'Bearer error="insufficient_scope", error_description="{message}", scope="files:write", '
+        'resource_metadata="http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp"'
+    )
+    body = json_of(denied)
+    envelope = body["error"]["data"]["authorization"]
+    assert body == rpc_error(
+        23, TASK_DENIED, message,
+        {"reason": "insufficient_scope", "taskId": task_id, "resumable": True, "requiredResources": [],
+         "requiredScopes": ["files:write"], "authorization": envelope,
+         "_meta": {"io.modelcontextprotocol/authorization": envelope}},
+    )  # fmt: skip
+    assert envelope["remediationHints"] == [
+        {"type": "io.github.mcp-lossless/oauth-grant", "resources": [], "scopes": ["files:write"]}
+    ]
+    gates.release.set()
+    assert (await polled_until(peer, task_id, "working"))["status"] == "completed", "the scoped token gets it"
 
 
 # -- a task whose process is gone -----------------------------------------------------------------------------
@@ -401,6 +476,32 @@ async def test_a_key_is_replayed_and_one_past_the_principals_bound_is_429(store:
         assert gates.runs == ["a"], "the replay ran nothing; the refused calls ran nothing"
 
 
+async def test_a_keyed_task_is_created_once_and_its_key_is_the_principals_own(server: InProcess) -> None:
+    """The retry under a key gets the same task (marked replayed); other arguments under it conflict; another
+    principal's same key is its own; a token that does not cover the tool gets the 403, not the task."""
+    peer, stranger = server.peer(), server.peer(server.mallory)
+
+    def keyed(who: ModernPeer, url: str, request_id: int) -> dict[str, Any]:
+        params = {"name": "fetch", "arguments": {"url": url, "steps": 0}, "idempotencyKey": "k"}
+        return who.message("tools/call", params, request_id=request_id)
+
+    created = json_of(await peer.send(keyed(peer, "https://e/a", 31)))["result"]
+    assert created["resultType"] == "task"
+    replayed = await peer.send(keyed(peer, "https://e/a", 32))
+    expected = {**created, "_meta": {"io.github.mcp-lossless/replayed": True}}
+    assert json_of(replayed) == {"jsonrpc": "2.0", "id": 32, "result": expected}
+    conflict = await peer.send(keyed(peer, "https://e/other", 33))
+    assert json_of(conflict) == rpc_error(
+        33, INVALID_PARAMS, "idempotency key 'k' was used with another tool or other arguments",
+        {"type": "idempotency_key_conflict", "idempotencyKey": "k"},
+    )  # fmt: skip
+    theirs = json_of(await stranger.send(keyed(stranger, "https://e/a", 34)))["result"]
+    assert theirs["resultType"] == "task" and theirs["taskId"] != created["taskId"] and "_meta" not in theirs
+    narrowed = await peer.send(keyed(peer, "https://e/a", 35), token=server.narrowed)
+    assert narrowed.status == 403 and created["taskId"].encode() not in narrowed.body
+    assert json_of(narrowed)["error"]["code"] == TOOL_FORBIDDEN
+
+
 # -- the raw ASGI interface ---------------------------------------------------------------------------------
 
 
@@ -510,6 +611,31 @@ async def test_a_tasks_stream_for_a_narrowed_token_is_403_before_any_event(serve
     )
 
 
+NOT_TASK_IDS = "notifications.taskIds must be a list of task id strings"
+
+
+@pytest.mark.parametrize(
+    ("tasks", "watched", "status", "error"),
+    [
+        (False, ["t"], 400, {"code": MISSING_REQUIRED_CLIENT_CAPABILITY,
+                             "message": "Missing required client capability",
+                             "data": {"requiredCapabilities": {"extensions": {TASKS: {}}}}}),
+        (True, "t", 400, {"code": INVALID_PARAMS, "message": NOT_TASK_IDS}),
+        (True, ["t", 1], 400, {"code": INVALID_PARAMS, "message": NOT_TASK_IDS}),
+    ],
+    ids=["without-the-extension", "not-a-list", "not-strings"],
+)  # fmt: skip
+async def test_a_listen_stream_asking_for_tasks_it_cannot_have_is_refused_before_any_byte(
+    server: InProcess, tasks: bool, watched: Any, status: int, error: dict[str, Any]
+) -> None:
+    peer = server.peer(tasks=tasks)
+    message = peer.message("subscriptions/listen", {"notifications": {"taskIds": watched}}, request_id=15)
+    exchange = await raw_post(server.app, orjson.dumps(message), peer.headers(message))
+    assert [m["type"] for m in exchange.sent] == ["http.response.start", "http.response.body"]
+    assert exchange.status == status
+    assert orjson.loads(exchange.body) == {"jsonrpc": "2.0", "id": 15, "error": error}
+
+
 async def test_a_listen_stream_watches_only_the_tasks_its_token_may_poll_and_pushes_their_outcome(
     server: InProcess, gates: Gates
 ) -> None:
@@ -543,3 +669,35 @@ async def test_a_listen_stream_watches_only_the_tasks_its_token_may_poll_and_pus
     assert (final["status"], final["result"]["content"], final["_meta"]) == (
         "completed", [{"type": "text", "text": "released"}], subscription
     )  # fmt: skip
+
+
+async def test_a_drain_ends_calls_in_their_requests_and_records_running_tasks_lost(
+    server: InProcess, gates: Gates
+) -> None:
+    """At a drain's deadline (here at once) each call running in its request answers execution lost on its stream
+    and each running task is recorded lost, so every client has its one outcome before the process goes."""
+    peer = server.peer()
+    task_id = await create_task(peer, "hold_task")
+    await gates.started.wait()
+    gates.started.clear()
+    message = peer.message("tools/call", {"name": "hold", "arguments": {}, "_meta": {"progressToken": 1}}, 41)
+    exchanges = []
+
+    async def call() -> None:
+        exchanges.append(await raw_post(server.app, orjson.dumps(message), peer.headers(message)))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(call)
+        await gates.started.wait()
+        await server.app.drain(0)
+    [exchange] = exchanges
+    assert exchange.status == 200 and gates.cancelled.is_set()
+    assert sse_messages(exchange.body) == [
+        {"jsonrpc": "2.0", "method": "notifications/progress",
+         "params": {"progressToken": 1, "progress": 0, "total": 1, "message": "holding"}},
+        rpc_error(41, EXECUTION_LOST,
+                  "execution lost: the process running this request ended before it answered; the tool may have run",
+                  {"reason": "execution_lost", "requestId": 41, "resumable": False}),
+    ]  # fmt: skip
+    lost = answer(await peer.task("tasks/get", task_id))["result"]
+    assert (lost["status"], lost["error"]["code"]) == ("failed", TASK_EXECUTION_LOST)

@@ -31,7 +31,7 @@ from mcp_lossless.audit.report import (
 from mcp_lossless.audit.tokens import ClientCredentialsGrant
 from mcp_lossless.audit.wire import Credential, Exchange, Wire, WireEvent, all_answered, call_message
 from mcp_lossless.cli import main
-from mcp_lossless.core.idempotency import CONFLICT, REPLAYED_META_KEY
+from mcp_lossless.core.idempotency import CONFLICT, IN_PROGRESS, REPLAYED_META_KEY
 from mcp_lossless.core.tasks import Purpose
 from mcp_lossless.devauth import DevAuthServer
 from mcp_lossless.server.app import create_app
@@ -56,6 +56,7 @@ TASK_CHECKS = ("task_leak_narrowed", "task_denial_unknown_alike", "task_other_pr
 STREAM_CHECK = "task_stream_narrowed"
 KEY_CHECKS = (
     "idempotency_duplicate_runs",
+    "idempotency_concurrent_runs",
     "idempotency_conflict_accepted",
     "idempotency_replay_narrowed",
     "idempotency_other_principal",
@@ -164,6 +165,8 @@ def test_our_server_has_no_findings_and_every_check_runs(tmp_path: Path) -> None
     duplicate = exchange(checks["idempotency_duplicate_runs"], "duplicate: the same key")
     assert "notifications/progress" not in texts(duplicate) and f'"{REPLAYED_META_KEY}":true' in texts(duplicate)
     assert "contents of https://example.com/report" in texts(duplicate), "the first's outcome, replayed"
+    running = exchange(checks["idempotency_concurrent_runs"], "while the first still runs")
+    assert f'"type":"{IN_PROGRESS}"' in texts(running) and "notifications/progress" not in texts(running)
     conflict = exchange(checks["idempotency_conflict_accepted"], "other arguments")
     assert orjson.loads(conflict["request"]["body"])["params"]["arguments"]["steps"] == 5
     assert f'"type":"{CONFLICT}"' in texts(conflict) and "contents of" not in texts(conflict)
@@ -400,6 +403,8 @@ def test_a_2026_only_server_is_listed_the_modern_way_and_its_task_checks_say_why
     assert report["findings"] == [] and set(report["not_run"]) == set(CHECKS) - set(KEY_CHECKS)
     assert report["not_applicable"] == list(KEY_CHECKS), "server/discover declares no tools.idempotency"
     assert "(its server/discover)" in checks_of(report)["idempotency_conflict_accepted"]["summary"]
+    duplicate = checks_of(report)["idempotency_duplicate_runs"]["summary"]
+    assert "observed: the duplicate ran the tool again: 3 progress notification(s)" in duplicate, duplicate
     checks = checks_of(report)
     for name in ("task_leak_narrowed", "task_denial_unknown_alike"):
         assert "did not run the call as a task (HTTP 200" in checks[name]["summary"], checks[name]["summary"]
@@ -444,8 +449,8 @@ def fastmcp_tasks_server(log: Path) -> Iterator[TasksPeer]:
 def _authorized_once(app: Any) -> None:
     """The bug the SEP forbids: a task's stream authorized once, by the token that first streamed it, and every
     later ``tasks/stream`` of that task served under that token, whatever the request's own."""
-    modern = app.modern
-    serve, first = modern.streams.serve, {}
+    tasks = app.modern.tasks
+    serve, first = tasks.streams.serve, {}
 
     async def leaky(receive: Any, send: Any, grant: Any, rid: Any, params: Any, connection: Any, look: Any,
                     refuse: Any) -> None:  # fmt: skip
@@ -453,17 +458,17 @@ def _authorized_once(app: Any) -> None:
         held = first.setdefault(task_id, grant)
 
         async def looked() -> Any:
-            return await modern._look(held, task_id, Purpose.POLL)
+            return await tasks.look(held, task_id, Purpose.POLL)
 
         await serve(receive, send, held, rid, params, connection, looked, refuse)
 
-    modern.streams.serve = leaky
+    tasks.streams.serve = leaky
 
 
 def _ends_silently(app: Any) -> None:
     """A resumed task stream (``after`` given) answered with the empty result, as a finished stream ends."""
-    modern = app.modern
-    serve = modern.streams.serve
+    tasks = app.modern.tasks
+    serve = tasks.streams.serve
 
     async def silent(receive: Any, send: Any, grant: Any, rid: Any, params: Any, *rest: Any) -> None:
         if params.get("after") is None:
@@ -473,7 +478,7 @@ def _ends_silently(app: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
 
-    modern.streams.serve = silent
+    tasks.streams.serve = silent
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The audit's idempotency checks find what they look for: our server with keys broken on purpose in front of it.
+"""The audit's idempotency checks find what they look for: our server with keys broken on purpose in front of it,
+and our 2026-07-28 leg alone (the checks' stateless path) passing them.
 
 Our server declares ``tools.idempotency`` (and passes every check, ``test_audit.py``). Here an ASGI layer in front of
 it takes the key out of each ``tools/call``, so the server runs every call as new while still declaring the
@@ -102,8 +103,24 @@ class KeysBroken:
 @pytest.mark.parametrize(
     ("cache", "findings"),
     [
-        (False, {"idempotency_duplicate_runs", "idempotency_conflict_accepted", "idempotency_replay_narrowed"}),
-        (True, {"idempotency_conflict_accepted", "idempotency_replay_narrowed", "idempotency_other_principal"}),
+        (
+            False,
+            {
+                "idempotency_duplicate_runs",
+                "idempotency_concurrent_runs",
+                "idempotency_conflict_accepted",
+                "idempotency_replay_narrowed",
+            },
+        ),
+        (
+            True,
+            {
+                "idempotency_concurrent_runs",
+                "idempotency_conflict_accepted",
+                "idempotency_replay_narrowed",
+                "idempotency_other_principal",
+            },
+        ),
     ],
     ids=["ignores-keys", "global-cache-before-auth"],
 )
@@ -138,6 +155,7 @@ def test_the_idempotency_checks_find_a_server_that_ignores_keys_or_shares_them(
     for name in findings:
         assert f"## {name}: FINDING" in markdown
     summary = {name: checks[name]["summary"] for name in KEY_CHECKS}
+    assert "ran the tool a second time" in summary["idempotency_concurrent_runs"], "it records only once answered"
     if not cache:
         assert "it ran the tool again: 4 progress notification(s)" in summary["idempotency_duplicate_runs"]
         assert "the tool ran with the other arguments under the used key" in summary["idempotency_conflict_accepted"]
@@ -153,3 +171,73 @@ def test_the_idempotency_checks_find_a_server_that_ignores_keys_or_shares_them(
         theirs = exchange(checks["idempotency_other_principal"], "key A, the same arguments")
         assert theirs["request"]["headers"]["authorization"] == "Bearer [redacted second principal wide token]"
         assert "contents of https://example.com/report" in (theirs["response"].get("body") or texts(theirs))
+
+
+class NoSessions:
+    """ASGI in front of our app refusing ``initialize``: the audit meets a server of 2026-07-28 alone."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            part = await receive()
+            body, more = body + part.get("body", b""), part.get("more_body", False)
+        if b'"method":"initialize"' in body:
+            refusal = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"no sessions here"}}'
+            await send(
+                {"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]}
+            )
+            await send({"type": "http.response.body", "body": refusal})
+            return
+        delivered = False
+
+        async def replayed() -> dict[str, Any]:
+            nonlocal delivered
+            if delivered:
+                return await receive()  # type: ignore[no-any-return]
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replayed, send)
+
+
+def test_the_idempotency_checks_pass_statelessly_on_our_2026_leg(tmp_path: Path) -> None:
+    """Without sessions the keyed calls go as 2026-07-28 requests (no tasks extension: answered inline), the
+    capability comes from ``server/discover``, and our modern leg passes all five."""
+    keys = tmp_path / "dev-keys.json"
+    clients = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
+
+    def make(port: int) -> object:
+        return NoSessions(create_app(ServerConfig(port=port, store="memory", dev_clients=clients, dev_keys=str(keys))))
+
+    with lossless_server(make) as base:
+        url = f"{base}/mcp"
+        _, table, report, _ = run_audit(
+            tmp_path,
+            url,
+            "--call",
+            *CALL,
+            "--narrow-resource",
+            f"{url}/tools/search",
+            "--token-command",
+            mint_command(keys, f"{base}/dev-as", "dev-client"),
+            "--second-token-command",
+            mint_command(keys, f"{base}/dev-as", "mallory"),
+        )
+    checks = checks_of(report)
+    assert {name: checks[name]["outcome"] for name in KEY_CHECKS} == dict.fromkeys(KEY_CHECKS, "ok"), table
+    assert report["findings"] == [], table
+    first = exchange(checks["idempotency_conflict_accepted"], "the call under a fresh")
+    assert first["request"]["headers"]["mcp-protocol-version"] == "2026-07-28"
+    assert "io.modelcontextprotocol/tasks" not in first["request"]["body"], "answered inline, not as a task"
+    duplicate = exchange(checks["idempotency_duplicate_runs"], "duplicate")["response"]
+    assert '"io.github.mcp-lossless/replayed":true' in duplicate["body"]
+    denied = exchange(checks["idempotency_replay_narrowed"], "narrowed token")["response"]
+    assert denied["status"] == 403 and "contents of" not in denied["body"]
+    running = exchange(checks["idempotency_concurrent_runs"], "while the first still runs")["response"]
+    assert '"type":"idempotency_key_in_progress"' in running["body"]

@@ -18,6 +18,7 @@ import anyio
 import httpx
 import orjson
 
+from mcp_lossless.asgi import ASGIApp, Receive, Scope, Send
 from mcp_lossless.core.principal import Principal
 from mcp_lossless.server.app import LosslessApp, create_app
 from mcp_lossless.server.config import ServerConfig
@@ -30,6 +31,8 @@ BASE = "http://127.0.0.1:8000"
 """What the in-process server is addressed as (a loopback host, so its DNS-rebinding check lets it through)."""
 MCP = f"{BASE}/mcp"
 CLIENTS = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
+"""The dev authorization server's clients in every server test: two principals (``tests.integration.conftest``
+hands the same to the uvicorn-served ones)."""
 
 
 def tool_resource(name: str) -> str:
@@ -61,6 +64,53 @@ class InProcess:
         return ModernPeer(self.http, BASE, self.whole if token is None else token, tasks=tasks)
 
 
+Message = MutableMapping[str, Any]
+
+
+class AsgiViolation(AssertionError):
+    """The app broke the ASGI HTTP protocol: a message out of order, after the end, or no end at all."""
+
+
+def checked(app: ASGIApp) -> ASGIApp:
+    """``app`` held to the ASGI HTTP protocol on every request: one ``http.response.start`` before any body, no
+    message after the body that ends the response, and a response ended when the app returns (unless the
+    client left first). uvicorn would log such a fault and cut the connection; here it fails the test."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        state = {"started": False, "ended": False, "left": False}
+
+        async def watched_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                state["left"] = True
+            return message
+
+        async def watched_send(message: Message) -> None:
+            kind = message["type"]
+            if state["ended"]:
+                raise AsgiViolation(f"{kind} sent after the response ended")
+            if kind == "http.response.start":
+                if state["started"]:
+                    raise AsgiViolation("http.response.start sent twice")
+                state["started"] = True
+            elif kind == "http.response.body":
+                if not state["started"]:
+                    raise AsgiViolation("http.response.body sent before http.response.start")
+                state["ended"] = not message.get("more_body", False)
+            else:
+                raise AsgiViolation(f"{kind} is no HTTP response message")
+            await send(message)
+
+        await app(scope, watched_receive, watched_send)
+        if not state["ended"] and not state["left"]:
+            raise AsgiViolation(f"the app returned without ending its response (started: {state['started']})")
+
+    return guarded
+
+
 @asynccontextmanager
 async def in_process(
     store: EventStore,
@@ -78,16 +128,13 @@ async def in_process(
     app = create_app(config, tools, store=store, task_store=tasks, methods=methods, method_tags=method_tags)
     await app.startup()
     try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as http:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=checked(app))) as http:
             whole = await dev_token(http, BASE, MCP)
             narrowed = await dev_token(http, BASE, tool_resource("search"))
             mallory = await dev_token(http, BASE, MCP, client=("mallory", CLIENTS["mallory"]))
             yield InProcess(app, http, tasks, whole, narrowed, mallory)
     finally:
         await app.shutdown()
-
-
-Message = MutableMapping[str, Any]
 
 
 @dataclass
@@ -157,8 +204,12 @@ async def raw_post(
         "client": ("127.0.0.1", 50000),
         "server": ("127.0.0.1", 8000),
     }
+
+    async def serve() -> None:
+        await checked(app)(scope, receive, send)
+
     async with anyio.create_task_group() as group:
-        group.start_soon(app, scope, receive, send)
+        group.start_soon(serve)
         await gone.wait()
         if left is not None:
             await left()

@@ -1,10 +1,11 @@
 """The idempotency checks (SEP-3182): ``params.idempotencyKey`` on ``tools/call``, capability ``tools.idempotency``.
 
-A server that declares the capability MUST NOT run the tool again for a duplicate key, replays the recorded
-outcome, refuses the key reused with other arguments (``error.data.type = "idempotency_key_conflict"``), keeps the
-replay behind the authorization that governs the call (a narrowed token gets no outcome, and the refusal must not
-cost the covering retry its replay) and scopes keys to the caller (another principal's same string is another key:
-it runs as new, never gets the first's outcome, and is never told the key exists).
+A server that declares the capability MUST NOT run the tool again for a duplicate key (nor while its first call
+still runs: it SHOULD answer ``idempotency_key_in_progress``), replays the recorded outcome, refuses the key reused
+with other arguments (``error.data.type = "idempotency_key_conflict"``), keeps the replay behind the authorization
+that governs the call (a narrowed token gets no outcome, and the refusal must not cost the covering retry its
+replay) and scopes keys to the caller (another principal's same string is another key: it runs as new, never gets
+the first's outcome, and is never told the key exists).
 
 **How the audit tells a second run from a replay**, on any server: by the progress the duplicate's *own*
 ``progressToken`` receives. The operator's call already sends several progress notifications (the resumption checks
@@ -27,6 +28,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+import anyio.abc
 import orjson
 
 from ..core.idempotency import CONFLICT, IN_PROGRESS, KEY_PARAM, declared
@@ -37,6 +40,15 @@ from .wire import Credential, Exchange, HandshakeFailed, WireSession, all_answer
 
 IDEMPOTENCY_ERRORS = (CONFLICT, IN_PROGRESS)
 """The SEP's error types: either one, answered to another principal, tells it that the key string was used."""
+
+
+def _progress_for(token: str, message: dict[str, Any]) -> bool:
+    params = message.get("params")
+    return (
+        message.get("method") == "notifications/progress"
+        and isinstance(params, dict)
+        and params.get("progressToken") == token
+    )
 
 
 @dataclass(slots=True)
@@ -54,13 +66,7 @@ class KeyedCall:
     @property
     def progress(self) -> int:
         """How many progress notifications the request's own token received: each is the tool running for it."""
-        return sum(
-            1
-            for m in self.exchange.messages()
-            if m.get("method") == "notifications/progress"
-            and isinstance(m.get("params"), dict)
-            and m["params"].get("progressToken") == self.progress_token
-        )
+        return sum(1 for m in self.exchange.messages() if _progress_for(self.progress_token, m))
 
     @property
     def error_type(self) -> object:
@@ -118,18 +124,33 @@ class KeyedSender:
         return declared(self.capabilities)
 
     async def call(
-        self, key: str, arguments: dict[str, Any], label: str, credential: Credential | None = None
+        self,
+        key: str,
+        arguments: dict[str, Any],
+        label: str,
+        credential: Credential | None = None,
+        running: anyio.Event | None = None,
     ) -> KeyedCall:
         """``tools/call`` of the operator's tool with ``arguments`` under ``key``, read to its answer; a fresh
-        request id and progress token, so that anything for them belongs to this request alone."""
+        request id and progress token, so that anything for them belongs to this request alone. ``running`` is set
+        at the first progress for that token: the tool is running for this request."""
         wire, tool = self.audit.wire, self.audit.settings.call.tool
         request_id, token = wire.next_id(), wire.progress_token()
         used = credential if credential is not None else self.credential
+
+        def watch(exchange: Exchange) -> bool:
+            """Never stops the read; notes the first progress for this request's token (ids or not: a
+            2026-07-28 stream has none)."""
+            if running is not None and any(_progress_for(token, m) for m in exchange.events[-1].messages()):
+                running.set()
+            return False
+
         if self.session is not None:
             message = call_message(request_id, tool, arguments, token)
             message["params"][KEY_PARAM] = key
+            answered = all_answered(request_id)
             exchange = await wire.post(
-                self.session, message, credential=used, label=label, stop=all_answered(request_id)
+                self.session, message, credential=used, label=label, stop=lambda e: watch(e) or answered(e)
             )
         else:
             params = {"name": tool, "arguments": arguments, KEY_PARAM: key}
@@ -139,6 +160,7 @@ class KeyedSender:
                 credential=used,
                 label=label,
                 request_id=request_id,
+                until=watch,
                 tasks=False,
                 progress_token=token,
             )
@@ -266,6 +288,64 @@ async def idempotency_duplicate_runs(audit: Audit) -> CheckResult:
         f"({run.duplicate.shape()}; the first had {run.first.progress})",
         evidence,
     )
+
+
+async def idempotency_concurrent_runs(audit: Audit) -> CheckResult:
+    name = "idempotency_concurrent_runs"
+    sender = await _channel(audit)
+    if not sender.declared:
+        return CheckResult(name, "not_applicable", _not_declared(sender), [sender.handshake])
+    key, arguments = _fresh_key(), audit.settings.call.arguments
+    running = anyio.Event()
+    calls: dict[str, KeyedCall] = {}
+
+    async def first(group: anyio.abc.TaskGroup) -> None:
+        label = "the call under a fresh key, read to its answer"
+        calls["first"] = await sender.call(key, arguments, label, running=running)
+        if not running.is_set():  # answered without progress: nothing to send the duplicate during
+            group.cancel_scope.cancel()
+
+    async def duplicate() -> None:
+        await running.wait()
+        calls["duplicate"] = await sender.call(key, arguments, "duplicate: the same key while the first still runs")
+
+    with anyio.move_on_after(audit.settings.read_seconds):
+        async with anyio.create_task_group() as group:
+            group.start_soon(first, group)
+            group.start_soon(duplicate)
+    original = calls.get("first")
+    if original is None or "duplicate" not in calls:
+        evidence = [c.exchange for c in calls.values()]
+        raise NotRun(
+            "the call sent no progress while running, or did not finish within --read-seconds: the duplicate could "
+            "not be sent while it ran",
+            evidence,
+        )
+    again = calls["duplicate"]
+    evidence = [original.exchange, again.exchange]
+    if again.progress:
+        return CheckResult(
+            name,
+            "finding",
+            f"the duplicate sent while the first still ran ran the tool a second time: {again.progress} progress "
+            f"notification(s) for its own token ({again.shape()})",
+            evidence,
+        )
+    if again.error_type == IN_PROGRESS:
+        error = (again.answer or {}).get("error", {})
+        data = error.get("data") if isinstance(error, dict) else None
+        wait = data.get("retryAfter") if isinstance(data, dict) else None
+        after = f", retryAfter {wait}" if wait is not None else ", without retryAfter"
+        return CheckResult(name, "ok", f"refused as {IN_PROGRESS} ({again.shape()}{after})", evidence)
+    if again.answer is not None and again.outcome() == original.outcome():
+        return CheckResult(
+            name,
+            "ok",
+            f"no second run: the duplicate waited for the first and got its outcome ({again.shape()}; the SEP asks "
+            f"for an immediate {IN_PROGRESS} instead)",
+            evidence,
+        )
+    raise NotRun(f"the duplicate was answered neither {IN_PROGRESS} nor with the outcome ({again.shape()})", evidence)
 
 
 def _other_arguments(arguments: dict[str, Any]) -> tuple[dict[str, Any], str]:

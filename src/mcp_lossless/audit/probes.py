@@ -15,6 +15,7 @@ import anyio
 
 from .context import BATCH_VERSION, CALL_FAILED, Audit, NotRun, Sent, failure_of
 from .key_probes import (
+    idempotency_concurrent_runs,
     idempotency_conflict_accepted,
     idempotency_duplicate_runs,
     idempotency_other_principal,
@@ -477,6 +478,7 @@ PROBES: dict[str, Probe] = {
     "task_other_principal": task_other_principal,
     "task_stream_narrowed": task_stream_narrowed,
     "idempotency_duplicate_runs": idempotency_duplicate_runs,
+    "idempotency_concurrent_runs": idempotency_concurrent_runs,
     "idempotency_conflict_accepted": idempotency_conflict_accepted,
     "idempotency_replay_narrowed": idempotency_replay_narrowed,
     "idempotency_other_principal": idempotency_other_principal,

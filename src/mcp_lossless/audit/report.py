@@ -44,6 +44,7 @@ CHECKS: dict[str, str] = {
     "task_other_principal": "task readable by, or revealed to, another principal",
     "task_stream_narrowed": "task stream resumed by a narrowed token after a cut: leak or silent end",
     "idempotency_duplicate_runs": "a duplicate tools/call under the same idempotencyKey ran the tool again",
+    "idempotency_concurrent_runs": "a duplicate sent while the key's first call still ran ran the tool again",
     "idempotency_conflict_accepted": "a used idempotencyKey with other arguments not refused as a conflict",
     "idempotency_replay_narrowed": "a completed key's outcome replayed to a narrowed token, or the refusal cost it",
     "idempotency_other_principal": "another principal's same key got the first's outcome or told the key exists",
