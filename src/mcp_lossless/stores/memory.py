@@ -190,6 +190,7 @@ class MemoryStore:
         self._open(record)
 
     idempotency_keys = True
+    keys_durable_when_queued = True
 
     def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
         """Opens at once, with its keys: the future is the shared resolved one :meth:`enqueue` returns."""

@@ -1009,6 +1009,7 @@ class RedisStore:
         )
 
     idempotency_keys = True
+    keys_durable_when_queued = False
 
     def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
         """:meth:`open_stream` in a task of its own; appends enqueued after it go in a pipeline sent once it is
