@@ -188,7 +188,8 @@ class EventStore(Protocol):
 
     def stored_bytes(self, principal: Principal) -> int:
         """What ``principal``'s sessions make this store hold, in bytes (events and streams, as
-        :mod:`~mcp_lossless.stores.held` counts them; the memory store its own measure): read from process memory,
+        :mod:`~mcp_lossless.stores.held` counts them, the memory store its own measure; and its live idempotency
+        keys): read from process memory,
         without a round trip, as the server asks it on every POST and progress event. A shared store counts what
         this process wrote (docs/decisions/0026)."""
         ...

@@ -50,6 +50,8 @@ _SCHEMA_VERSION = 7
 _LOSSES = {2: Loss.OWNER, 3: Loss.STORE}
 """``streams.completed`` beyond 1: the stream ended as lost, and why (ADR 0025). Any non-zero value is completed, so
 files stay readable by the versions before (which see such a stream as completed with its requests unanswered)."""
+_LOST_OWNER = 2
+"""A running keyed stream whose session is deleted: ended as lost (its calls end with the session)."""
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sessions (
@@ -623,6 +625,8 @@ class SqliteStore:
         """What each principal's sessions hold in the file (writer thread only, but for :meth:`stored_bytes`)."""
         self._forgotten: list[str] = []
         """Sessions the writer's transaction deletes: their counts go from its counts once it committed."""
+        self._released: list[tuple[str, int]] = []
+        """Sessions the writer's transaction deletes whose keyed streams stay: what goes, once it committed."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: queue.SimpleQueue[list[_Op] | None] = queue.SimpleQueue()
         """Work for the writer thread, in order, a loop turn's worth at a time; ``None`` asks it to finish. A C queue:
@@ -950,11 +954,14 @@ class SqliteStore:
         finally:  # ids a rolled-back transaction gave out are not given again: a gap, never a reuse
             self._next_stream_id = batch.next_id
             forgotten, self._forgotten = self._forgotten, []
+            released, self._released = self._released, []
         counts = self._counts
         for session_id, held in batch.held.items():
             counts.add(session_id, held)
         for session_id in forgotten:
             counts.forget(session_id)
+        for session_id, held in released:
+            counts.add(session_id, -held)
         return outcomes
 
     def _failure(self, exc: Exception) -> Exception:
@@ -1132,7 +1139,7 @@ class SqliteStore:
         return SessionRecord(session_id, Principal(issuer, subject, client_id), version, created_at, last_seen)
 
     def stored_bytes(self, principal: Principal) -> int:
-        return self._counts.held(principal)
+        return self._counts.held(principal) + self._held_keys.bytes(principal, self._clock())
 
     async def touch_session(self, session_id: str, now: float) -> None:
         await self._write(
@@ -1148,11 +1155,27 @@ class SqliteStore:
 
     def _delete_session(self, db: sqlite3.Connection, session_id: str) -> None:
         """The session, its streams and their events (inside the caller's transaction, whose commit releases what
-        the store counted for it)."""
-        self._forgotten.append(session_id)
-        ids = (session_id, self._indexed_through)
-        db.execute(f"DELETE FROM events WHERE stream_id IN ({_SESSION_STREAMS})", ids)
-        db.execute(f"DELETE FROM streams WHERE id IN ({_SESSION_STREAMS})", ids)
+        the store counted for it), but for the streams a live idempotency key names: those outlive the session
+        (their outcome is the key's; a running one ends as lost, as the session's calls end with it) and stay
+        counted for its principal until retention deletes them (ADR 0029)."""
+        now = self._clock()
+        ids = (session_id, self._indexed_through, now)
+        doomed = f"SELECT id FROM streams WHERE id IN ({_SESSION_STREAMS}) AND kept_until <= ?3"
+        kept = db.execute(
+            f"UPDATE streams SET completed = CASE WHEN completed THEN completed ELSE {_LOST_OWNER} END,"
+            f" completed_at = coalesce(completed_at, ?3) WHERE id IN ({_SESSION_STREAMS}) AND kept_until > ?3",
+            ids,
+        ).rowcount
+        if kept:  # the session's count goes down by what goes, not to nothing
+            released = sum(
+                STREAM_BYTES + db.execute(_HELD_BELOW, (stream_id, _ALL)).fetchone()[0]
+                for (stream_id,) in db.execute(doomed, ids).fetchall()
+            )
+            self._released.append((session_id, released))
+        else:
+            self._forgotten.append(session_id)
+        db.execute(f"DELETE FROM events WHERE stream_id IN ({doomed})", ids)
+        db.execute(f"DELETE FROM streams WHERE id IN ({_SESSION_STREAMS}) AND kept_until <= ?3", ids)
         db.execute("DELETE FROM session_streams WHERE session_id = ?", (session_id,))
         db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
 
