@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,4 +142,43 @@ async def test_redis_counts_a_live_key_in_its_principals_bytes(redis_url: str) -
         assert store.stored_bytes(ALICE) - before >= KEY_BYTES
         assert store.keys_held(ALICE, now + 3601) == 0
     finally:
+        await store.close()
+
+
+async def test_redis_cluster_writes_a_keys_stream_record_before_the_key(redis_cluster_nodes: Any) -> None:
+    """On a cluster a key's slot is not its session's: the nodes' pipelines run concurrently, so the record goes
+    first and the key only once it is written (whoever finds the key finds its stream, on any replica)."""
+    store = RedisStore(redis_cluster_nodes.spec, prefix=f"keys-{uuid.uuid4().hex}")
+    await store.open()
+    sent: list[list[str]] = []
+    made = store.writes
+
+    async def watched() -> Any:
+        writes = await made()
+        on, execute = writes.on, writes.execute
+        queued: list[str] = []
+
+        def on_key(key: str) -> Any:
+            queued.append(key)
+            return on(key)
+
+        async def executed(**kwargs: Any) -> list[Any]:
+            sent.append(list(queued))
+            return await execute(**kwargs)
+
+        writes.on = on_key  # type: ignore[method-assign]
+        writes.execute = executed  # type: ignore[method-assign]
+        return writes
+
+    try:
+        await store.put_session(SessionRecord("s1", ALICE, "2025-11-25", START, START))
+        store.writes = watched  # type: ignore[method-assign]
+        await store.enqueue_open(record("keyed"), [key("k", "keyed", time.time() + 3600)])
+        with_key = [n for n, names in enumerate(sent) if any(":key:" in name for name in names)]
+        assert with_key == [len(sent) - 1] and sent[-1] == [name for name in sent[-1] if ":key:" in name], sent
+        assert any(":s:keyed" in name for name in sent[-2]), "the record, in the write before"
+        found = await store.get_key(ALICE, "k", time.time())
+        assert found is not None and await store.get_stream("keyed") is not None
+    finally:
+        store.writes = made  # type: ignore[method-assign]
         await store.close()
