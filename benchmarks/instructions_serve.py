@@ -19,6 +19,8 @@ for both checkouts) opens the sessions and warms the path up while nothing is co
   unit: one event.
 - ``replay``: a resume (GET + ``Last-Event-ID``) after message 2000 of a finished 5000-step call, twice;
   unit: one replayed event.
+- ``modern16``: stateless 2026-07-28 ``tools/call`` of ``search`` (``benchmarks/modern.py``'s ``call``) from 16
+  keep-alive connections, 50 calls each, all in flight at once; unit: one call.
 
 The counts are deterministic to well under 1 % from run to run. Writes the figures to
 ``benchmarks/results/instructions-serve-<timestamp>.json`` and the table to ``benchmarks/RESULTS-instructions.md``
@@ -50,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import loadgen
+import modern
 
 HOST = "127.0.0.1"
 BENCH_DIR = Path(__file__).resolve().parent
@@ -118,11 +121,34 @@ async def _replay(target: loadgen.Target, counting: Callable[[bool], None]) -> i
     return replayed
 
 
+def _stateless(connections: int, calls_each: int) -> Callable[[loadgen.Target, Callable[[bool], None]], Awaitable[int]]:
+    """2026-07-28 stateless ``tools/call`` (``benchmarks/modern.py``'s request: no session, ``_meta`` and mirrored
+    headers on every POST), one keep-alive connection per client, all in flight at once."""
+
+    async def drive(target: loadgen.Target, counting: Callable[[bool], None]) -> int:
+        clients = [modern.ModernClient(await loadgen.Connection.open(target), False) for _ in range(connections)]
+
+        async def worker(client: modern.ModernClient, calls: int) -> None:
+            for _ in range(calls):
+                await modern.one_call(client)
+
+        await asyncio.gather(*(worker(c, 5) for c in clients))
+        counting(True)
+        await asyncio.gather(*(worker(c, calls_each) for c in clients))
+        counting(False)
+        for client in clients:
+            client.connection.close()
+        return connections * calls_each
+
+    return drive
+
+
 WORKLOADS = {
     "echo16": Workload("call", _echo(16, 50)),
     "echo64": Workload("call", _echo(64, 25)),
     "stream": Workload("event", _stream),
     "replay": Workload("event", _replay),
+    "modern16": Workload("call", _stateless(16, 50)),
 }
 
 

@@ -55,6 +55,13 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
 
 
+async def disconnected(receive: Receive) -> None:
+    """Returns when the client has gone (ASGI ``http.disconnect``); whatever else it reads is dropped. The one
+    watcher every response that outlives its request body runs beside its work (both eras, task streams)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def respond(
     send: Send,
     status: int,

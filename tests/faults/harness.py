@@ -44,7 +44,8 @@ from mcp_lossless.client.oauth import OAuth
 from mcp_lossless.client.transport import Backoff
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
-from tests.faults.fault_tools import fault_tools
+from tests.faults import ledger as charges
+from tests.faults.fault_tools import LEDGER_ENV, fault_tools
 from tests.support.processes import ServerProcess, free_port
 from tests.support.proxy import CuttingProxy, Fault
 from tests.support.recording import RecordingTransport
@@ -58,6 +59,8 @@ RETRY_MS = 20
 RESTART_GRACE = 10.0
 """While the server restarts, the proxy holds new connections (as a load balancer would) for up to this long."""
 IDEMPOTENT = frozenset({"search", "fetch"})
+TOOLS_TARGET = f"{Path(__file__).with_name('fault_tools.py')}:TOOLS"
+"""The tools a server process serves: the same as the in-process servers', ``charge`` and its ledger included."""
 
 
 class Violation(AssertionError):
@@ -143,6 +146,14 @@ class Stats:
     outcomes: dict[str, int] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    charges: dict[str, int] = field(default_factory=dict)
+    """``charge`` calls by what the side-effect ledger says of them (:func:`tests.faults.ledger.judge`)."""
+
+    def charge_line(self) -> str:
+        total = sum(self.charges.values())
+        crashes = sum(self.charges.get(kind, 0) for kind in charges.CRASH_KINDS)
+        by_kind = dict(sorted(self.charges.items()))
+        return f"charge: {total} calls, each run at most once; may have run {crashes} (killed in its run); {by_kind}"
 
     def count(self, table: dict[str, int], key: str, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
@@ -151,9 +162,10 @@ class Stats:
 class Harness:
     """Servers, proxies and an event loop thread shared by every schedule of a run."""
 
-    def __init__(self, portal: BlockingPortal, targets: dict[str, Target]) -> None:
+    def __init__(self, portal: BlockingPortal, targets: dict[str, Target], ledger: charges.Ledger) -> None:
         self.portal = portal
         self.targets = targets
+        self.ledger = ledger
         self.stats = Stats()
         self._counter = 0
         self._lock = threading.Lock()
@@ -186,6 +198,7 @@ class Harness:
         recorder = RecordingTransport()
         runs = [SessionRun(i, plans, number) for i, plans in enumerate(schedule.sessions)]
         finished: list[bool] = []
+        killed: list[int] = []
         hang_limit = CALL_DEADLINE + HANG_MARGIN + (30 if schedule.restart_after else 0)
         with anyio.fail_after(hang_limit):
             async with (
@@ -193,7 +206,7 @@ class Harness:
                 anyio.create_task_group() as tg,
             ):
                 if schedule.restart_after is not None:
-                    tg.start_soon(self._restart_when, restart, target, finished)
+                    tg.start_soon(self._restart_when, restart, target, finished, killed)
                 for run in runs:
                     tg.start_soon(run.execute, target, schedule, http)
                 for run in runs:
@@ -201,20 +214,25 @@ class Harness:
                 finished.append(True)
                 restart.set()  # the event never came: let the waiter go
         target.proxy.reset(None)
-        check(schedule, target, runs, recorder)
-        self._tally(schedule, runs, target)
+        verdicts = check(schedule, target, runs, recorder, self.ledger.refresh(), killed)
+        self._tally(schedule, runs, target, verdicts)
 
-    async def _restart_when(self, trigger: anyio.Event, target: Target, finished: list[bool]) -> None:
+    async def _restart_when(
+        self, trigger: anyio.Event, target: Target, finished: list[bool], killed: list[int]
+    ) -> None:
         await trigger.wait()
         if target.process is None or finished:
             return
+        killed.append(target.process.pid)
         await anyio.to_thread.run_sync(_restart, target.process)
         target.restarts += 1
         self.stats.count(self.stats.faults, "restart")
 
-    def _tally(self, schedule: Schedule, runs: list[SessionRun], target: Target) -> None:
+    def _tally(self, schedule: Schedule, runs: list[SessionRun], target: Target, verdicts: list[str]) -> None:
         stats = self.stats
         stats.schedules += 1
+        for verdict in verdicts:
+            stats.count(stats.charges, f"{schedule.server}: {verdict}" if verdict == "ran once" else verdict)
         for run in runs:
             for outcome in run.outcomes:
                 stats.calls += 1
@@ -341,7 +359,16 @@ async def _one_by_one(client: Client, calls: Sequence[ToolCall]) -> list[ToolRes
 # ---- the invariants ----------------------------------------------------------------------------------
 
 
-def check(schedule: Schedule, target: Target, runs: Sequence[SessionRun], recorder: RecordingTransport) -> None:
+def check(
+    schedule: Schedule,
+    target: Target,
+    runs: Sequence[SessionRun],
+    recorder: RecordingTransport,
+    ledger: charges.Ledger,
+    killed: Sequence[int],
+) -> list[str]:
+    """Raises :class:`Violation`, else returns what the ledger says of each ``charge`` call."""
+    verdicts: list[str] = []
     for run in runs:
         if run.error is not None:
             raise Violation(f"session {run.index} failed outside any call: {run.error!r}")
@@ -350,31 +377,36 @@ def check(schedule: Schedule, target: Target, runs: Sequence[SessionRun], record
         if run.elapsed > CALL_DEADLINE + HANG_MARGIN:
             raise Violation(f"session {run.index} took {run.elapsed:.1f} s")
         for position, (plan, outcome) in enumerate(zip(run.plans, run.outcomes, strict=True)):
-            _check_outcome(schedule, run, position, plan, outcome)
+            _check_outcome(run, position, plan, outcome)
             _check_progress(run, position, plan)
+            if plan.tool == "charge":
+                verdicts.append(_check_runs(run, position, outcome, ledger, killed))
     _check_deliveries(target, recorder)
+    return verdicts
 
 
-def _check_outcome(schedule: Schedule, run: SessionRun, position: int, plan: CallPlan, outcome: object) -> None:
+def _check_outcome(run: SessionRun, position: int, plan: CallPlan, outcome: object) -> None:
     where = f"session {run.index} call {position} ({plan.tool})"
     if isinstance(outcome, ToolResult):
         want = expected_text(plan.tool, run.argument(position))
         if outcome.text != want:
             raise Violation(f"{where}: result {outcome.text!r}, expected {want!r}")
         return
-    if plan.tool not in IDEMPOTENT and isinstance(outcome, CallMayHaveRun) and _may_lose(schedule):
-        return  # it cannot be resumed and running it again is not the client's call to make
-
+    if plan.tool not in IDEMPOTENT and isinstance(outcome, CallMayHaveRun):
+        return  # whether it may have: the side-effect ledger says (_check_runs)
     raise Violation(f"{where}: {type(outcome).__name__}: {getattr(outcome, 'reason', outcome)}")
 
 
-def _may_lose(schedule: Schedule) -> bool:
-    """When a call that is not idempotent may end as "may have run" rather than with its result.
-
-    Its execution dies with a killed server; and below 2025-11-25 a stream has no priming event id, so a
-    drop or a refusal before its first event leaves nothing to resume from.
-    """
-    return schedule.restart_after is not None or schedule.version != "2025-11-25"
+def _check_runs(run: SessionRun, position: int, outcome: object, ledger: charges.Ledger, killed: Sequence[int]) -> str:
+    """Issue 28, acceptance 1: under its idempotency key the call ran at most once, a result after exactly one run,
+    and "may have run" only where a SIGKILL landed during the call's own run (what the server-side ledger says)."""
+    verdict = charges.judge(run.argument(position), isinstance(outcome, ToolResult), ledger, killed)
+    if not verdict.ok:
+        said = getattr(outcome, "reason", "its result")
+        raise Violation(
+            f"session {run.index} call {position} (charge) ended {said!r}: {verdict.kind}: {verdict.detail}"
+        )
+    return verdict.kind
 
 
 def _check_progress(run: SessionRun, position: int, plan: CallPlan) -> None:
@@ -414,13 +446,15 @@ def _check_deliveries(target: Target, recorder: RecordingTransport) -> None:
 
 @contextlib.contextmanager
 def harness(workdir: Path) -> Iterator[Harness]:
+    ledger = workdir / "charges"
+    ledger.mkdir()
     with start_blocking_portal() as portal:
         targets: dict[str, Target] = {}
         with contextlib.ExitStack() as stack:
             for name, ttl in (("memory", 600), ("expiry", 1)):
-                targets[name] = stack.enter_context(_in_process(portal, name, ttl))
-            targets["restart"] = stack.enter_context(_cli_process(portal, workdir))
-            yield Harness(portal, targets)
+                targets[name] = stack.enter_context(_in_process(portal, name, ttl, ledger))
+            targets["restart"] = stack.enter_context(_cli_process(portal, workdir, ledger))
+            yield Harness(portal, targets, charges.Ledger(ledger))
 
 
 @contextlib.contextmanager
@@ -434,7 +468,7 @@ def _proxy(portal: BlockingPortal, upstream: int) -> Iterator[CuttingProxy]:
 
 
 @contextlib.contextmanager
-def _in_process(portal: BlockingPortal, name: str, ttl: int) -> Iterator[Target]:
+def _in_process(portal: BlockingPortal, name: str, ttl: int, ledger: Path) -> Iterator[Target]:
     sock = loopback_socket()
     port = sock.getsockname()[1]
     with _proxy(portal, port) as proxy:
@@ -448,21 +482,22 @@ def _in_process(portal: BlockingPortal, name: str, ttl: int) -> Iterator[Target]
             leeway_seconds=0 if ttl < 60 else 30,
             dev_clients={CLIENT_ID: CLIENT_SECRET},
         )
-        with serve_app(create_app(config, fault_tools()), sock=sock, lifespan="on"):
+        with serve_app(create_app(config, fault_tools(ledger)), sock=sock, lifespan="on"):
             yield Target(name, proxy, url)
 
 
 @contextlib.contextmanager
-def _cli_process(portal: BlockingPortal, workdir: Path) -> Iterator[Target]:
+def _cli_process(portal: BlockingPortal, workdir: Path, ledger: Path) -> Iterator[Target]:
     port = free_port()
     with _proxy(portal, port) as proxy:
         url = f"http://127.0.0.1:{proxy.port}/mcp"
         args = [
-            "--store", f"sqlite:{workdir / 'faults.db'}", "--public-url", url, "--retry-ms", str(RETRY_MS),
+            TOOLS_TARGET, "--store", f"sqlite:{workdir / 'faults.db'}", "--public-url", url,
+            "--retry-ms", str(RETRY_MS),
             "--dev-keys", str(workdir / "dev-keys.json"), "--dev-client", f"{CLIENT_ID}:{CLIENT_SECRET}",
             "--log-level", "warning",
         ]  # fmt: skip
-        process = ServerProcess(args, port, workdir / "serve.log")
+        process = ServerProcess(args, port, workdir / "serve.log", env={LEDGER_ENV: str(ledger)})
         process.start()
         try:
             yield Target("restart", proxy, url, process)

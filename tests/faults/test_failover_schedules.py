@@ -112,3 +112,6 @@ def test_the_failovers_really_happened(failovers: FailoverHarness) -> None:
     assert stats.faults.get("primary killed", 0) >= stats.schedules // 2, stats.faults
     for fault in ("promotion:flip", "promotion:sentinel", "wait_replicas=0", "wait_replicas=1", "link frozen"):
         assert stats.faults.get(fault, 0) >= 1, (fault, stats.faults)
+    assert sum(stats.charges.values()) >= 1, stats.charges
+    repeated = set(failovers.ledger.refresh().repeated())
+    assert repeated <= failovers.unreplicated_repeats, "no charge ran twice where a replica acknowledged its key"

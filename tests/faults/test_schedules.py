@@ -25,6 +25,8 @@ from tests.faults.harness import CallPlan, Harness, Schedule, budget, harness, s
 DEFAULT_SCHEDULES = 200
 SOAK_SCHEDULES = 5000
 SCHEDULES = budget(DEFAULT_SCHEDULES, SOAK_SCHEDULES)
+CHARGES = budget(100, 1000)
+"""``charge`` calls a run makes at least (issue 28, acceptance 1: 1,000 in a soak), each judged by its ledger."""
 VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 LAST_EVENT = 30
 """Faults are placed among the first events of a schedule; most schedules produce fewer than this."""
@@ -37,7 +39,8 @@ def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
         stats = running.stats
         print(
             f"\nfault schedules: {stats.schedules} in {stats.seconds:.0f} s, {stats.calls} calls; "
-            f"outcomes {dict(sorted(stats.outcomes.items()))}; faults {dict(sorted(stats.faults.items()))}"
+            f"outcomes {dict(sorted(stats.outcomes.items()))}; faults {dict(sorted(stats.faults.items()))}\n"
+            f"{stats.charge_line()}"
         )
 
 
@@ -45,7 +48,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
 def schedules(draw: st.DrawFn) -> Schedule:
     kind = draw(st.integers(0, 9))
     server = "expiry" if kind == 0 else "restart" if kind == 1 else "memory"
-    tools = ["search", "fetch"] if server == "restart" else ["search", "fetch", "charge"]
+    tools = ["search", "fetch", "charge"]
     if server == "memory":
         steps, delays = st.integers(1, 4), st.sampled_from([0, 5, 15, 30])
     elif server == "expiry":
@@ -91,6 +94,11 @@ SEED = Schedule(
 RESTART_BATCH = Schedule(
     "restart", "2025-03-26", True, ((CallPlan("search", 4, 120), CallPlan("fetch", 4, 120)),), restart_after=3
 )
+RESTART_CHARGE = Schedule(
+    "restart", "2025-11-25", False, ((CallPlan("charge", 5, 120), CallPlan("charge", 2, 60)),), restart_after=4
+)
+"""Issue 28: a SIGKILL while two charges run: each ends with its one run's result (replayed when its answer was
+stored before the kill) or, killed during its own run, "may have run" (counted); never a second run."""
 EXPIRY = Schedule("expiry", "2025-11-25", False, ((CallPlan("charge", 5, 250), CallPlan("fetch", 5, 250)),))
 
 
@@ -103,6 +111,7 @@ EXPIRY = Schedule("expiry", "2025-11-25", False, ((CallPlan("charge", 5, 250), C
 )
 @example(SEED)
 @example(RESTART_BATCH)
+@example(RESTART_CHARGE)
 @example(EXPIRY)
 @given(schedule=schedules())
 def test_every_schedule_keeps_the_invariants(faults: Harness, schedule: Schedule) -> None:
@@ -115,3 +124,6 @@ def test_the_run_was_long_enough(faults: Harness) -> None:
     assert stats.schedules >= SCHEDULES
     assert stats.faults.get("restart", 0) >= SCHEDULES // 100, "restarts really happened"
     assert stats.faults.get("cut", 0) >= SCHEDULES, "drops were scheduled"
+    assert sum(stats.charges.values()) >= CHARGES, stats.charges
+    assert stats.charges.get("restart: ran once", 0) >= SCHEDULES // 100, "charge ran through SIGKILL restarts"
+    assert faults.ledger.refresh().repeated() == {}, "no charge ran twice, even after its schedule was checked"

@@ -8,11 +8,10 @@ import pytest
 
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
+from tests.support.in_process import CLIENTS
 from tests.support.redis_cluster import RedisClusterNodes, redis_cluster
 from tests.support.redis_server import RedisServer, redis_server
 from tests.support.uvicorn_server import lossless_server
-
-CLIENTS = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
 
 
 @pytest.fixture(scope="module")

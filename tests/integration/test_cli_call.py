@@ -450,3 +450,33 @@ def test_a_gateways_upstream_failure_exits_as_the_same_outcome_would(data: objec
     """``UPSTREAM_FAILED`` (docs/gateway.md): unreachable or past its deadline without running is 5, may have run 3,
     refused or broken 6."""
     assert exit_status(RemoteError(UPSTREAM_FAILED, "upstream u failed", data)) == status
+
+
+def test_the_same_idempotency_key_again_is_answered_with_the_first_runs_outcome_and_says_so(
+    authorized: ServerProcess,
+) -> None:
+    """``--idempotency-key``: a command run again after a crash or a lost answer gets the recorded outcome; the
+    tool does not run again (no progress for the second command) and both output forms say it was replayed."""
+    url, key = f"{authorized.base}/mcp", "cli-key-0b5c4d1e-7f2a-4c3b-9e8d-112233445566"
+    command = (url, "search", "query=once", "steps:=2", "delay_ms:=20", *CREDENTIALS, "--idempotency-key", key)
+    first = call(*command)
+    again = call(*command)
+    machine = call(*command, "--json")
+
+    assert first.returncode == again.returncode == machine.returncode == EXIT_RESULT, first.stderr + again.stderr
+    assert first.stdout == again.stdout == "search results for 'once': 3 documents\n"
+    assert [line for line in first.stderr.splitlines() if line.startswith("progress")] == [
+        "progress 1/2 search step 1/2",
+        "progress 2/2 search step 2/2",
+    ]
+    assert "replayed" not in first.stderr, "the first command ran the tool"
+    assert "progress" not in again.stderr, "the second did not"
+    assert "mcp-lossless call: outcome replayed: the tool ran once, for an earlier try" in again.stderr
+    document = orjson.loads(machine.stdout)
+    assert (
+        document["replayed"] is True
+        and document["result"]["content"][0]["text"] == "search results for 'once': 3 documents"
+    )
+    other = call(url, "search", "query=other", *CREDENTIALS, "--idempotency-key", key)
+    assert other.returncode == EXIT_SERVER, "the key with other arguments conflicts"
+    assert f"-32602: idempotency key '{key}' was used with another tool or other arguments" in other.stderr

@@ -19,7 +19,7 @@ import pytest
 from mcp_lossless.core.errors import FORBIDDEN, IDEMPOTENCY_IN_PROGRESS, INVALID_PARAMS, LIMIT_EXCEEDED
 from mcp_lossless.core.idempotency import CONFLICT, IN_PROGRESS, KEY_PARAM, REPLAYED_META_KEY
 from mcp_lossless.core.limits import Limits
-from mcp_lossless.server import ServerConfig, ToolRegistry, create_app
+from mcp_lossless.server import ServerConfig, ToolContext, ToolRegistry, create_app
 from mcp_lossless.server.app import LosslessApp
 from mcp_lossless.stores.base import StoreUnavailable
 from tests.integration.test_redis_replicas import deployment
@@ -61,6 +61,11 @@ def tools(ledger: Ledger) -> ToolRegistry:
     @registry.tool()
     async def echo(text: str) -> str:
         return text
+
+    @registry.tool()
+    async def whose_key(ctx: ToolContext, n: int) -> str:
+        """Says the key it runs under, as a tool passing it on to its own side effect would."""
+        return ctx.idempotency_key or "unkeyed"
 
     return registry
 
@@ -163,6 +168,14 @@ async def test_a_duplicate_of_a_running_call_is_in_progress_and_names_its_stream
     done = (await alice.post(keyed(3, "hold", amount=1))).messages[-1]
     assert done["result"]["_meta"][REPLAYED_META_KEY] is True
     assert ledger.charges == ["hold 1"]
+
+
+async def test_a_tool_sees_the_key_it_runs_under(server: str, http: httpx.AsyncClient) -> None:
+    alice = await peer(http, server)
+    keyed_run = (await alice.post(keyed(1, "whose_key", "k-seen", n=1))).messages[-1]
+    assert keyed_run["result"]["content"][0]["text"] == "k-seen"
+    unkeyed_run = (await alice.post(call(2, "whose_key", n=2))).messages[-1]
+    assert unkeyed_run["result"]["content"][0]["text"] == "unkeyed"
 
 
 async def test_a_batch_carries_keys_too(server: str, http: httpx.AsyncClient, ledger: Ledger) -> None:

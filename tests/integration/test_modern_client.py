@@ -39,7 +39,7 @@ async def served() -> AsyncIterator[Served]:
     sock = loopback_socket()
     app = create_app(config(sock.getsockname()[1]))
     assert app.modern is not None
-    app.modern.poll_ms = 50
+    app.modern.tasks.poll_ms = 50
     with serve_app(app, sock=sock, lifespan="on") as base:
         recorder = RecordingTransport()
         async with httpx.AsyncClient(transport=recorder, timeout=10) as http:

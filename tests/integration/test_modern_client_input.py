@@ -77,7 +77,7 @@ async def served() -> AsyncIterator[tuple[str, RecordingTransport, httpx.AsyncCl
     config = ServerConfig(port=sock.getsockname()[1], store="memory", dev_clients={"dev-client": "dev-secret"})
     app = create_app(config, tools())
     assert app.modern is not None
-    app.modern.poll_ms = 50
+    app.modern.tasks.poll_ms = 50
     with serve_app(app, sock=sock, lifespan="on") as base:
         recorder = RecordingTransport()
         async with httpx.AsyncClient(transport=recorder, timeout=10) as http:

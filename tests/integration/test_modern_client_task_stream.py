@@ -165,7 +165,7 @@ async def test_a_server_that_does_not_declare_task_streams_is_polled() -> None:
     def without_streams(app: LosslessApp) -> None:
         assert app.modern is not None
         del app.modern.capabilities["extensions"][STREAM_EXTENSION]
-        app.modern.poll_ms = 50
+        app.modern.tasks.poll_ms = 50
 
     async with served(tune=without_streams) as s:
         async with open_client(s.url, auth=OAuth("dev-client", "dev-secret"), http=s.http) as client:

@@ -80,7 +80,7 @@ def serve(store: EventStore) -> Iterator[str]:
         config = ServerConfig(port=port, store="memory", dev_clients=CLIENTS, retry_ms=200)
         app = create_app(config, tools_with_hold(), store=store)
         assert app.modern is not None
-        app.modern.task_ttl = TTL
+        app.modern.tasks.ttl = TTL
         return app
 
     with lossless_server(make) as url:

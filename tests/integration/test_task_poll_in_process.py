@@ -49,15 +49,15 @@ class Server:
         """A task of the dev client's for the fetch tool, owned by ``owner`` (default: this process)."""
         modern = self.app.modern
         record = new_task(
-            task_id, self.principal, "fetch", Requirement(frozenset({FETCH})), owner or modern.s.instance, now(), 60
+            task_id, self.principal, "fetch", Requirement(frozenset({FETCH})), owner or modern.state.instance, now(), 60
         )
         if status is TaskStatus.COMPLETED:
             record = advance(record, status, now(), result={"content": [{"type": "text", "text": "the result"}]})
-        await modern.tasks.create(record)
+        await modern.tasks.store.create(record)
         return record
 
     async def stored(self, task_id: str) -> TaskRecord:
-        record = await self.app.modern.tasks.get(task_id)
+        record = await self.app.modern.tasks.store.get(task_id)
         assert record is not None
         return record
 

@@ -31,6 +31,7 @@ from mcp_lossless.audit.report import (
 from mcp_lossless.audit.tokens import ClientCredentialsGrant
 from mcp_lossless.audit.wire import Credential, Exchange, Wire, WireEvent, all_answered, call_message
 from mcp_lossless.cli import main
+from mcp_lossless.core.idempotency import CONFLICT, IN_PROGRESS, REPLAYED_META_KEY
 from mcp_lossless.core.tasks import Purpose
 from mcp_lossless.devauth import DevAuthServer
 from mcp_lossless.server.app import create_app
@@ -53,6 +54,13 @@ SDK_FINDINGS = {
 }
 TASK_CHECKS = ("task_leak_narrowed", "task_denial_unknown_alike", "task_other_principal")
 STREAM_CHECK = "task_stream_narrowed"
+KEY_CHECKS = (
+    "idempotency_duplicate_runs",
+    "idempotency_concurrent_runs",
+    "idempotency_conflict_accepted",
+    "idempotency_replay_narrowed",
+    "idempotency_other_principal",
+)
 
 
 def run_audit(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, dict[str, Any], str]:
@@ -154,6 +162,23 @@ def test_our_server_has_no_findings_and_every_check_runs(tmp_path: Path) -> None
     assert other["status"] == random["status"] == 200
     assert orjson.loads(other["body"])["error"] == orjson.loads(random["body"])["error"], "no existence oracle"
 
+    duplicate = exchange(checks["idempotency_duplicate_runs"], "duplicate: the same key")
+    assert "notifications/progress" not in texts(duplicate) and f'"{REPLAYED_META_KEY}":true' in texts(duplicate)
+    assert "contents of https://example.com/report" in texts(duplicate), "the first's outcome, replayed"
+    running = exchange(checks["idempotency_concurrent_runs"], "while the first still runs")
+    assert f'"type":"{IN_PROGRESS}"' in texts(running) and "notifications/progress" not in texts(running)
+    conflict = exchange(checks["idempotency_conflict_accepted"], "other arguments")
+    assert orjson.loads(conflict["request"]["body"])["params"]["arguments"]["steps"] == 5
+    assert f'"type":"{CONFLICT}"' in texts(conflict) and "contents of" not in texts(conflict)
+    narrowed = exchange(checks["idempotency_replay_narrowed"], "narrowed token")["response"]
+    assert narrowed["status"] == 403 and "contents of" not in narrowed["body"], "refused before any byte"
+    covering = exchange(checks["idempotency_replay_narrowed"], "control")
+    assert f'"{REPLAYED_META_KEY}":true' in texts(covering), "the key then answered the covering token"
+    for label in ("key A, the same arguments", "key B, other arguments"):
+        theirs = exchange(checks["idempotency_other_principal"], label)
+        assert theirs["request"]["headers"]["authorization"] == "Bearer [redacted second principal wide token]"
+        assert "notifications/progress" in texts(theirs) and REPLAYED_META_KEY not in texts(theirs), "ran anew"
+
 
 @pytest.fixture(scope="module")
 def sdk_peer() -> Iterator[SdkPeer]:
@@ -184,10 +209,13 @@ def test_sdk_server_hazards_are_reported_with_evidence(tmp_path: Path, sdk_peer:
     assert set(report["findings"]) == SDK_FINDINGS
     assert report["not_run"] == ["refusal_clean_end", *TASK_CHECKS, STREAM_CHECK], "the SDK never refused; no tasks"
     checks = checks_of(report)
+    assert report["not_applicable"] == list(KEY_CHECKS), "mcp 2.3 declares no tools.idempotency"
+    duplicate = checks["idempotency_duplicate_runs"]["summary"]
+    assert "does not declare tools.idempotency" in duplicate and "ran the tool again" in duplicate, duplicate
     assert {
         n: c["outcome"]
         for n, c in checks.items()
-        if n not in {*SDK_FINDINGS, "refusal_clean_end", *TASK_CHECKS, STREAM_CHECK}
+        if n not in {*SDK_FINDINGS, "refusal_clean_end", *TASK_CHECKS, STREAM_CHECK, *KEY_CHECKS}
     } == {
         "cross_stream_replay": "ok",  # stream ids are request ids, unique within a session
         "session_other_principal": "ok",  # R09: sessions are bound to (client_id, iss, sub)
@@ -372,7 +400,11 @@ def test_a_2026_only_server_is_listed_the_modern_way_and_its_task_checks_say_why
         status, table, report, _ = run_audit(tmp_path, sdk.url, "--call", "count", "n:=3")
         seen = list(sdk.requests)
     assert status == EXIT_NOT_RUN, table
-    assert report["findings"] == [] and set(report["not_run"]) == set(CHECKS)
+    assert report["findings"] == [] and set(report["not_run"]) == set(CHECKS) - set(KEY_CHECKS)
+    assert report["not_applicable"] == list(KEY_CHECKS), "server/discover declares no tools.idempotency"
+    assert "(its server/discover)" in checks_of(report)["idempotency_conflict_accepted"]["summary"]
+    duplicate = checks_of(report)["idempotency_duplicate_runs"]["summary"]
+    assert "observed: the duplicate ran the tool again: 3 progress notification(s)" in duplicate, duplicate
     checks = checks_of(report)
     for name in ("task_leak_narrowed", "task_denial_unknown_alike"):
         assert "did not run the call as a task (HTTP 200" in checks[name]["summary"], checks[name]["summary"]
@@ -417,8 +449,8 @@ def fastmcp_tasks_server(log: Path) -> Iterator[TasksPeer]:
 def _authorized_once(app: Any) -> None:
     """The bug the SEP forbids: a task's stream authorized once, by the token that first streamed it, and every
     later ``tasks/stream`` of that task served under that token, whatever the request's own."""
-    modern = app.modern
-    serve, first = modern.streams.serve, {}
+    tasks = app.modern.tasks
+    serve, first = tasks.streams.serve, {}
 
     async def leaky(receive: Any, send: Any, grant: Any, rid: Any, params: Any, connection: Any, look: Any,
                     refuse: Any) -> None:  # fmt: skip
@@ -426,17 +458,17 @@ def _authorized_once(app: Any) -> None:
         held = first.setdefault(task_id, grant)
 
         async def looked() -> Any:
-            return await modern._look(held, task_id, Purpose.POLL)
+            return await tasks.look(held, task_id, Purpose.POLL)
 
         await serve(receive, send, held, rid, params, connection, looked, refuse)
 
-    modern.streams.serve = leaky
+    tasks.streams.serve = leaky
 
 
 def _ends_silently(app: Any) -> None:
     """A resumed task stream (``after`` given) answered with the empty result, as a finished stream ends."""
-    modern = app.modern
-    serve = modern.streams.serve
+    tasks = app.modern.tasks
+    serve = tasks.streams.serve
 
     async def silent(receive: Any, send: Any, grant: Any, rid: Any, params: Any, *rest: Any) -> None:
         if params.get("after") is None:
@@ -446,7 +478,7 @@ def _ends_silently(app: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
 
-    modern.streams.serve = silent
+    tasks.streams.serve = silent
 
 
 @pytest.mark.parametrize(
@@ -506,6 +538,8 @@ def test_fastmcp_tasks_withholds_a_task_from_a_narrowed_token_and_from_another_p
     checks = checks_of(report)
     assert status == EXIT_NOT_RUN, (table, (tmp_path / "fastmcp-tasks.log").read_text()[-3000:])
     assert report["findings"] == [] and "replay_leak_narrowed" in report["not_run"]
+    assert report["not_applicable"] == list(KEY_CHECKS), "FastMCP declares no tools.idempotency"
+    assert "ran the tool again" in checks["idempotency_duplicate_runs"]["summary"], "it ignores the key"
     assert checks[STREAM_CHECK]["outcome"] == "not_run", "it has no tasks/stream"
     assert "does not stream the task's events" in checks[STREAM_CHECK]["summary"]
     assert {name: checks[name]["outcome"] for name in TASK_CHECKS} == dict.fromkeys(TASK_CHECKS, "ok"), {

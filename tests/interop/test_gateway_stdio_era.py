@@ -75,18 +75,18 @@ async def test_the_sdk_child_is_spoken_to_in_2026_07_28(caplog: pytest.LogCaptur
         assert py.era == "modern"
         assert "modern era (server/discover lists it)" in ready_lines(caplog, "py")[0]
         reporter = Collected()
-        result = await py.call("work", {"label": "m", "steps": 2, "delay_ms": 10}, reporter, idempotent=False)
+        result = await py.call("work", {"label": "m", "steps": 2, "delay_ms": 10}, reporter, idempotent=False, key=None)
         assert result["content"][0]["text"] == "work m done"
         assert result["resultType"] == "complete", "a 2026-07-28 answer (a legacy one has no resultType)"
         assert reporter.progress == [1, 2]
 
         changed.clear()
-        grown = await py.call("grow", {"name": "leaf"}, Collected(), idempotent=False)
+        grown = await py.call("grow", {"name": "leaf"}, Collected(), idempotent=False, key=None)
         assert grown["content"][0]["text"] == "added leaf"
         async with asyncio.timeout(WAIT):
             await changed.wait()  # announced on the subscriptions/listen request open on the pipe
         assert "leaf" in {t.name for t in py.tools()}
-        leaf = await py.call("leaf", {}, Collected(), idempotent=False)
+        leaf = await py.call("leaf", {}, Collected(), idempotent=False, key=None)
         assert leaf["content"][0]["text"] == "leaf grown"
 
 
@@ -97,11 +97,11 @@ async def test_the_sdk_child_pinned_to_legacy_gets_the_handshake(caplog: pytest.
         assert py.era == "legacy"
         assert "legacy era (configured)" in ready_lines(caplog, "pyold")[0]
         reporter = Collected()
-        result = await py.call("work", {"label": "l", "steps": 2, "delay_ms": 10}, reporter, idempotent=False)
+        result = await py.call("work", {"label": "l", "steps": 2, "delay_ms": 10}, reporter, idempotent=False, key=None)
         assert result["content"][0]["text"] == "work l done" and "resultType" not in result, "a legacy answer"
         assert reporter.progress == [1, 2]
         changed.clear()
-        await py.call("grow", {"name": "sprig"}, Collected(), idempotent=False)
+        await py.call("grow", {"name": "sprig"}, Collected(), idempotent=False, key=None)
         async with asyncio.timeout(WAIT):
             await changed.wait()  # a plain notifications/tools/list_changed on the pipe
         assert "sprig" in {t.name for t in py.tools()}
@@ -113,7 +113,7 @@ async def test_server_everything_falls_back_and_its_restart_keeps_the_era(caplog
         assert ev.era == "legacy"
         first = ready_lines(caplog, "ev")[0]
         assert "legacy era (server/discover refused (-32601" in first, first
-        echoed = await ev.call("echo", {"message": "one"}, Collected(), idempotent=True)
+        echoed = await ev.call("echo", {"message": "one"}, Collected(), idempotent=True, key=None)
         assert echoed["content"][0]["text"] == "Echo: one"
 
         restarted = asyncio.Event()
@@ -124,7 +124,7 @@ async def test_server_everything_falls_back_and_its_restart_keeps_the_era(caplog
             await restarted.wait()
         assert ev.era == "legacy"
         assert "legacy era (as at its last start)" in ready_lines(caplog, "ev")[1], "no second probe"
-        again = await ev.call("echo", {"message": "two"}, Collected(), idempotent=True)
+        again = await ev.call("echo", {"message": "two"}, Collected(), idempotent=True, key=None)
         assert again["content"][0]["text"] == "Echo: two"
 
 
@@ -146,8 +146,17 @@ async def test_a_server_silent_before_initialize_is_legacy_once_the_probe_times_
         assert quiet.era == "legacy"
         assert "legacy era (server/discover had no answer in 0.5 s)" in ready_lines(caplog, "quiet")[0]
         assert [t.name for t in quiet.tools()] == ["echo"]
-        echoed = await quiet.call("echo", {"text": "hi"}, Collected(), idempotent=False)
-        assert echoed["content"][0]["text"] == "hi"
+        echoed = await quiet.call("echo", {"text": "hi"}, Collected(), idempotent=False, key="gw1.k")
+        assert [c["text"] for c in echoed["content"]] == ["hi"], "no key to a child that does not declare keys"
+
+
+async def test_a_call_key_goes_to_a_stdio_child_that_declares_keys() -> None:
+    """ADR 0033: the gateway's key for the call goes with it where the child declares ``tools.idempotency``."""
+    async with started(UpstreamConfig(name="keyed", command=(*SILENT, "keyed"))) as keyed:
+        echoed = await keyed.call("echo", {"text": "hi"}, Collected(), idempotent=False, key="gw1.k")
+        assert [c["text"] for c in echoed["content"]] == ["hi", "idempotencyKey gw1.k"]
+        unkeyed = await keyed.call("echo", {"text": "hi"}, Collected(), idempotent=False, key=None)
+        assert [c["text"] for c in unkeyed["content"]] == ["hi"]
 
 
 async def test_a_slow_dual_era_child_that_answers_the_probe_late_stays_modern(
@@ -162,5 +171,7 @@ async def test_a_slow_dual_era_child_that_answers_the_probe_late_stays_modern(
         assert child.era == "modern"
         line = ready_lines(caplog, "slow")[0]
         assert "modern era (server/discover answered late, and initialize was refused)" in line
-        result = await child.call("work", {"label": "s", "steps": 1, "delay_ms": 1}, Collected(), idempotent=False)
+        result = await child.call(
+            "work", {"label": "s", "steps": 1, "delay_ms": 1}, Collected(), idempotent=False, key=None
+        )
         assert result["content"][0]["text"] == "work s done" and result["resultType"] == "complete"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -60,7 +61,7 @@ class ModernPeer:
         return out
 
     async def send(
-        self, message: dict[str, Any], *, token: str | None = None, headers: dict[str, str] | None = None
+        self, message: dict[str, Any], *, token: str | None = None, headers: Mapping[str, str | None] | None = None
     ) -> StreamRead:
         sent = self.headers(message, token)
         for name, value in (headers or {}).items():

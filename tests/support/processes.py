@@ -25,8 +25,12 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], port: int, log: Path, command: str = "serve") -> None:
+    def __init__(
+        self, args: list[str], port: int, log: Path, command: str = "serve", env: dict[str, str] | None = None
+    ) -> None:
         self.args = args
+        self.env = env
+        """Variables set for the process on top of this one's environment."""
         self.command = command
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
@@ -36,7 +40,10 @@ class ServerProcess:
     def start(self, timeout: float = 20) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [*CLI, self.command, "--port", str(self.port), *self.args], stdout=out, stderr=out
+                [*CLI, self.command, "--port", str(self.port), *self.args],
+                stdout=out,
+                stderr=out,
+                env=None if self.env is None else {**os.environ, **self.env},
             )
         deadline = time.monotonic() + timeout
         delay = 0.02
@@ -49,6 +56,11 @@ class ServerProcess:
             time.sleep(delay)  # readiness probe of another process: there is no event to await
             delay = min(delay * 2, 0.25)
         raise RuntimeError(f"server not ready in {timeout}s:\n{self.log.read_text()}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -13,11 +13,12 @@ from typing import NoReturn
 
 from mcp_lossless.server.app import LosslessApp
 from mcp_lossless.server.modern import ModernLeg
+from mcp_lossless.server.modern.tasks import Tasks
 from mcp_lossless.server.transport import Transport
 
 
 def test_a_task_denial_is_typed_as_always_raising() -> None:
-    assert typing.get_type_hints(ModernLeg._deny)["return"] is NoReturn
+    assert typing.get_type_hints(Tasks.deny)["return"] is NoReturn
 
 
 def test_the_modern_leg_is_required_where_every_server_has_one() -> None:

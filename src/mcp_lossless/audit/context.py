@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +89,18 @@ class Audit:
         self.second = second
         self.memo: dict[str, Any] = {}
         """Experiments whose exchanges several checks read (e.g. the narrowed resume)."""
+
+    async def once(self, key: str, make: Callable[[Audit], Awaitable[Any]]) -> Any:
+        """Run an experiment once per audit; a reason it could not run holds for every check that needs it."""
+        if key not in self.memo:
+            try:
+                self.memo[key] = await make(self)
+            except NotRun as exc:
+                self.memo[key] = exc
+        outcome = self.memo[key]
+        if isinstance(outcome, NotRun):
+            raise outcome
+        return outcome
 
     @property
     def wide_resources(self) -> tuple[str, ...]:

@@ -14,10 +14,17 @@ from typing import Any
 import anyio
 
 from .context import BATCH_VERSION, CALL_FAILED, Audit, NotRun, Sent, failure_of
+from .key_probes import (
+    idempotency_concurrent_runs,
+    idempotency_conflict_accepted,
+    idempotency_duplicate_runs,
+    idempotency_other_principal,
+    idempotency_replay_narrowed,
+)
 from .redact import truncate
 from .report import CheckResult
 from .task_probes import task_denial_unknown_alike, task_leak_narrowed, task_other_principal, task_stream_narrowed
-from .tokens import TokenUnavailable, audience, unverified_claims
+from .tokens import TokenUnavailable, audience, principal_of
 from .wire import Credential, Exchange, HandshakeFailed, all_answered, progressed
 
 STATUS_DETAIL_CHARS = 100
@@ -304,14 +311,6 @@ async def cross_stream_replay(audit: Audit) -> CheckResult:
     )
 
 
-def _principal_of(token: str) -> tuple[object, object, object] | None:
-    """(iss, sub, client_id) of a JWT (unverified), only to refuse a comparison of a principal with itself."""
-    claims = unverified_claims(token)
-    if claims is None:
-        return None
-    return claims.get("iss"), claims.get("sub"), claims.get("client_id", claims.get("azp"))
-
-
 async def session_other_principal(audit: Audit) -> CheckResult:
     if audit.second is None:
         raise NotRun("no second principal: pass --second-client or --second-token-command")
@@ -320,7 +319,7 @@ async def session_other_principal(audit: Audit) -> CheckResult:
         other = await audit.second.credential(audit.wide_resources, "wide")
     except TokenUnavailable as exc:
         raise NotRun(f"no token for the second principal: {exc}") from None
-    if first is not None and (who := _principal_of(first.token)) is not None and who == _principal_of(other.token):
+    if first is not None and (who := principal_of(first.token)) is not None and who == principal_of(other.token):
         raise NotRun("the second credentials speak for the same principal (same iss, sub and client_id)")
     session = await audit.session("initialize (first principal)")
     request_id = audit.wire.next_id()
@@ -478,4 +477,9 @@ PROBES: dict[str, Probe] = {
     "task_denial_unknown_alike": task_denial_unknown_alike,
     "task_other_principal": task_other_principal,
     "task_stream_narrowed": task_stream_narrowed,
+    "idempotency_duplicate_runs": idempotency_duplicate_runs,
+    "idempotency_concurrent_runs": idempotency_concurrent_runs,
+    "idempotency_conflict_accepted": idempotency_conflict_accepted,
+    "idempotency_replay_narrowed": idempotency_replay_narrowed,
+    "idempotency_other_principal": idempotency_other_principal,
 }

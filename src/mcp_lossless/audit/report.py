@@ -18,7 +18,9 @@ from rich.text import Text
 from .redact import Redactor, truncate
 from .wire import Exchange
 
-CheckOutcome = Literal["finding", "ok", "not_run"]
+CheckOutcome = Literal["finding", "ok", "not_run", "not_applicable"]
+"""``not_applicable``: the server does not offer what the check tests (e.g. it declares no ``tools.idempotency``);
+unlike ``not_run`` it does not fail the audit, since there is nothing a client may rely on to check."""
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
@@ -41,11 +43,26 @@ CHECKS: dict[str, str] = {
     "task_denial_unknown_alike": "task denial answered like an unknown task id (or it lost the task)",
     "task_other_principal": "task readable by, or revealed to, another principal",
     "task_stream_narrowed": "task stream resumed by a narrowed token after a cut: leak or silent end",
+    "idempotency_duplicate_runs": "a duplicate tools/call under the same idempotencyKey ran the tool again",
+    "idempotency_concurrent_runs": "a duplicate sent while the key's first call still ran ran the tool again",
+    "idempotency_conflict_accepted": "a used idempotencyKey with other arguments not refused as a conflict",
+    "idempotency_replay_narrowed": "a completed key's outcome replayed to a narrowed token, or the refusal cost it",
+    "idempotency_other_principal": "another principal's same key got the first's outcome or told the key exists",
 }
 """Every check the audit runs, in order, with the finding it looks for."""
 
-OUTCOME_TEXT: dict[CheckOutcome, str] = {"finding": "FINDING", "ok": "ok", "not_run": "not run"}
-OUTCOME_STYLE: dict[CheckOutcome, str] = {"finding": "bold red", "ok": "green", "not_run": "yellow"}
+OUTCOME_TEXT: dict[CheckOutcome, str] = {
+    "finding": "FINDING",
+    "ok": "ok",
+    "not_run": "not run",
+    "not_applicable": "not applicable",
+}
+OUTCOME_STYLE: dict[CheckOutcome, str] = {
+    "finding": "bold red",
+    "ok": "green",
+    "not_run": "yellow",
+    "not_applicable": "dim",
+}
 
 END_TEXT = {
     "closed": "closed by the server",
@@ -88,6 +105,10 @@ class AuditReport:
         return [r for r in self.results if r.outcome == "not_run"]
 
     @property
+    def not_applicable(self) -> list[CheckResult]:
+        return [r for r in self.results if r.outcome == "not_applicable"]
+
+    @property
     def exit_status(self) -> int:
         if self.findings:
             return EXIT_FINDINGS
@@ -127,6 +148,7 @@ def report_document(report: AuditReport, redactor: Redactor) -> dict[str, Any]:
         "exit_status": report.exit_status,
         "findings": [r.name for r in report.findings],
         "not_run": [r.name for r in report.not_run],
+        "not_applicable": [r.name for r in report.not_applicable],
         "checks": [
             {
                 "name": r.name,
@@ -176,6 +198,8 @@ def to_markdown(document: dict[str, Any]) -> str:
     verdict = ", ".join(document["findings"]) or "none"
     not_run = ", ".join(document["not_run"]) or "none"
     out += ["", f"Findings: {verdict}. Not run: {not_run}. Exit status {document['exit_status']}.", ""]
+    if document["not_applicable"]:
+        out += [f"Not applicable: {', '.join(document['not_applicable'])}.", ""]
     for check in document["checks"]:
         out += [f"## {check['name']}: {OUTCOME_TEXT[check['outcome']]}", "", f"*{check['title']}*", ""]
         out += [check["summary"], ""]
@@ -199,3 +223,5 @@ def render_table(document: dict[str, Any], console: Console) -> None:
     console.print(f"findings: {verdict}", markup=False)
     if document["not_run"]:
         console.print(f"not run: {', '.join(document['not_run'])}", markup=False)
+    if document["not_applicable"]:
+        console.print(f"not applicable: {', '.join(document['not_applicable'])}", markup=False)

@@ -112,21 +112,8 @@ class NarrowedPolls:
     control: Exchange
 
 
-async def _memo(audit: Audit, key: str, make: Any) -> Any:
-    """Run an experiment once per audit; a reason it could not run holds for every check that needs it."""
-    if key not in audit.memo:
-        try:
-            audit.memo[key] = await make(audit)
-        except NotRun as exc:
-            audit.memo[key] = exc
-    outcome = audit.memo[key]
-    if isinstance(outcome, NotRun):
-        raise outcome
-    return outcome
-
-
 async def _settled_task(audit: Audit) -> SettledTask:
-    return await _memo(audit, "task", _create_and_settle)  # type: ignore[no-any-return]
+    return await audit.once("task", _create_and_settle)  # type: ignore[no-any-return]
 
 
 async def _created_task(audit: Audit, label: str) -> tuple[Exchange, str, dict[str, Any]]:
@@ -189,7 +176,7 @@ async def _narrowed_polls(audit: Audit) -> NarrowedPolls:
         control = await _poll(audit, task.task_id, await audit.wide(), "control: poll the task with the wide token")
         return NarrowedPolls(polled, unknown, control)
 
-    return await _memo(audit, "task_narrowed", run)  # type: ignore[no-any-return]
+    return await audit.once("task_narrowed", run)  # type: ignore[no-any-return]
 
 
 async def task_leak_narrowed(audit: Audit) -> CheckResult:
@@ -345,7 +332,7 @@ async def _cut_stream(audit: Audit) -> CutStream:
         )
         return CutStream(created, first, cursor, resumed, unknown, control)
 
-    return await _memo(audit, "task_stream", run)  # type: ignore[no-any-return]
+    return await audit.once("task_stream", run)  # type: ignore[no-any-return]
 
 
 async def task_stream_narrowed(audit: Audit) -> CheckResult:

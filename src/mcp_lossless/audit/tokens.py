@@ -121,6 +121,14 @@ def unverified_claims(token: str) -> dict[str, Any] | None:
     return claims if isinstance(claims, dict) else None
 
 
+def principal_of(token: str) -> tuple[object, object, object] | None:
+    """(iss, sub, client_id) of a JWT (unverified), only to refuse a comparison of a principal with itself."""
+    claims = unverified_claims(token)
+    if claims is None:
+        return None
+    return claims.get("iss"), claims.get("sub"), claims.get("client_id", claims.get("azp"))
+
+
 def audience(token: str) -> set[str] | None:
     """The ``aud`` of a JWT (unverified), or ``None`` for an opaque token."""
     claims = unverified_claims(token)

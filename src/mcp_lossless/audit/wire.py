@@ -200,18 +200,23 @@ class Wire:
         label: str,
         request_id: int | None = None,
         until: Stop | None = None,
+        tasks: bool = True,
+        progress_token: str | None = None,
     ) -> Exchange:
-        """One stateless 2026-07-28 request (no session), declaring the tasks extension; read to its answer, or
-        until ``until`` says so (the connection is then dropped: a cut).
+        """One stateless 2026-07-28 request (no session), declaring the tasks extension unless ``tasks`` is false
+        (a call then runs within its request); read to its answer, or until ``until`` says so (the connection is
+        then dropped: a cut).
 
         ``Mcp-Name`` carries the named parameter as is: the audit only sends plain ASCII names and task ids.
         """
         rid = self.next_id() if request_id is None else request_id
-        meta = {
+        meta: dict[str, Any] = {
             protocol.VERSION_META_KEY: STATELESS,
-            protocol.CAPABILITIES_META_KEY: {"extensions": {EXTENSION: {}}},
+            protocol.CAPABILITIES_META_KEY: {"extensions": {EXTENSION: {}}} if tasks else {},
             protocol.CLIENT_INFO_META_KEY: {"name": "mcp-lossless-audit", "version": "1"},
         }
+        if progress_token is not None:
+            meta["progressToken"] = progress_token
         message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": {**params, "_meta": meta}}
         headers = self._headers(credential, None, STATELESS)
         headers["mcp-method"] = method

@@ -27,6 +27,7 @@ from .errors import (
     ToolFailed,
 )
 from .handlers import InputHandler, InputRefused
+from .journal import FileJournal, Journal, PendingCall
 from .oauth import Auth, AuthorizationCodeGrant, BearerToken, Challenge, ExchangedToken, LoopbackRedirect, OAuth
 from .registration import ClientRegistration
 from .session import ProgressUpdate, ServerInfo
@@ -48,15 +49,18 @@ __all__ = [
     "DeadlineExceeded",
     "DpopKey",
     "ExchangedToken",
+    "FileJournal",
     "HttpPool",
     "IdJagFromIdp",
     "InputHandler",
     "InputRefused",
     "InputUnanswered",
+    "Journal",
     "JwtBearerGrant",
     "LoopbackRedirect",
     "McpClientError",
     "OAuth",
+    "PendingCall",
     "PrivateKeyJwt",
     "ProgressUpdate",
     "Prompt",

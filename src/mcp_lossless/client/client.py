@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -29,8 +29,9 @@ from ..core.idempotency import REPLAYED_META_KEY
 from ..core.protocol import RESOURCE_META_KEY
 from ..tracing import with_trace
 from .catalog import CatalogReads
-from .errors import McpClientError, RequestRejected, ToolFailed
+from .errors import CallMayHaveRun, McpClientError, RequestRejected, ToolFailed
 from .handlers import InputHandler, checked, offered
+from .journal import Journal, PendingCall, journaled, no_longer_keyed
 from .oauth import Auth
 from .paging import collect_pages
 from .session import MessageCallback, ProgressCallback, ServerInfo, Session
@@ -138,6 +139,7 @@ class Client(CatalogReads):
         pool: HttpPool | None = None,
         input_handlers: Mapping[str, InputHandler] | None = None,
         input_methods: Collection[str] = (),
+        journal: Journal | None = None,
     ) -> None:
         if protocol_version not in protocol.HANDSHAKE_VERSIONS:
             spoken = ", ".join(protocol.HANDSHAKE_VERSIONS)
@@ -154,6 +156,8 @@ class Client(CatalogReads):
         self._pool = pool
         self._input_handlers = input_handlers
         self._input_methods = tuple(input_methods)
+        self._journal = journal
+        """Where each keyed call is kept while pending, so a restarted process can re-issue it under its key."""
         offered(checked(input_handlers), self._input_methods)  # refused here, not at the first connection
         self._stack: AsyncExitStack | None = None
         self._session: Session | None = None
@@ -257,8 +261,31 @@ class Client(CatalogReads):
         if self._tools is None:
             await self.list_tools(timeout=timeout)
         spec = self._spec(ToolCall(name, arguments or {}, on_progress, reissue, idempotency_key))
-        answer = await self._require().request(spec, self._deadline(timeout), on_progress, on_message, input_handlers)
-        return _tool_result(name, answer)
+        with journaled(self._journal, _pending(name, spec)):
+            session = self._require()
+            answer = await session.request(spec, self._deadline(timeout), on_progress, on_message, input_handlers)
+            return _tool_result(name, answer)
+
+    async def resume_pending(
+        self,
+        call: PendingCall,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's deadline, as for call_tool
+        on_progress: ProgressCallback | None = None,
+    ) -> ToolResult:
+        """A call an earlier process left pending in its :class:`~.journal.Journal`, re-issued under its key: the
+        server replays its outcome (or answers "in progress", and then replays) rather than running the tool
+        again. :class:`CallMayHaveRun` when the server no longer declares ``tools.idempotency`` (a re-issue there
+        could run the tool twice); a call that became a task is resumed by :class:`~.modern.ModernClient`."""
+        if call.task_id is not None:
+            raise ValueError(f"{call.tool} became task {call.task_id}: follow it with ModernClient.resume_pending")
+        server = self._require().server
+        if server is None or not idempotency.declared(server.capabilities):
+            with journaled(self._journal, call):
+                raise CallMayHaveRun(no_longer_keyed(call))
+        return await self.call_tool(
+            call.tool, call.arguments, idempotency_key=call.idempotency_key, timeout=timeout, on_progress=on_progress
+        )
 
     async def listen(self, on_message: MessageCallback, on_open: Callable[[], None] | None = None) -> None:
         """Read the session's standalone GET stream, calling ``on_message`` with each server notification on it
@@ -307,7 +334,11 @@ class Client(CatalogReads):
         if self._tools is None:
             await self.list_tools(timeout=timeout)
         specs = [self._spec(call) for call in calls]
-        answers = await self._require().request_batch(specs, self._deadline(timeout), [c.on_progress for c in calls])
+        with ExitStack() as pending:
+            for call, spec in zip(calls, specs, strict=True):
+                pending.enter_context(journaled(self._journal, _pending(call.name, spec)))
+            progress = [c.on_progress for c in calls]
+            answers = await self._require().request_batch(specs, self._deadline(timeout), progress)
         outcomes: list[ToolResult | McpClientError] = []
         for call, answer in zip(calls, answers, strict=True):
             if isinstance(answer, McpClientError):
@@ -344,6 +375,13 @@ class Client(CatalogReads):
         if self._session is None or self._stack is None:
             raise RuntimeError("use the client inside 'async with'")
         return self._session
+
+
+def _pending(name: str, spec: CallSpec) -> PendingCall | None:
+    """What a journal keeps of a keyed call (an unkeyed one has nothing a later process could re-issue safely)."""
+    if spec.idempotency_key is None:
+        return None
+    return PendingCall(name, spec.params["arguments"], spec.idempotency_key)
 
 
 def _tool_result(name: str, raw: Mapping[str, Any]) -> ToolResult:

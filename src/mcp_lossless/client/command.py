@@ -104,6 +104,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=TEXT|KEY:=JSON",
         help="answer the tool's elicitation with these values (repeatable); without it a terminal asks",
     )
+    p.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="the call's SEP-3182 key when the server declares tools.idempotency (default a fresh UUID 4); run the "
+        "command again with the same key after a crash or a lost answer and the server replays the outcome of the "
+        "tool's one run",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log the client's recovery decisions to stderr")
 
 
@@ -214,10 +221,17 @@ async def _call_with(
             remaining = max(deadline - anyio.current_time(), MINIMUM_WAIT)
             if isinstance(client, ModernClient):
                 return await client.call_tool(
-                    args.tool, arguments, on_progress=show.progress, timeout=remaining, on_task_update=show.task
+                    args.tool,
+                    arguments,
+                    on_progress=show.progress,
+                    timeout=remaining,
+                    on_task_update=show.task,
+                    idempotency_key=args.idempotency_key,
                 )
             assert isinstance(client, Client)
-            return await client.call_tool(args.tool, arguments, on_progress=show.progress, timeout=remaining)
+            return await client.call_tool(
+                args.tool, arguments, on_progress=show.progress, timeout=remaining, idempotency_key=args.idempotency_key
+            )
 
 
 @dataclass(frozen=True, slots=True)

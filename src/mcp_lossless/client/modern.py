@@ -64,6 +64,7 @@ from .errors import (
     unreachable,
 )
 from .handlers import MAX_INPUT_ROUNDS, InputHandler, answer_input, capabilities, checked, for_call
+from .journal import Journal, PendingCall, journaled, no_longer_keyed
 from .oauth import Auth, parse_challenge
 from .paging import collect_pages
 from .session import NOT_SENT_ERRORS, MessageCallback, ProgressCallback, ProgressUpdate
@@ -224,6 +225,7 @@ class ModernClient(CatalogReads):
         on_task: TaskHook | None = None,
         pool: HttpPool | None = None,
         input_handlers: Mapping[str, InputHandler] | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.url = url
         self._handlers = checked(input_handlers)
@@ -236,6 +238,8 @@ class ModernClient(CatalogReads):
         self._http = http
         self._client_info = dict(client_info or {"name": "mcp-lossless", "version": "0"})
         self._on_task = on_task
+        self._journal = journal
+        """Where each keyed call is kept while pending, so a restarted process can re-issue it under its key."""
         self._stack: AsyncExitStack | None = None
         self._ids = itertools.count(1)
         self._tools: dict[str, Tool] | None = None
@@ -362,6 +366,11 @@ class ModernClient(CatalogReads):
                 raise ProtocolViolation(f"{method} answered with neither a result object nor an error")
             return result, resources
         raise AuthorizationFailed(f"{method} was still refused after {MAX_AUTHORIZATIONS} fresh grants")
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the server's last ``server/discover`` declared ``tools.idempotency``: calls carry keys."""
+        return self._keyed
 
     async def discover(self) -> dict[str, Any]:
         """``server/discover``; :class:`NotModern` when the server's answer is not a modern one."""
@@ -558,28 +567,61 @@ class ModernClient(CatalogReads):
             answer, resources = await self._send_call(name, round_params, resources, on_note, may_reissue, declared)
             return answer
 
-        try:
-            with anyio.fail_after(self._deadline(timeout)):
-                result = await self._answering(name, params, send, handlers)
-                if result.get("resultType") != "task":
-                    return _tool_result(name, result)
-                task.append(str(result["taskId"]))
-                if self._on_task is not None:
-                    self._on_task(task[0], name)
-                watch.append(_TaskWatch(task[0], on_task_update, on_progress, on_message))
-                watch[0].observe(result)
-                return await self._follow_task(
-                    name, task[0], resources, result.get("pollIntervalMs"), watch[0], handlers, declared
-                )
-        except TimeoutError:
-            if task:
-                await self._cancel_quietly(task[0], resources)
-                if watch and watch[0].unanswered is not None:
-                    raise CallMayHaveRun(
-                        f"task {task[0]} of {name}: the server stopped answering "
-                        f"({watch[0].unanswered}) until the deadline passed; it may have run"
-                    ) from None
-            raise DeadlineExceeded(f"{name} did not finish within its deadline") from None
+        key = params.get(idempotency.KEY_PARAM)
+        pending = PendingCall(name, params["arguments"], key) if key is not None else None
+        with journaled(self._journal, pending) as became_task:
+            try:
+                with anyio.fail_after(self._deadline(timeout)):
+                    result = await self._answering(name, params, send, handlers)
+                    if result.get("resultType") != "task":
+                        return _tool_result(name, result)
+                    task.append(str(result["taskId"]))
+                    became_task(task[0])
+                    if self._on_task is not None:
+                        self._on_task(task[0], name)
+                    watch.append(_TaskWatch(task[0], on_task_update, on_progress, on_message))
+                    watch[0].observe(result)
+                    return await self._follow_task(
+                        name, task[0], resources, result.get("pollIntervalMs"), watch[0], handlers, declared
+                    )
+            except TimeoutError:
+                if task:
+                    await self._cancel_quietly(task[0], resources)
+                    if watch and watch[0].unanswered is not None:
+                        raise CallMayHaveRun(
+                            f"task {task[0]} of {name}: the server stopped answering "
+                            f"({watch[0].unanswered}) until the deadline passed; it may have run"
+                        ) from None
+                raise DeadlineExceeded(f"{name} did not finish within its deadline") from None
+
+    async def resume_pending(
+        self,
+        call: PendingCall,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's deadline, as for call_tool
+        on_progress: ProgressCallback | None = None,
+        on_task_update: TaskUpdateCallback | None = None,
+    ) -> ToolResult:
+        """A call an earlier process left pending in its :class:`~.journal.Journal`: its task followed when it had
+        become one, else re-issued under its key, so the server replays its outcome (or answers "in progress", and
+        then replays) rather than running the tool again. :class:`CallMayHaveRun` when the server no longer
+        declares ``tools.idempotency``: a re-issue there could run the tool twice."""
+        if call.task_id is not None:
+            with journaled(self._journal, call):
+                return await self.resume_task(call.tool, call.task_id, timeout=timeout, on_task_update=on_task_update)
+        if not self._keyed:
+            await self.discover()
+        if not self._keyed:
+            with journaled(self._journal, call):
+                raise CallMayHaveRun(no_longer_keyed(call))
+        return await self.call_tool(
+            call.tool,
+            call.arguments,
+            idempotency_key=call.idempotency_key,
+            timeout=timeout,
+            on_progress=on_progress,
+            on_task_update=on_task_update,
+        )
 
     async def _send_call(
         self,
@@ -946,16 +988,17 @@ async def open_client(
     http: httpx.AsyncClient | None = None,
     on_task: TaskHook | None = None,
     input_handlers: Mapping[str, InputHandler] | None = None,
+    journal: Journal | None = None,
     **legacy: Any,
 ) -> AsyncIterator[ModernClient | Client]:
     """The client for ``url``'s era: 2026-07-28 when its ``server/discover`` answers as a modern server, else
     the legacy session client (``legacy`` holds that client's further options). The era is remembered per
     origin for the life of the process, and probed again if a cached modern verdict fails. ``input_handlers``
-    answer the server's requests for client input, in either era."""
+    answer the server's requests for client input, and ``journal`` keeps pending keyed calls, in either era."""
     origin = _origin(url)
     if _eras.get(origin) != "legacy":
         modern = ModernClient(
-            url, auth=auth, timeout=timeout, http=http, on_task=on_task, input_handlers=input_handlers
+            url, auth=auth, timeout=timeout, http=http, on_task=on_task, input_handlers=input_handlers, journal=journal
         )
         async with modern:
             try:
@@ -966,5 +1009,7 @@ async def open_client(
                 _eras[origin] = "modern"
                 yield modern
                 return
-    async with Client(url, auth=auth, timeout=timeout, http=http, input_handlers=input_handlers, **legacy) as client:
+    async with Client(
+        url, auth=auth, timeout=timeout, http=http, input_handlers=input_handlers, journal=journal, **legacy
+    ) as client:
         yield client

@@ -18,6 +18,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from .catalog import Prompt, PromptResult, Resource, ResourceTemplate
 from .client import Client, Tool, ToolResult
+from .journal import PendingCall
 from .session import ProgressCallback, ServerInfo
 
 
@@ -84,11 +85,25 @@ class SyncClient:
         on_progress: ProgressCallback | None = None,
         timeout: float | None = None,
         reissue: bool | None = None,
+        idempotency_key: str | None = None,
     ) -> ToolResult:
         call = partial(
-            self._client.call_tool, name, arguments, on_progress=on_progress, timeout=timeout, reissue=reissue
+            self._client.call_tool,
+            name,
+            arguments,
+            on_progress=on_progress,
+            timeout=timeout,
+            reissue=reissue,
+            idempotency_key=idempotency_key,
         )
         return self._require().call(call)
+
+    def resume_pending(
+        self, call: PendingCall, *, timeout: float | None = None, on_progress: ProgressCallback | None = None
+    ) -> ToolResult:
+        """:meth:`Client.resume_pending`: a call an earlier process left in its journal, re-issued under its key."""
+        resume = partial(self._client.resume_pending, call, timeout=timeout, on_progress=on_progress)
+        return self._require().call(resume)
 
     def _require(self) -> BlockingPortal:
         if self._portal is None:

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core import denials, errors
-from ..core.resources import AudiencePolicy, describe, requirement, scopes_in
+from ..core.resources import AudiencePolicy, requirement, scopes_in
+from ..server.requests import coverage_description
 from ..server.tools import MethodError, MethodHandler, MethodTags, ToolContext
 from .config import CatalogRule, UpstreamConfig
 from .table import Listed, ListedTemplate, expose_prompts, expose_resources, expose_templates
@@ -325,7 +326,7 @@ class Catalog:
         missing = self._policy.missing(ctx.grant.audience, self._tags[listed.upstream, kind], ctx.grant.scopes)
         if missing:
             data = denials.refusal_fields(" ".join(sorted(self._tags[listed.upstream, kind])), missing)
-            raise MethodError(errors.FORBIDDEN, f"token does not cover {describe(missing)}", data)
+            raise MethodError(errors.FORBIDDEN, coverage_description(missing), data)
         try:
             return await self.upstreams[listed.upstream].read(method, params)
         except UpstreamRpcError as exc:

@@ -33,7 +33,7 @@ from .config import GatewayConfigError, UpstreamConfig
 from .http import HttpUpstream
 from .stdio import StdioUpstream
 from .table import ExposedTool, expose
-from .upstream import Upstream, UpstreamFailure, UpstreamRpcError
+from .upstream import Upstream, UpstreamFailure, UpstreamRpcError, upstream_key
 from .vetting import Verdicts
 
 log = logging.getLogger("mcp_lossless.gateway")
@@ -224,7 +224,8 @@ class Gateway:
         for exposed in [e for e in self.exposed.values() if e.upstream == name]:
             self.registry.remove(exposed.name)
             del self.exposed[exposed.name]
-        tools = self.upstreams[name].tools()
+        upstream = self.upstreams[name]
+        tools = upstream.tools()
         self.verdicts.tools_listed(name, {tool.name for tool in tools})
         config = self.verdicts.effective(name)
         for exposed in expose(config, tools, taken=self.exposed) if config is not None else ():
@@ -240,6 +241,8 @@ class Gateway:
                 scopes=exposed.scopes,
                 # What may not run twice must outlive its request: 2026-07-28 clients get it as a task.
                 task=None if exposed.idempotent else "optional",
+                # A stdio child is not trusted to: a gateway's restart brings a new child, its keys gone.
+                dedups_keys=upstream.dedups_keys if isinstance(upstream, HttpUpstream) else None,
             )
             self.exposed[exposed.name] = exposed
         self.app.tools_changed()
@@ -271,7 +274,8 @@ class Gateway:
         started = time.perf_counter()
         outcome = "ok"
         try:
-            result = await upstream.call(exposed.tool.name, arguments, ctx, idempotent=exposed.idempotent)
+            key = None if ctx.idempotency_key is None else upstream_key(ctx.principal, ctx.idempotency_key)
+            result = await upstream.call(exposed.tool.name, arguments, ctx, idempotent=exposed.idempotent, key=key)
             if result.get("isError") is True:
                 outcome = "tool_error"
             return result

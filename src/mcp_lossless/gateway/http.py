@@ -54,7 +54,7 @@ from ..client.errors import InputUnanswered, describe_failure
 from ..client.handlers import InputHandler, InputRefused
 from ..client.modern import ModernClient, NotModern, TaskUpdate
 from ..client.transport import Backoff
-from ..core import errors
+from ..core import errors, idempotency
 from .config import BearerFromEnv, ClientCredentialsFromEnv, TokenExchangeFromEnv, UpstreamConfig
 from .exchange import ExchangeRefused, TokenExchange, needing
 from .pool import UpstreamPool
@@ -473,8 +473,16 @@ class HttpUpstream:
     def tools(self) -> list[UpstreamTool]:
         return list(self._tools)
 
+    def dedups_keys(self) -> bool:
+        """Whether the upstream, as connected now, declares ``tools.idempotency`` on every session: then a call's
+        key goes with it and the upstream's record answers a repeat (ADR 0033). ``False`` while not connected."""
+        return bool(self._clients) and all(
+            client.keyed if isinstance(client, ModernClient) else idempotency.declared(client.server.capabilities)
+            for client in self._clients
+        )
+
     async def call(
-        self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool
+        self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool, key: str | None
     ) -> dict[str, Any]:
         if not self._clients:
             raise UpstreamFailure("unreachable", f"upstream {self.name} is not connected", may_have_run=False)
@@ -483,7 +491,7 @@ class HttpUpstream:
         self._in_flight[index] += 1
         try:
             with needing(self.config.scopes_of(tool)):
-                return await self._call(self._clients[index], tool, arguments, reporter, idempotent=idempotent)
+                return await self._call(self._clients[index], tool, arguments, reporter, idempotent=idempotent, key=key)
         finally:
             if index < len(self._in_flight):
                 self._in_flight[index] -= 1
@@ -496,7 +504,10 @@ class HttpUpstream:
         reporter: Reporter,
         *,
         idempotent: bool,
+        key: str | None,
     ) -> dict[str, Any]:
+        """The client sends ``key`` only to an upstream declaring ``tools.idempotency`` (and, without one, a fresh
+        key of its own there): every attempt below, and every re-issue of the client's, is under the same key."""
         relay = Relay()
 
         def progress(update: ProgressUpdate) -> None:
@@ -534,6 +545,7 @@ class HttpUpstream:
                             on_progress=on_progress,
                             timeout=timeout,
                             reissue=idempotent or None,
+                            idempotency_key=key,
                             on_task_update=on_task_update,
                             on_message=message,
                             log_level=UPSTREAM_LOG_LEVEL,
@@ -547,6 +559,7 @@ class HttpUpstream:
                             on_message=message,
                             timeout=timeout,
                             reissue=idempotent or None,
+                            idempotency_key=key,
                             input_handlers=_handlers(LEGACY_INPUT_METHODS, asks),
                         )
                     result = await _asking(call, asks, reporter)

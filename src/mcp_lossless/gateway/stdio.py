@@ -41,7 +41,7 @@ from .. import tracing
 from ..client.errors import ProtocolViolation, describe_failure
 from ..client.handlers import MAX_INPUT_ROUNDS, InputRefused
 from ..client.paging import collect_pages
-from ..core import errors
+from ..core import errors, idempotency
 from .config import UpstreamConfig
 from .stdio_era import LEGACY_INPUT_METHODS, SpokenEra, complete, enveloped, input_requests, negotiate_era
 from .upstream import (
@@ -129,6 +129,8 @@ class StdioUpstream:
         self._given_up: str | None = None
         self._closing = False
         self._tools: list[UpstreamTool] = []
+        self._keyed = False
+        """The running child declared ``tools.idempotency``: a call's key goes with it (ADR 0033)."""
         self._on_tools_changed: Callable[[], None] = lambda: None
 
     @property
@@ -172,6 +174,7 @@ class StdioUpstream:
             async with asyncio.timeout(HANDSHAKE_SECONDS):
                 handshake = await negotiate_era(self._request, self._notify, config.era, self.era)
                 self.era = handshake.era
+                self._keyed = idempotency.declared(handshake.capabilities)
                 if handshake.era == "modern" and handshake.announces_list_changes:
                     self._spawn_task(self._listen())  # before the listing: a change after it is announced
                 self._tools = await self._list_tools()
@@ -403,7 +406,7 @@ class StdioUpstream:
     # ---- calls ------------------------------------------------------------------------------------
 
     async def call(
-        self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool
+        self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool, key: str | None
     ) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeout
@@ -426,7 +429,10 @@ class StdioUpstream:
             self._asking[call.token] = call.asks.put_nowait
             meta: dict[str, Any] = {"progressToken": call.token}
             tracing.inject(meta)  # the gateway call's trace goes on to the child (SEP-414)
-            params = self._speaking({"name": tool, "arguments": arguments, "_meta": meta})
+            called: dict[str, Any] = {"name": tool, "arguments": arguments, "_meta": meta}
+            if key is not None and self._keyed:
+                called[idempotency.KEY_PARAM] = key
+            params = self._speaking(called)
             try:
                 async with relay:
                     try:

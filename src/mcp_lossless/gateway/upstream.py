@@ -9,14 +9,19 @@ its own client gets; nothing here decides authorization.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import orjson
+
 from .. import __version__
 from ..client.handlers import InputRefused
 from ..core import errors
+from ..core.principal import Principal
 from ..server.tools import MethodError
 
 CLIENT_INFO = {"name": "mcp-lossless-gateway", "version": __version__}
@@ -28,6 +33,23 @@ def counted(n: int, noun: str) -> str:
 
 
 """How the gateway names itself to every upstream, in both transports."""
+
+UPSTREAM_KEY_PREFIX = "gw1."
+"""Marks a key the gateway derived (:func:`upstream_key`), and its derivation's version."""
+
+
+def upstream_key(principal: Principal, key: str) -> str:
+    """The idempotency key the gateway sends upstream for its client's ``key`` (ADR 0033).
+
+    Upstream, every call is the gateway's (its own credentials): a key passed on verbatim would be one key for all
+    of the gateway's clients there, so one principal's key string would replay another's outcome. The derived key
+    is bound to the client's principal as the gateway's own record of the key is, the same on every gateway
+    process (a replica, a restart) so the upstream recognizes a re-issue, and reveals neither the subject nor the
+    key: a SHA-256 of the principal and the key, 47 characters."""
+    material = orjson.dumps([principal.issuer, principal.subject, principal.client_id, key])  # unambiguous
+    digest = base64.urlsafe_b64encode(hashlib.sha256(material).digest()).rstrip(b"=").decode()
+    return UPSTREAM_KEY_PREFIX + digest
+
 
 CatalogKind = Literal["prompts", "resources"]
 ListKind = Literal["prompts", "resources", "templates"]
@@ -138,8 +160,11 @@ class Upstream(Protocol):
         ...
 
     async def call(
-        self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool
-    ) -> dict[str, Any]: ...
+        self, tool: str, arguments: dict[str, Any], reporter: Reporter, *, idempotent: bool, key: str | None
+    ) -> dict[str, Any]:
+        """The upstream's answer to one call; ``key`` (:func:`upstream_key`) goes with it where the upstream
+        declares ``tools.idempotency``, else it is not sent (the SEP: an undeclared key guarantees nothing)."""
+        ...
 
     async def listing(self, kind: ListKind) -> list[dict[str, Any]]:
         """Every entry of the upstream's list of ``kind`` (all its pages), as it sent them, asked now."""

@@ -302,7 +302,9 @@ class LosslessApp:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         sessions = self.state.sessions
-        log_decision("draining", running=sessions.running_total(), tasks=len(self.modern.running), seconds=seconds)
+        log_decision(
+            "draining", running=sessions.running_total(), tasks=len(self.modern.tasks.running), seconds=seconds
+        )
         while (running := self._running()) and loop.time() < deadline:
             await asyncio.wait(running, timeout=deadline - loop.time())  # then again: calls may have started since
         left = sessions.running_total()
@@ -314,7 +316,7 @@ class LosslessApp:
     def _running(self) -> set[asyncio.Task[Any]]:
         """The tasks of every call and task at work here: each session's, the modern leg's in-request and tasks."""
         legacy = {task for session in self.state.sessions.all() for task in session.tasks.values()}
-        return legacy | self.modern.in_request | set(self.modern.running.values())
+        return legacy | self.modern.in_request | set(self.modern.tasks.running.values())
 
     async def shutdown(self) -> None:
         self.started = False

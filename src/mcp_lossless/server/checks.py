@@ -83,20 +83,10 @@ def require_alone(messages: list[dict[str, Any]]) -> None:
         raise _invalid("initialize cannot be batched")
 
 
-def protocol_version(scope: Scope, messages: list[dict[str, Any]]) -> str | None:
-    """The revision a request asks for, refused unless served; ``None``: the session's (negotiated, so served).
-
-    It is the ``MCP-Protocol-Version`` header, else the ``_meta`` revision a 2026-07-28 request carries in place
-    of a session. Checked before the session: a 2026-07-28 client has none, and must get the ``-32022`` answer it
-    falls back on, not "session required".
-    """
-    raw = headers(scope).get(b"mcp-protocol-version")  # one lookup fewer than ``header``: this runs per request
-    requested = None if raw is None else raw.decode("latin-1")
-    if requested is None and messages:
-        params = messages[0].get("params")
-        meta = params.get("_meta") if isinstance(params, dict) else None
-        value = meta.get(protocol.VERSION_META_KEY) if isinstance(meta, dict) else None
-        requested = value if isinstance(value, str) else None
+def served_revision(requested: str | None, messages: list[dict[str, Any]]) -> str | None:
+    """The revision a legacy request asks for (:func:`.requests.era`), refused unless served; ``None``: the
+    session's (negotiated, so served). Checked before the session: a 2026-07-28 client has none, and must get the
+    ``-32022`` answer it falls back on, not "session required"."""
     if requested is None or requested in protocol.HANDSHAKE_VERSIONS:
         return requested
     request_id = messages[0].get("id") if len(messages) == 1 and "method" in messages[0] else None

@@ -7,6 +7,7 @@ cancellation, or EXECUTION_LOST when the server shuts down under it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -20,17 +21,19 @@ from ..core.events import PendingRequest
 from ..core.principal import Grant
 from ..stores.base import StoreUnavailable
 from .checks import is_request_id
+from .requests import call_tool, handling, tool_failed
 from .sessions import ServerSession, SessionRegistry
 from .state import ServerState
 from .streams import LiveStream
-from .tools import InputRequests, MethodError, ToolContext, ToolError, ToolInputError, content_of
+from .tools import InputRequests, MethodError, ToolContext
 
 log = logging.getLogger("mcp_lossless.dispatch")
 _outbound_ids = itertools.count(1)
 
 
-Work = Callable[[ToolContext], Awaitable[bytes]]
-"""What answers a request that needs more than a lookup: a tool, or an extra method's handler."""
+Work = Callable[[ToolContext], Awaitable[dict[str, Any]]]
+"""What answers a request that needs more than a lookup: a tool (:func:`.requests.call_tool`), or an extra
+method's handler; its result becomes the request's answer."""
 
 
 class StreamChannel:
@@ -176,21 +179,20 @@ class Dispatcher:
         work: Work
         if repeated or rid in session.tasks:
             return frames.error(rid, errors.INVALID_REQUEST, f"request id {rid!r} is already in use in this session")
-        if method == "tools/call":
+        kind = handling(method, False, state.methods)
+        if kind == "call":
             if request.tool is None:
                 return frames.error(rid, errors.INVALID_PARAMS, f"unknown tool {params.get('name')!r}")
-            work = self._tool_work(request, params)
-        elif method == "ping":
-            return frames.result(rid, {})
-        elif method == "tools/list":
+            work = functools.partial(call_tool, state.tools[request.tool], params)
+        elif kind == "list_tools":
             return frames.result(rid, {"tools": state.tools_list})
-        elif method in state.methods:
+        elif kind == "extra":
             handler = state.methods[method]
 
-            async def work(ctx: ToolContext) -> bytes:
-                return frames.result(rid, await handler(ctx, params))
+            def work(ctx: ToolContext) -> Awaitable[dict[str, Any]]:
+                return handler(ctx, params)
 
-        elif method == "logging/setLevel":
+        elif kind in ("ping", "set_log_level"):
             return frames.result(rid, {})
         else:
             return frames.error(rid, errors.METHOD_NOT_FOUND, f"method {method!r} not found")
@@ -206,24 +208,6 @@ class Dispatcher:
         named = {"mcp.method.name": "tools/call", "gen_ai.tool.name": request.tool, "jsonrpc.request.id": str(rid)}
         return _traced(run, f"tools/call {request.tool}", named, meta if isinstance(meta, dict) else None)
 
-    def _tool_work(self, request: PendingRequest, params: dict[str, Any]) -> Work:
-        tool = self.state.tools[request.tool or ""]
-        rid = request.request_id
-
-        async def work(ctx: ToolContext) -> bytes:
-            try:
-                kwargs = tool.bind(params.get("arguments"))
-            except ToolInputError as exc:
-                return frames.error(rid, errors.INVALID_PARAMS, f"invalid arguments for {tool.name}: {exc}")
-            if tool.context_param is not None:
-                kwargs[tool.context_param] = ctx
-            try:
-                return frames.result(rid, content_of(await tool.fn(**kwargs)))
-            except ToolError as exc:
-                return frames.result(rid, {"content": [{"type": "text", "text": str(exc)}], "isError": True})
-
-        return work
-
     async def _run(
         self,
         session: ServerSession,
@@ -234,7 +218,7 @@ class Dispatcher:
     ) -> None:
         rid = request.request_id
         try:
-            data = await work(ctx)
+            data = frames.result(rid, await work(ctx))
         except MethodError as exc:
             data = frames.error(rid, exc.code, exc.message, exc.data)
         except asyncio.CancelledError:
@@ -251,8 +235,7 @@ class Dispatcher:
         except Exception:
             log.exception("request %s (%s) failed", rid, request.tool or request.method)
             if request.tool is not None:
-                text = f"tool {request.tool} failed"
-                data = frames.result(rid, {"content": [{"type": "text", "text": text}], "isError": True})
+                data = frames.result(rid, tool_failed(request.tool))
             else:
                 data = frames.error(rid, errors.INTERNAL_ERROR, f"{request.method} failed")
         sessions = self.state.sessions

@@ -7,7 +7,8 @@ record, the rest are answered at once with the recorded outcome or the SEP's err
 process from its decision until its record is stored, so that a duplicate arriving in that window is "in progress"
 rather than a second run (one process owns a SQLite file or a memory store). On a shared store (Redis) the record's
 write decides between processes: the store sets each key only if no one holds it, and the loser decides again, now
-finding the winner's record.
+finding the winner's record. A lost key of a tool that passes it on to an upstream deduplicating it (a gateway's,
+ADR 0033) is run again unrecorded: that upstream's record answers it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ from .sessions import ServerSession
 from .state import ServerState
 
 ClaimKey = tuple[Principal, str]
+
+
+class _RunAgain:
+    """The verdict "run it again, its key not recorded anew": a lost key of a tool that passes the key on to an
+    upstream deduplicating it (:attr:`~.tools.RegisteredTool.dedups_keys`, ADR 0033), whose record answers it."""
+
+
+RUN_AGAIN = _RunAgain()
 _OPEN_ATTEMPTS = 3
 """Decisions a keyed POST takes at most: a key lost to another replica is found held at the next one (a third only
 if that holder's key expired meanwhile); beyond, the store is not answering consistently (503)."""
@@ -138,6 +147,8 @@ class Keys:
                 continue
             hashed = argument_hash(params.get("arguments") or {})
             answer = await self._decide(session, grant, key, request, hashed, now)
+            if answer is RUN_AGAIN:
+                continue  # runs as an unkeyed call does; its tool passes the key on (ADR 0033)
             if answer is None:
                 record = KeyRecord(
                     grant.principal, key, request.tool, hashed, StreamTarget(stream, request.request_id), now,
@@ -146,6 +157,7 @@ class Keys:
                 self._claims[grant.principal, key] = record
                 first.append(record)
             else:
+                assert isinstance(answer, bytes)
                 answers[index] = answer
         return answers, first
 
@@ -160,8 +172,8 @@ class Keys:
 
     async def _decide(
         self, session: ServerSession | None, grant: Grant, key: str, request: PendingRequest, hashed: str, now: float
-    ) -> bytes | None:
-        """``None`` to run it; else its one answer."""
+    ) -> bytes | _RunAgain | None:
+        """``None`` to run it; :data:`RUN_AGAIN` to run it unrecorded; else its one answer."""
         state = self.state
         rid = request.request_id
         recording = self._recording.get((grant.principal, key))
@@ -182,6 +194,8 @@ class Keys:
                     return None
                 case Refuse():
                     raise AssertionError("the POST's admission refused every call its token does not cover")
+                case Lost() if self._passed_on(request.tool):
+                    return RUN_AGAIN
                 case Conflict() | InProgress() | Lost():
                     error = verdict.error()
                     return frames.error(rid, error["code"], error["message"], error["data"])
@@ -193,6 +207,11 @@ class Keys:
                     if stream is not None:
                         await state.store.mark_lost(target.stream, stream.owner, Loss.OWNER)
         raise AssertionError("a settled key is decided as lost")
+
+    def _passed_on(self, tool: str | None) -> bool:
+        """Whether ``tool`` passes its key on, now, to an upstream that dedups it (ADR 0033)."""
+        registered = self.state.tools.get(tool or "")
+        return registered is not None and registered.dedups_keys is not None and registered.dedups_keys()
 
     async def _target_state(self, session: ServerSession | None, record: KeyRecord) -> tuple[TargetState, str | None]:
         """``session``: the duplicate's legacy session, whose live stream a running first use is resumed from."""

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, assert_never
 
-from ..asgi import Receive, Send, respond
+from ..asgi import Receive, Send, disconnected, respond
 from ..core import errors, frames, protocol
 from ..core.events import Loss, PendingRequest, StoredEvent, StreamKind, StreamRecord
 from ..core.principal import Grant, Principal
@@ -299,7 +299,7 @@ class TaskStreams:
         """Live events as they are stored, each through the gate; the end is the terminal event, a lost stream's
         explicit outcome, an in-band denial, or the client leaving (which stops the stream, not the task)."""
         store, stream = self.events.store, stream_of(task_id)
-        gone = asyncio.get_running_loop().create_task(_disconnected(receive))
+        gone = asyncio.get_running_loop().create_task(disconnected(receive))
         try:
             with self.events.following(task_id) as waker:
                 while True:
@@ -361,8 +361,3 @@ class TaskStreams:
     @staticmethod
     async def _end(send: Send, message: bytes) -> None:
         await send({"type": "http.response.body", "body": frames.sse(None, message)})
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass

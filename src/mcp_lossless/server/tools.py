@@ -56,13 +56,16 @@ class InputRequired(BaseException):
 class ToolContext:
     """What a running tool (or method handler) may use: its caller, progress, logs, client requests, cancellation."""
 
-    __slots__ = ("_asked", "_channel", "_progress_token", "cancelled", "grant", "request_id")
+    __slots__ = ("_asked", "_channel", "_progress_token", "cancelled", "grant", "idempotency_key", "request_id")
 
     def __init__(self, grant: Grant, request_id: str | int, progress_token: str | int | None, channel: Channel) -> None:
         self.grant = grant
         self.request_id = request_id
         self.cancelled = False
         """The client cancelled this request (the tool sees it as ``asyncio.CancelledError`` at its next await)."""
+        self.idempotency_key: str | None = None
+        """The call's SEP-3182 key as its client sent it (set when the tool runs): the server has already recorded
+        it; a gateway passes it on to an upstream that dedups keys itself (ADR 0033)."""
         self._progress_token = progress_token
         self._channel = channel
         self._asked = 0
@@ -187,6 +190,10 @@ class RegisteredTool:
     input_before_task: bool = False
     """A task tool whose first asks of the client come before its first other await: on 2026-07-28 they are
     answered by multi round-trip requests on the ``tools/call`` itself, before the task is created."""
+    dedups_keys: Callable[[], bool] | None = None
+    """Whether, now, the tool's work passes the call's idempotency key on to something that dedups it itself (a
+    gateway's HTTP upstream declaring ``tools.idempotency``): then a key whose first run was lost is run again
+    under it, unrecorded, and that upstream answers it from its own record (ADR 0033)."""
 
     def input_schema(self) -> dict[str, Any]:
         if self.schema is not None:
@@ -312,9 +319,10 @@ class ToolRegistry:
         resource: str | None = None,
         scopes: tuple[str, ...] = (),
         task: TaskSupport | None = None,
+        dedups_keys: Callable[[], bool] | None = None,
     ) -> None:
         """Register a tool by its raw JSON ``input_schema``; ``handler(ctx, arguments)`` runs each call
-        (``scopes`` and ``task`` as for :meth:`tool`)."""
+        (``scopes`` and ``task`` as for :meth:`tool`; ``dedups_keys`` as :attr:`RegisteredTool.dedups_keys`)."""
         if name in self.tools:
             raise ValueError(f"tool {name!r} declared twice")
         checked = scope_tokens(f"tool {name!r}", scopes)
@@ -333,6 +341,7 @@ class ToolRegistry:
             scopes=checked,
             schema=input_schema,
             task=task,
+            dedups_keys=dedups_keys,
         )
 
     def remove(self, name: str) -> None:

@@ -16,14 +16,13 @@ from typing import Any, Protocol
 
 from .. import __version__, tracing
 from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
-from ..core import denials, errors, frames, protocol
+from ..core import errors, frames, protocol
 from ..core import limits as verdicts
 from ..core.eventids import EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
 from ..core.limits import LimitExceeded
 from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal
-from ..core.resources import describe, resources_in
 from ..core.resume import (
     CursorRejected,
     Lookup,
@@ -44,8 +43,9 @@ from .auth import CALLER, InvalidToken, VerifierUnavailable
 from .dispatch import Dispatcher
 from .errors import Refused, rpc_error
 from .keys import stream_key
-from .modern import ModernLeg, is_modern
+from .modern import ModernLeg
 from .observability import fingerprint, log_decision, now
+from .requests import Leg, era, uncovered
 from .sessions import ServerSession
 from .state import ServerState
 from .streams import LiveStream, Producers
@@ -155,17 +155,17 @@ class Transport:
         if too_long is not None:  # before any of its messages is looked at
             raise self._over(too_long)
         messages = checks.check_messages(values)
-        if not batch:
-            index = headers(scope)
-            if is_modern(messages[0], index):
-                await self.modern.serve(receive, send, grant, index, messages[0], scope.get("client"))
-                return
+        index = headers(scope)
         first = messages[0]
+        requested = era(index, first, not batch)
+        if requested is Leg.MODERN:
+            await self.modern.serve(receive, send, grant, index, first, scope.get("client"))
+            return
         if first.get("method") == "initialize" and "id" in first:
             checks.require_alone(messages)
             await self._initialize(send, grant, first)
             return
-        version = checks.protocol_version(scope, messages)
+        version = checks.served_revision(requested, messages)
         session = self._recent_session(scope, grant)
         if session is None:
             session = await self._session(scope, grant)
@@ -245,14 +245,10 @@ class Transport:
         return requests, pending, calls
 
     def _forbidden(self, missing: list[str], requests: list[dict[str, Any]], pending: list[PendingRequest]) -> Refused:
-        lacks = "audience does not cover" if resources_in(missing) else "lacks"  # scopes only: the audience is fine
-        description = f"token {lacks} {describe(missing)}"
-        self.state.metrics.refusals.labels("insufficient_audience", "call").inc()
         needed = frozenset[str]().union(*(p.resources for p in pending))
-        data = denials.refusal_fields(" ".join(sorted(needed)), missing)
-        body = [rpc_error(errors.FORBIDDEN, description, m["id"], data) for m in requests]
-        challenge = metadata.insufficient_scope(description, self.state.prm_url, missing, needed)
-        return Refused(403, body if len(body) > 1 else body[0], [(b"www-authenticate", challenge)])
+        refusal = uncovered(missing, needed, self.state.prm_url, self.state.metrics)
+        body = [rpc_error(errors.FORBIDDEN, refusal.description, m["id"], refusal.data) for m in requests]
+        return Refused(403, body if len(body) > 1 else body[0], refusal.challenge)
 
     async def _open_post_stream(
         self,
@@ -348,7 +344,9 @@ class Transport:
         """Token, Accept, revision, session; then the standalone stream, or a resume from ``Last-Event-ID``."""
         grant = await self._authenticate(scope)
         checks.require_get_accept(scope)
-        checks.protocol_version(scope, [])
+        requested = era(headers(scope), None, False)
+        assert requested is not Leg.MODERN, "a GET carries no message to open the modern way"
+        checks.served_revision(requested, [])
         session = await self._session(scope, grant)
         last_event_id = header(scope, b"last-event-id")
         if last_event_id is None:

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from ..asgi import Receive, Send
+from ..asgi import Receive, Send, disconnected
 from ..core import frames
 from ..core.events import Loss, PendingRequest, RequestId, StoredEvent, answered_in
 from ..core.replay import DeliveryGate, Refusal
@@ -214,13 +214,6 @@ class StoredSource:
         return None
 
 
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 class SseWriter:
     """One SSE response: a head, then batches from a source until it ends, the client leaves, or a refusal."""
 
@@ -291,7 +284,7 @@ class SseWriter:
                     pending = []
                     size = 0
                 if disconnect is None:
-                    disconnect = asyncio.create_task(_wait_disconnect(receive))
+                    disconnect = asyncio.create_task(disconnected(receive))
                 elif disconnect.done():
                     return  # gone while events kept coming: they stay in the store for its resume
                 if events:

@@ -1,0 +1,200 @@
+"""Keyed calls of the 2026-07-28 leg (SEP-3182, docs/decisions/0029): the exception to "closing cancels".
+
+A ``tools/call`` carrying an idempotency key has its key recorded before it runs, runs detached from its request,
+and has its answer stored as the key's outcome, so the retry under the same key finds it running or answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from ...asgi import Receive, Send, disconnected, respond
+from ...core import errors, frames
+from ...core.eventids import EventIdCodec
+from ...core.events import Loss, PendingRequest, RequestId, StoredEvent, StreamKind, StreamRecord
+from ...core.principal import Grant
+from ...stores.base import EventStore, StoreUnavailable
+from ..errors import Refused
+from ..idempotency import Keys
+from ..keys import stream_key
+from ..observability import log_decision
+from ..sessions import SessionRegistry
+from ..tools import InputRequired, RegisteredTool, ToolContext
+from ..writer import SSE_HEADERS
+from .inline import InlineRuns, RequestChannel, RunOutcome, input_before_task, progress_token, run_tool
+from .replies import refused
+from .tasks import TaskChannel, Tasks
+
+log = logging.getLogger("mcp_lossless.modern")
+
+
+class KeyedState(Protocol):
+    """The part of the server's state a keyed call reads: where its answer is stored and under whose cap."""
+
+    instance: str
+    store: EventStore
+    sessions: SessionRegistry
+    tool_tags: dict[str, frozenset[str]]
+
+    @property
+    def codec(self) -> EventIdCodec: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+
+class KeyedCalls:
+    """The keyed calls of this process: each recorded under its key, run detached, its answer stored."""
+
+    def __init__(self, state: KeyedState, keys: Keys, tasks: Tasks, inline: InlineRuns) -> None:
+        self.state = state
+        self.keys = keys
+        """Idempotency keys between their decision and their record (ADR 0029), shared with the legacy leg."""
+        self.tasks = tasks
+        self.inline = inline
+        self.running: set[asyncio.Task[bytes]] = set()
+        """Keyed calls running detached from their request (:meth:`_run`)."""
+
+    async def call(
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        rid: RequestId,
+        tool: RegisteredTool,
+        params: dict[str, Any],
+        declared: bool,
+        channel: RequestChannel,
+    ) -> bool:
+        """A keyed ``tools/call`` (ADR 0029): a duplicate is answered from the key's record; a first use records
+        its key with a stream of its own (its own session id: no session holds it) before anything runs, and its
+        answer, result or ``CreateTaskResult`` (a repeated key returns the same task), is that stream's one event,
+        stored before it is sent. The work runs detached from the request (:meth:`_run`), so a broken
+        connection does not cancel it: the retry finds it running or answered. ``False``: a lost key of a tool
+        whose upstream dedups it, for the caller to run as an unkeyed call (ADR 0033)."""
+        s = self.state
+        creates_task = tool.task is not None and declared and not tool.input_before_task
+        if creates_task:
+            self.tasks.check_room()  # a refusal that waiting cures is not recorded as the key's outcome
+        tags = s.tool_tags[tool.name]
+        pending = PendingRequest(rid, "tools/call", tool.name, tags)
+        stream = stream_key()
+        record = StreamRecord(stream, stream, StreamKind.POST, s.instance, (pending,), 0)
+        try:
+            answers, opened = await self.keys.open(
+                None, grant, record, [{"params": params}], [pending], Refused.over, alone=True
+            )
+        except StoreUnavailable:
+            raise refused(503, errors.INTERNAL_ERROR, "the event store is unavailable") from None
+        if 0 in answers:
+            await respond(send, 200, answers[0], b"application/json")
+            return True
+        if opened is None:
+            return False  # not recorded: run again, its upstream answering the key from its own record
+        if creates_task:
+            task_channel = TaskChannel(self.tasks, channel.capabilities, channel.answers or {})
+
+            async def create() -> bytes:
+                try:
+                    created = await self.tasks.create(grant, tool, params, task_channel)
+                except Refused as refused:  # the store refused the task (its own cap): that is the key's outcome
+                    error = refused.body["error"]
+                    return frames.error(rid, error["code"], error["message"], error.get("data"))
+                return frames.result(rid, {**created, "resultType": "task"})
+
+            await self._run(receive, send, grant, record, create(), channel)
+            return True
+        ctx = ToolContext(grant, rid, progress_token(params), channel)
+
+        async def run() -> bytes:
+            outcome = RunOutcome()
+            if tool.task is not None and declared:  # asks for its input before it becomes a task
+                asked = input_before_task(tool, params, ctx)
+                if asked is not None:
+                    return frames.result(
+                        rid, {**self.inline.input_required(asked, channel), "resultType": "input_required"}
+                    )
+            try:
+                outcome.settle(None, await run_tool(tool, params, ctx))
+            except (Exception, InputRequired) as exc:  # a request for input is this round's answer, as unkeyed
+                outcome.settle(exc)
+            return self.inline.outcome(rid, outcome, channel)[1]
+
+        await self._run(receive, send, grant, record, run(), channel)
+        return True
+
+    async def _run(
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        record: StreamRecord,
+        work: Coroutine[Any, Any, bytes],
+        channel: RequestChannel,
+    ) -> None:
+        """Run a keyed call's ``work`` in a task of its own, counted under the principal's cap until it ends, and
+        relay its notifications (SSE) and then its stored answer while the client stays. A client that leaves
+        stops only the relay: the call goes on, its answer is stored, and the retry under its key gets it."""
+        s = self.state
+        loop = s.loop
+        s.sessions.hold_call(grant.principal)
+        job = loop.create_task(self._answer(record, work, grant))
+        self.running.add(job)
+        job.add_done_callback(self.running.discard)
+        gone = loop.create_task(disconnected(receive))
+        streaming = False
+        try:
+            while True:
+                note = loop.create_task(channel.queue.get())
+                await asyncio.wait((job, gone, note), return_when=asyncio.FIRST_COMPLETED)
+                if note.done():
+                    if not streaming:
+                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                        streaming = True
+                    await send(
+                        {"type": "http.response.body", "body": frames.sse(None, note.result()), "more_body": True}
+                    )
+                    continue
+                note.cancel()
+                if job.done():
+                    break
+                channel.detached = True  # the client left: the call goes on without it
+                log_decision("modern_keyed_detached", request=str(record.requests[0].request_id))
+                return
+            while not channel.quiet():  # every notification is on the stream before the answer
+                body = frames.sse(None, channel.queue.get_nowait())
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            answer = job.result()
+            if streaming:
+                await send({"type": "http.response.body", "body": frames.sse(None, answer)})
+            else:
+                await respond(send, 200, answer, b"application/json")
+        finally:
+            gone.cancel()
+
+    async def _answer(self, record: StreamRecord, work: Coroutine[Any, Any, bytes], grant: Grant) -> bytes:
+        """The keyed call's answer, stored as its stream's one event (the key's outcome) before it is returned. A
+        call cut short by shutdown stores nothing: its stream stays open under this instance, which a later
+        duplicate finds dead and settles as lost (execution lost naming the key)."""
+        s = self.state
+        request = record.requests[0]
+        try:
+            answer = await work
+            mac = s.codec.stream_mac(record.session_id, record.stream)
+            event = StoredEvent(
+                record.session_id, record.stream, 1, EventIdCodec.encode(record.stream, 1, mac), answer,
+                request.request_id, request.tool, request.resources, True,
+            )  # fmt: skip
+            try:
+                await s.store.append(event, completes=True)
+            except StoreUnavailable:  # the client still gets what ran; a duplicate will hear it may have run
+                log.warning("the answer of keyed request %s could not be stored", request.request_id)
+                with contextlib.suppress(StoreUnavailable):
+                    await s.store.mark_lost(record.stream, s.instance, Loss.STORE)
+            return answer
+        finally:
+            s.sessions.end_call(grant.principal)
