@@ -182,3 +182,34 @@ async def test_redis_cluster_writes_a_keys_stream_record_before_the_key(redis_cl
     finally:
         store.writes = made  # type: ignore[method-assign]
         await store.close()
+
+
+@pytest.mark.parametrize("kind", ["redis", "redis-cluster"])
+async def test_redis_a_keyed_stream_outlives_its_sessions_deletion_until_its_key_expires(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    """Redis expires by its own clock: the kept stream's record and events expire when its key does."""
+    url = request.getfixturevalue("redis_cluster_nodes").spec if kind == "redis-cluster" else None
+    store = RedisStore(url or request.getfixturevalue("redis_url"), prefix=f"keys-{uuid.uuid4().hex}")
+    await store.open()
+    try:
+        await store.put_session(SessionRecord("s1", ALICE, "2025-11-25", START, START))
+        expires = time.time() + 3600
+        await store.enqueue_open(record("plain"))
+        await store.append(answer("plain"), completes=True)
+        await store.enqueue_open(record("answered"), [key("k-answered", "answered", expires)])
+        await store.append(answer("answered"), completes=True)
+        await store.enqueue_open(record("running"), [key("k-running", "running", expires)])
+
+        await store.delete_session("s1")
+        assert await store.get_stream("plain") is None
+        kept = await store.get_stream("answered")
+        assert kept is not None and kept.answered == frozenset({1})
+        assert [e.data for e in await store.read_after("answered", 0)] == [answer("answered").data], "its outcome"
+        cut = await store.get_stream("running")
+        assert cut is not None and (cut.completed, cut.lost) == (True, Loss.OWNER), "cut with its session: lost"
+        ttl = await store.client.pttl(f"{store.prefix}:{{s1}}:s:running")
+        assert 3_500_000 < ttl <= 3_600_000, "kept as long as its key, no longer"
+        assert await store.get_session("s1") is None
+    finally:
+        await store.close()
