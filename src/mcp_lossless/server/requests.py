@@ -62,7 +62,8 @@ def era(index: dict[bytes, bytes], first: dict[str, Any] | None, alone: bool) ->
 
 Handling = Literal["call", "list_tools", "ping", "set_log_level", "discover", "listen", "task", "task_stream", "extra"]
 """How a request is served: each router (:meth:`.dispatch.Dispatcher._route`, :meth:`.modern.ModernLeg._serve`)
-carries out each kind its era serves. Strings, not an enum: compared once per request, on the hot path."""
+carries out each kind its era serves, looked up in its view of :data:`METHODS`, else :func:`extra`. Strings, not an
+enum: compared once per request, on the hot path."""
 
 METHODS: dict[str, tuple[Handling, bool, bool]] = {
     "tools/call": ("call", True, True),
@@ -92,12 +93,16 @@ NEVER_STATELESS = frozenset(
 """Removed by 2026-07-28 or by the tasks extension: ``-32601`` (404) there, even when an extra handler has the name."""
 
 
-def handling(method: str, modern: bool, extras: Container[str]) -> Handling | None:
-    """How ``method`` is served on the legacy leg or (``modern``) the 2026-07-28 one; ``None``: not found there.
-    A built-in wins over an extra handler of the same name."""
-    entry = METHODS.get(method)
-    if entry is not None and entry[2 if modern else 1]:
-        return entry[0]
+LEGACY_METHODS: dict[str, Handling] = {method: kind for method, (kind, legacy, _) in METHODS.items() if legacy}
+""":data:`METHODS` as the legacy leg reads it: one lookup per request."""
+STATELESS_METHODS: dict[str, Handling] = {method: kind for method, (kind, _, modern) in METHODS.items() if modern}
+""":data:`METHODS` as the 2026-07-28 leg reads it."""
+
+
+def extra(method: str, modern: bool, extras: Container[str]) -> Handling | None:
+    """How a method no built-in of the era serves is served: by its extra handler (``"extra"``), unless the
+    2026-07-28 revision removed it; ``None``: not found there. A built-in wins over an extra of the same name:
+    each router asks this only when its view of :data:`METHODS` has no entry."""
     if method in extras and not (modern and method in NEVER_STATELESS):
         return "extra"
     return None
