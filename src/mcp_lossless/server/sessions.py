@@ -255,6 +255,9 @@ class SessionRegistry:
                     self._forget(session_id)
                     await session.close("deleted")
                 return None
+            # Another request of the session may have restored it while this one read the store: one object per
+            # session, or a call's live stream registered on one is not found by a resume looking on the other.
+            session = self._sessions.get(session_id)
             if session is None:
                 session = ServerSession(record.session_id, record.principal, record.protocol_version)
                 self._add(session)
