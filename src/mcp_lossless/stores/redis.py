@@ -885,7 +885,7 @@ class RedisStore:
         return SessionRecord(session_id, principal, f["ver"], float(f["created"]), float(f["seen"]))
 
     def stored_bytes(self, principal: Principal) -> int:
-        return self._held.held(principal)
+        return self._held.held(principal) + self._held_keys.bytes(principal, time.time())
 
     async def touch_session(self, session_id: str, now: float) -> None:
         touched = await self._script(_TOUCH, [self._key(session_id, "session")], [repr(now), self._retention_ms])
@@ -945,7 +945,8 @@ class RedisStore:
 
         Open streams carry no TTL: a call may stay silent longer than the retention. Their keys go with
         their session, or expire after :meth:`complete_stream` (a keyed one not before its idempotency keys).
-        ``keys`` are set after the record, each only if no one holds it (:class:`KeyTaken` otherwise).
+        ``keys`` are set after the record, each only if no one holds it (:class:`KeyTaken` otherwise): in its
+        pipeline, which Redis runs in order, or on a cluster once the record is written (one round trip more).
         """
         sid = record.session_id
         rk = self._key(sid, "s:", record.stream)
@@ -970,6 +971,11 @@ class RedisStore:
             writes.on(rk).hset(rk, mapping=fields)
             writes.on(streams).zremrangebyscore(streams, "-inf", repr(time.time()))
             writes.on(streams).zadd(streams, {record.stream: math.inf})
+            if keys and self._cluster is not None:
+                # A key's slot is not its session's: on a cluster another node holds it, and the nodes' pipelines
+                # run concurrently. The record goes first, acknowledged, so whoever finds the key finds its stream.
+                await writes.execute()
+                writes = await self.writes()
             for key, value in zip(keys, values, strict=True):  # each only if no one holds it: one first use wins
                 name = self._key_name(key.principal, key.key)
                 writes.on(name).set(name, value, nx=True, pxat=math.ceil(key.expires * 1000))
@@ -1009,6 +1015,7 @@ class RedisStore:
         )
 
     idempotency_keys = True
+    keys_durable_when_queued = False
 
     def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
         """:meth:`open_stream` in a task of its own; appends enqueued after it go in a pipeline sent once it is
