@@ -18,7 +18,7 @@ from mcp_lossless.core.events import Loss, PendingRequest, StoredEvent, StreamKi
 from mcp_lossless.core.idempotency import KeyRecord, StreamTarget
 from mcp_lossless.core.principal import Principal
 from mcp_lossless.stores.base import EventStore, SessionRecord
-from mcp_lossless.stores.held import KEY_BYTES
+from mcp_lossless.stores.held import KEY_BYTES, STREAM_BYTES
 from mcp_lossless.stores.memory import MemoryStore
 from mcp_lossless.stores.redis import RedisStore
 from mcp_lossless.stores.sqlite import SqliteStore
@@ -85,8 +85,10 @@ async def test_expired_keys_are_purged_with_their_bytes_and_the_streams_only_the
     await store.enqueue_open(record("legacy"), [key("k-legacy", "legacy", START + 60)])
     await store.append(answer("legacy"), completes=True)
     own = f"own-{uuid.uuid4().hex}"  # a 2026-07-28 keyed call's stream: its own session id, no session record
+    legacy = store.stored_bytes(ALICE)
     await store.enqueue_open(record(own, own), [key("k-own", own, START + 60)])
     await store.append(answer(own, own), completes=True)
+    assert store.stored_bytes(ALICE) - legacy > KEY_BYTES + len(answer(own, own).data), "its stream counts too"
     assert store.stored_bytes(ALICE) - before >= 2 * KEY_BYTES, "a live key counts in its principal's bytes"
     keyed = store.stored_bytes(ALICE)
 
@@ -96,8 +98,11 @@ async def test_expired_keys_are_purged_with_their_bytes_and_the_streams_only_the
     assert store.keys_held(ALICE, clock.now) == 0
     assert await store.get_key(ALICE, "k-own", START) is None, "purged, not only expired"
     assert await store.get_stream(own) is None, "the stream only its key kept went with it"
+    assert store.stored_bytes(ALICE) < legacy, "what it held is released"
     if isinstance(store, MemoryStore):
         assert own not in store._by_session and own not in store._streams, "nothing of it is left in memory"
+    if isinstance(store, SqliteStore):
+        assert own not in store._counts._sessions, "nor of its count"
 
 
 async def test_a_keyed_stream_outlives_its_sessions_deletion_until_its_key_expires(
@@ -141,6 +146,10 @@ async def test_redis_counts_a_live_key_in_its_principals_bytes(redis_url: str) -
         await store.enqueue_open(record("keyed"), [key("k", "keyed", now + 3600)])
         assert store.stored_bytes(ALICE) - before >= KEY_BYTES
         assert store.keys_held(ALICE, now + 3601) == 0
+        own = f"own-{uuid.uuid4().hex}"  # a 2026-07-28 keyed call's stream: counted for its key's principal too
+        before = store.stored_bytes(ALICE)
+        await store.enqueue_open(record(own, own), [key("k-own", own, now + 3600)])
+        assert store.stored_bytes(ALICE) - before >= KEY_BYTES + STREAM_BYTES
     finally:
         await store.close()
 

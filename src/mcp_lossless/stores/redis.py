@@ -1015,6 +1015,8 @@ class RedisStore:
             raise KeyTaken(f"another request holds an idempotency key of stream {record.stream}")
         for key in keys:
             self._held_keys.add(key.principal, key.key, key.expires)
+        if keys:  # a 2026-07-28 keyed call's own stream (its own session id) counts for its key's principal
+            self._held.counts.bind(sid, keys[0].principal)
         self._remember(record.stream, sid)
         self._held.opened(sid, record.stream)
 
