@@ -18,7 +18,7 @@ from mcp_lossless.core.events import Loss, PendingRequest, StoredEvent, StreamKi
 from mcp_lossless.core.idempotency import KeyRecord, StreamTarget
 from mcp_lossless.core.principal import Principal
 from mcp_lossless.stores.base import EventStore, SessionRecord
-from mcp_lossless.stores.held import KEY_BYTES
+from mcp_lossless.stores.held import KEY_BYTES, STREAM_BYTES
 from mcp_lossless.stores.memory import MemoryStore
 from mcp_lossless.stores.redis import RedisStore
 from mcp_lossless.stores.sqlite import SqliteStore
@@ -85,8 +85,10 @@ async def test_expired_keys_are_purged_with_their_bytes_and_the_streams_only_the
     await store.enqueue_open(record("legacy"), [key("k-legacy", "legacy", START + 60)])
     await store.append(answer("legacy"), completes=True)
     own = f"own-{uuid.uuid4().hex}"  # a 2026-07-28 keyed call's stream: its own session id, no session record
+    legacy = store.stored_bytes(ALICE)
     await store.enqueue_open(record(own, own), [key("k-own", own, START + 60)])
     await store.append(answer(own, own), completes=True)
+    assert store.stored_bytes(ALICE) - legacy > KEY_BYTES + len(answer(own, own).data), "its stream counts too"
     assert store.stored_bytes(ALICE) - before >= 2 * KEY_BYTES, "a live key counts in its principal's bytes"
     keyed = store.stored_bytes(ALICE)
 
@@ -96,8 +98,11 @@ async def test_expired_keys_are_purged_with_their_bytes_and_the_streams_only_the
     assert store.keys_held(ALICE, clock.now) == 0
     assert await store.get_key(ALICE, "k-own", START) is None, "purged, not only expired"
     assert await store.get_stream(own) is None, "the stream only its key kept went with it"
+    assert store.stored_bytes(ALICE) < legacy, "what it held is released"
     if isinstance(store, MemoryStore):
         assert own not in store._by_session and own not in store._streams, "nothing of it is left in memory"
+    if isinstance(store, SqliteStore):
+        assert own not in store._counts._sessions, "nor of its count"
 
 
 async def test_a_keyed_stream_outlives_its_sessions_deletion_until_its_key_expires(
@@ -141,6 +146,10 @@ async def test_redis_counts_a_live_key_in_its_principals_bytes(redis_url: str) -
         await store.enqueue_open(record("keyed"), [key("k", "keyed", now + 3600)])
         assert store.stored_bytes(ALICE) - before >= KEY_BYTES
         assert store.keys_held(ALICE, now + 3601) == 0
+        own = f"own-{uuid.uuid4().hex}"  # a 2026-07-28 keyed call's stream: counted for its key's principal too
+        before = store.stored_bytes(ALICE)
+        await store.enqueue_open(record(own, own), [key("k-own", own, now + 3600)])
+        assert store.stored_bytes(ALICE) - before >= KEY_BYTES + STREAM_BYTES
     finally:
         await store.close()
 
@@ -181,4 +190,35 @@ async def test_redis_cluster_writes_a_keys_stream_record_before_the_key(redis_cl
         assert found is not None and await store.get_stream("keyed") is not None
     finally:
         store.writes = made  # type: ignore[method-assign]
+        await store.close()
+
+
+@pytest.mark.parametrize("kind", ["redis", "redis-cluster"])
+async def test_redis_a_keyed_stream_outlives_its_sessions_deletion_until_its_key_expires(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    """Redis expires by its own clock: the kept stream's record and events expire when its key does."""
+    url = request.getfixturevalue("redis_cluster_nodes").spec if kind == "redis-cluster" else None
+    store = RedisStore(url or request.getfixturevalue("redis_url"), prefix=f"keys-{uuid.uuid4().hex}")
+    await store.open()
+    try:
+        await store.put_session(SessionRecord("s1", ALICE, "2025-11-25", START, START))
+        expires = time.time() + 3600
+        await store.enqueue_open(record("plain"))
+        await store.append(answer("plain"), completes=True)
+        await store.enqueue_open(record("answered"), [key("k-answered", "answered", expires)])
+        await store.append(answer("answered"), completes=True)
+        await store.enqueue_open(record("running"), [key("k-running", "running", expires)])
+
+        await store.delete_session("s1")
+        assert await store.get_stream("plain") is None
+        kept = await store.get_stream("answered")
+        assert kept is not None and kept.answered == frozenset({1})
+        assert [e.data for e in await store.read_after("answered", 0)] == [answer("answered").data], "its outcome"
+        cut = await store.get_stream("running")
+        assert cut is not None and (cut.completed, cut.lost) == (True, Loss.OWNER), "cut with its session: lost"
+        ttl = await store.client.pttl(f"{store.prefix}:{{s1}}:s:running")
+        assert 3_500_000 < ttl <= 3_600_000, "kept as long as its key, no longer"
+        assert await store.get_session("s1") is None
+    finally:
         await store.close()

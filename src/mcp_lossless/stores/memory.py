@@ -232,8 +232,9 @@ class MemoryStore:
     keys_durable_when_queued = True
 
     def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
-        """Opens at once, with its keys: the future is the shared resolved one :meth:`enqueue` returns."""
-        self._open(record)
+        """Opens at once, with its keys: the future is the shared resolved one :meth:`enqueue` returns. A keyed
+        stream no session holds (a 2026-07-28 call's own) is its key's principal's."""
+        self._open(record, keys[0].principal if keys else None)
         for key in keys:
             self._keys[key.principal, key.key] = key
             self._held_keys.add(key.principal, key.key, key.expires)
@@ -244,9 +245,9 @@ class MemoryStore:
         stored = self._stored
         return self._resolved() if stored is None else stored
 
-    def _open(self, record: StreamRecord) -> None:
+    def _open(self, record: StreamRecord, principal: Principal | None = None) -> None:
         session = self._sessions.get(record.session_id)
-        owner = None if session is None else session.principal
+        owner = principal if session is None else session.principal
         partition = self._partitions.get(owner)
         if partition is None:
             partition = self._partitions[owner] = _Partition()

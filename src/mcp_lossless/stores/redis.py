@@ -195,6 +195,24 @@ return 1
 )
 """KEYS: record, events, session's streams. ARGV: retention ms, expiry time, stream key."""
 
+_OUTLIVE = """
+local keep = tonumber(redis.call('HGET', KEYS[1], 'keep') or '0')
+if keep <= tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 0
+end
+if redis.call('HGET', KEYS[1], 'done') ~= '1' then
+  redis.call('HSET', KEYS[1], 'lost', ARGV[2], 'done', 1)
+end
+local at = math.ceil(keep * 1000)
+redis.call('PEXPIREAT', KEYS[1], at)
+redis.call('PEXPIREAT', KEYS[2], at)
+return at
+"""
+"""KEYS: a stream's record and events, its session being deleted. ARGV: now, the loss of a running stream. A stream
+its live idempotency keys keep (``keep``) outlives the session until they expire (their expiry in ms; a running
+one ended as lost: the session's calls end with it); any other goes (0)."""
+
 _TOUCH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'seen', ARGV[1])
@@ -918,7 +936,8 @@ class RedisStore:
         return gone
 
     async def _purge(self, session_ids: list[str]) -> None:
-        """Delete the sessions' hashes and every stream they still have, with its index key."""
+        """Delete the sessions' hashes and every stream they still have, with its index key, but for the streams
+        their live idempotency keys keep (:data:`_OUTLIVE`)."""
         if not session_ids:
             return
         with self._guard():
@@ -926,16 +945,27 @@ class RedisStore:
                 for sid in session_ids:
                     pipe.zrange(self._key(sid, "streams"), 0, -1)
                 listed = await pipe.execute()
+        owned = [(sid, raw.decode()) for sid, streams in zip(session_ids, listed, strict=True) for raw in streams]
+        calls: list[tuple[list[str], list[EncodableT]]] = [
+            ([self._key(sid, "s:", stream), self._key(sid, "e:", stream)], [repr(time.time()), Loss.OWNER.value])
+            for sid, stream in owned
+        ]
+        kept = await self._scripted(_OUTLIVE, calls) if calls else []
+        for reply in kept:
+            if isinstance(reply, Exception):
+                with self._guard():
+                    raise reply
+        with self._guard():
             async with self._r.pipeline(transaction=False) as pipe:
                 for sid, streams in zip(session_ids, listed, strict=True):
                     self._held.forget(sid, (raw.decode() for raw in streams))
-                    keys = [self._key(sid, "session"), self._key(sid, "streams")]
-                    for raw in streams:
-                        stream = raw.decode()
-                        keys += [self._key(sid, "s:", stream), self._key(sid, "e:", stream)]
-                        pipe.delete(self._idx_key(stream))
-                        self._sids.pop(stream, None)
-                    pipe.delete(*keys)
+                    pipe.delete(self._key(sid, "session"), self._key(sid, "streams"))
+                for (_sid, stream), until in zip(owned, kept, strict=True):
+                    if until:  # found through its index until its keys expire (ADR 0029)
+                        pipe.pexpireat(self._idx_key(stream), until)
+                        continue
+                    pipe.delete(self._idx_key(stream))
+                    self._sids.pop(stream, None)
                 await pipe.execute()
 
     # -- streams -------------------------------------------------------------------------------------
@@ -985,6 +1015,8 @@ class RedisStore:
             raise KeyTaken(f"another request holds an idempotency key of stream {record.stream}")
         for key in keys:
             self._held_keys.add(key.principal, key.key, key.expires)
+        if keys:  # a 2026-07-28 keyed call's own stream (its own session id) counts for its key's principal
+            self._held.counts.bind(sid, keys[0].principal)
         self._remember(record.stream, sid)
         self._held.opened(sid, record.stream)
 

@@ -835,6 +835,11 @@ class SqliteStore:
             "SELECT session_id, issuer, subject, client_id FROM sessions"
         ):
             counts.bind(session_id, Principal(issuer, subject, client_id))
+        for session_id, issuer, subject, client_id in db.execute(  # keyed streams no session holds (2026-07-28)
+            "SELECT s.session_id, k.issuer, k.subject, k.client_id FROM idempotency_keys AS k"
+            " JOIN streams AS s ON s.stream = k.stream WHERE s.session_id = s.stream"
+        ):
+            counts.bind(session_id, Principal(issuer, subject, client_id))
         for session_id, held in db.execute(
             f"SELECT session_id, count(*) * {STREAM_BYTES} FROM streams GROUP BY session_id"
         ):
@@ -941,6 +946,9 @@ class SqliteStore:
                     outcome((future, None, error))
                 elif isinstance(op, _Open):
                     batch.open(op)
+                    if op.keys:  # a 2026-07-28 keyed call's own stream (its own session id): its key's principal's
+                        _row, issuer, subject, client_id, *_rest = op.keys[0]
+                        self._counts.bind(op.record.session_id, Principal(issuer, subject, client_id))
                     outcome((op.future, None, None))
                 else:
                     batch.flush()
@@ -992,12 +1000,14 @@ class SqliteStore:
     def _sweep(self, db: sqlite3.Connection, now: float) -> bool:
         """One step of retention: delete up to a chunk of completed streams past their age or beyond their
         session's count, with their events, then return free pages. Returns whether more is due at once."""
-        doomed: list[tuple[str, int]] = db.execute(
-            "SELECT session_id, id FROM streams WHERE completed_at IS NOT NULL AND completed_at < ?1"
-            " AND kept_until <= ?3"
-            " LIMIT ?2",
+        aged = db.execute(
+            "SELECT session_id, id, session_id = stream FROM streams WHERE completed_at IS NOT NULL"
+            " AND completed_at < ?1 AND kept_until <= ?3 LIMIT ?2",
             (now - self.retention_seconds, _SWEEP_CHUNK, now),
         ).fetchall()
+        doomed: list[tuple[str, int]] = [(session_id, key) for session_id, key, _alone in aged]
+        # 2026-07-28 keyed calls' own session ids (their stream's key): counted only while their stream was kept.
+        alone = [session_id for session_id, _key, own in aged if own]
         db.execute("DELETE FROM idempotency_keys WHERE expires <= ?", (now,))  # autocommit: a key kept no longer
         if len(doomed) < _SWEEP_CHUNK:
             keep = self.max_completed_streams_per_session
@@ -1030,6 +1040,8 @@ class SqliteStore:
                 raise
             for session_id, held in released:
                 self._counts.add(session_id, -held)
+            for session_id in alone:
+                self._counts.forget(session_id)
         free = db.execute("PRAGMA freelist_count").fetchone()[0]
         if free:
             db.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")  # execute() would free one page

@@ -84,6 +84,9 @@ class KeyedCalls:
         pending = PendingRequest(rid, "tools/call", tool.name, tags)
         stream = stream_key()
         record = StreamRecord(stream, stream, StreamKind.POST, s.instance, (pending,), 0)
+        exceeded = s.sessions.storing(grant.principal, 0)  # its stream is the principal's, as a legacy POST's is
+        if exceeded is not None:
+            raise Refused.over(exceeded)
         try:
             answers, opened = await self.keys.open(
                 None, grant, record, [{"params": params}], [pending], Refused.over, alone=True
