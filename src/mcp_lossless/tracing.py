@@ -23,6 +23,7 @@ from . import __version__
 
 try:
     from opentelemetry import propagate, trace
+    from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
 
     ENABLED = True
 except ImportError:  # the extra is not installed
@@ -34,27 +35,30 @@ SpanKind = Literal["server", "client", "internal"]
 log = logging.getLogger("mcp_lossless.tracing")
 
 
-@contextlib.contextmanager
 def span(
     name: str,
     attributes: Mapping[str, Any] | None = None,
     *,
     carrier: Mapping[str, Any] | None = None,
     kind: SpanKind = "internal",
-) -> Iterator[None]:
+) -> contextlib.AbstractContextManager[None]:
     """A span around the block, current inside it; its parent the trace context in ``carrier`` (a request's
-    ``_meta``) when that has one, else the current span. ``None`` attributes are left out."""
+    ``_meta``) when that has one, else the current span. ``None`` attributes are left out. A span that would change
+    nothing (:func:`_untraced`) is one shared empty context manager: no generator, no call into the API."""
     if not ENABLED:
-        yield
-        return
+        return _UNTRACED
     parent = None
-    if carrier is not None:
+    if carrier is not None and not carrier.keys().isdisjoint(CARRIER_KEYS):
         found = {key: value for key in CARRIER_KEYS if isinstance(value := carrier.get(key), str)}
         if found:
             parent = propagate.extract(found)
     if parent is None and _untraced():
-        yield
-        return
+        return _UNTRACED
+    return _span(name, attributes, parent, kind)
+
+
+@contextlib.contextmanager
+def _span(name: str, attributes: Mapping[str, Any] | None, parent: Any, kind: SpanKind) -> Iterator[None]:
     kinds = {"server": trace.SpanKind.SERVER, "client": trace.SpanKind.CLIENT, "internal": trace.SpanKind.INTERNAL}
     tracer = trace.get_tracer("mcp_lossless", __version__)
     shown = {key: value for key, value in (attributes or {}).items() if value is not None}
@@ -62,14 +66,26 @@ def span(
         yield
 
 
+_UNTRACED: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+_PROVIDER_FROM_ENVIRONMENT = ENABLED and OTEL_PYTHON_TRACER_PROVIDER in os.environ
+"""A provider named by the environment is loaded by the API's first ``get_tracer_provider()``: traced from the
+start."""
+
+
 def _untraced() -> bool:
     """Whether a span here would change nothing: no tracer provider is set (the API's no-op tracer would answer)
     and the current span is not recording. The no-op tracer's span is then the current span itself, made current
     again, so the trace context that :func:`inject` and :func:`log_ids` read stays what it was; skipping it saves
     the API's four context managers and its context switch (~8 µs a request, a tenth of a stateless call's CPU).
-    With a parent in the carrier the no-op span is not skipped: it carries that trace on to what the block sends."""
-    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider) and not (
-        trace.get_current_span().is_recording()
+    With a parent in the carrier the no-op span is not skipped: it carries that trace on to what the block sends.
+
+    Whether a provider is set is read from the API's module global: ``trace.get_tracer_provider()`` looks the
+    environment up on every call until one is set (a ``KeyError`` raised and caught inside ``os.environ``, about
+    as dear as the rest of this test). An API without that global is taken as traced: the span is made."""
+    return (
+        not _PROVIDER_FROM_ENVIRONMENT
+        and getattr(trace, "_TRACER_PROVIDER", trace) is None
+        and not trace.get_current_span().is_recording()
     )
 
 

@@ -314,9 +314,10 @@ class LosslessApp:
             await session.close("shutdown")
 
     def _running(self) -> set[asyncio.Task[Any]]:
-        """The tasks of every call and task at work here: each session's, the modern leg's in-request and tasks."""
+        """The tasks of every call and task at work here: each session's, the modern leg's in-request, keyed (its
+        client may have left) and tasks."""
         legacy = {task for session in self.state.sessions.all() for task in session.tasks.values()}
-        return legacy | self.modern.in_request | set(self.modern.tasks.running.values())
+        return legacy | self.modern.in_request | self.modern.keyed.running | set(self.modern.tasks.running.values())
 
     async def shutdown(self) -> None:
         self.started = False

@@ -45,7 +45,7 @@ from .errors import Refused, rpc_error
 from .keys import stream_key
 from .modern import ModernLeg
 from .observability import fingerprint, log_decision, now
-from .requests import Leg, era, uncovered
+from .requests import STATELESS_LEG, era, uncovered
 from .sessions import ServerSession
 from .state import ServerState
 from .streams import LiveStream, Producers
@@ -158,7 +158,7 @@ class Transport:
         index = headers(scope)
         first = messages[0]
         requested = era(index, first, not batch)
-        if requested is Leg.MODERN:
+        if requested is STATELESS_LEG:
             await self.modern.serve(receive, send, grant, index, first, scope.get("client"))
             return
         if first.get("method") == "initialize" and "id" in first:
@@ -345,7 +345,7 @@ class Transport:
         grant = await self._authenticate(scope)
         checks.require_get_accept(scope)
         requested = era(headers(scope), None, False)
-        assert requested is not Leg.MODERN, "a GET carries no message to open the modern way"
+        assert requested is not STATELESS_LEG, "a GET carries no message to open the modern way"
         checks.served_revision(requested, [])
         session = await self._session(scope, grant)
         last_event_id = header(scope, b"last-event-id")
