@@ -1009,7 +1009,16 @@ class RedisStore:
             for key, value in zip(keys, values, strict=True):  # each only if no one holds it: one first use wins
                 name = self._key_name(key.principal, key.key)
                 writes.on(name).set(name, value, nx=True, pxat=math.ceil(key.expires * 1000))
-            replies = await writes.execute()
+            try:
+                replies = await writes.execute()
+            except StoreUnavailable:
+                # Not acknowledged (a WAIT short of replicas), maybe applied: the call is refused and its tool never
+                # runs, so keys left naming this stream, owned by a live process, would answer "in progress" until
+                # they expire. Undone where the primary still answers; else the failover takes them.
+                if keys:
+                    with contextlib.suppress(StoreUnavailable):
+                        await self._unopen(record, keys, values)
+                raise
         if not all(replies[len(replies) - len(keys) :]):
             await self._unopen(record, keys, values)
             raise KeyTaken(f"another request holds an idempotency key of stream {record.stream}")
