@@ -22,7 +22,7 @@ from mcp_lossless.core.tasks import TaskStatus, advance
 from mcp_lossless.stores import StoreUnavailable
 from mcp_lossless.stores.redis import RedisStore
 from mcp_lossless.stores.tasks_redis import RedisTaskStore
-from tests.integration.test_store_contract import ALICE, event, key_record, session, stream
+from tests.integration.test_store_contract import event, session, stream
 from tests.integration.test_task_stores import T0, task
 from tests.support.redis_server import RedisServer, redis_server_binary
 
@@ -105,23 +105,6 @@ async def test_an_append_counts_only_once_a_replica_holds_it(
     await store.append(event("k1", 1))  # the same append again (the server's retry): stored once, now held
     assert await to_replica.xlen("mcpl:{s1}:e:k1") == 2
     assert [e.seq for e in await store.read_after("k1", -1)] == [0, 1]
-
-
-async def test_a_keyed_open_no_replica_acknowledged_leaves_no_key_behind(
-    acknowledged: RedisStore, linked: tuple[RedisServer, Redis, Redis]
-) -> None:
-    """Its call is refused 503 and its tool never runs: a key left naming its stream, owned by a live process, would
-    answer every duplicate "in progress" until it expires (the failover soak's schedule 49 at b9c78ff)."""
-    store = acknowledged
-    replica, _, _ = linked
-    await store.put_session(session("s1"))
-    with stopped(replica), pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
-        await store.open_stream(stream("k1"), [key_record("key-1", "k1")])
-    assert await store.get_key(ALICE, "key-1", time.time()) is None
-    assert await store.get_stream("k1") is None
-    await store.open_stream(stream("k2"), [key_record("key-1", "k2")])  # the client's retry, now acknowledged
-    found = await store.get_key(ALICE, "key-1", time.time())
-    assert found is not None and found.target.stream == "k2"  # type: ignore[union-attr]
 
 
 async def test_a_task_record_counts_only_once_a_replica_holds_it(

@@ -1012,11 +1012,8 @@ class RedisStore:
             try:
                 replies = await writes.execute()
             except StoreUnavailable:
-                # Not acknowledged (a WAIT short of replicas), maybe applied: the call is refused and its tool never
-                # runs, so keys left naming this stream, owned by a live process, would answer "in progress" until
-                # they expire. Undone where the primary still answers; else the failover takes them.
-                if keys:
-                    with contextlib.suppress(StoreUnavailable):
+                if keys:  # not acknowledged (WAIT short), yet maybe set: the call is refused, so its keys must go
+                    with contextlib.suppress(StoreUnavailable):  # or they would answer "in progress" for 24 h
                         await self._unopen(record, keys, values)
                 raise
         if not all(replies[len(replies) - len(keys) :]):
