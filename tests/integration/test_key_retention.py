@@ -17,7 +17,7 @@ import pytest
 from mcp_lossless.core.events import Loss, PendingRequest, StoredEvent, StreamKind, StreamRecord
 from mcp_lossless.core.idempotency import KeyRecord, StreamTarget
 from mcp_lossless.core.principal import Principal
-from mcp_lossless.stores.base import EventStore, SessionRecord
+from mcp_lossless.stores.base import EventStore, SessionRecord, StoreUnavailable
 from mcp_lossless.stores.held import KEY_BYTES, STREAM_BYTES
 from mcp_lossless.stores.memory import MemoryStore
 from mcp_lossless.stores.redis import RedisStore
@@ -222,3 +222,22 @@ async def test_redis_a_keyed_stream_outlives_its_sessions_deletion_until_its_key
         assert await store.get_session("s1") is None
     finally:
         await store.close()
+
+
+async def test_redis_a_keyed_record_not_acknowledged_leaves_no_key_behind(redis_url: str) -> None:
+    """``wait_replicas=1`` on a server without replicas: every write's WAIT falls short, so the keyed call is refused
+    (503) before it runs. Its key, set on the primary all the same, must not answer its retry "in progress" for the
+    key's 24 h (docs/reliability.md, failover finding 8): it is compare-and-deleted with the stream record."""
+    prefix = f"keys-{uuid.uuid4().hex}"
+    acknowledging = RedisStore(redis_url, prefix=prefix, wait_replicas=1, wait_timeout_ms=10)
+    plain = RedisStore(redis_url, prefix=prefix)
+    await acknowledging.open()
+    await plain.open()
+    try:
+        with pytest.raises(StoreUnavailable):
+            await acknowledging.enqueue_open(record("keyed"), [key("k", "keyed", time.time() + 3600)])
+        assert await plain.get_key(ALICE, "k", time.time()) is None, "the retry runs it: nothing ran"
+        assert await plain.get_stream("keyed") is None
+    finally:
+        await acknowledging.close()
+        await plain.close()

@@ -15,7 +15,8 @@ from time import perf_counter
 from typing import Any, Protocol
 
 from .. import __version__, tracing
-from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
+from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, read_body, respond
+from ..asgi import HeaderIndex as Index
 from ..core import errors, frames, protocol
 from ..core import limits as verdicts
 from ..core.eventids import EventIdCodec
@@ -54,6 +55,14 @@ from .writer import LiveSource, RemoteTail, SseWriter, StoredSource, StreamLost
 __all__ = ["Transport", "rpc_error"]
 
 log = logging.getLogger("mcp_lossless.transport")
+
+
+def _text(index: Index, name: bytes) -> str | None:
+    """Header ``name`` of the request's ``index`` as text (latin-1): read here rather than through
+    :func:`.asgi.header`, which would take the request back to the ASGI layer its entry has left."""
+    value = index.get(name)
+    return None if value is None else value.decode("latin-1")
+
 
 ANSWER_GRACE_SECONDS = 0.05
 """How long a call's response waits for its answer to be stored before its head and priming event go out alone."""
@@ -115,16 +124,19 @@ class Transport:
         streams = [(s, s.live.get(s.get_stream)) for s in self.state.sessions.all() if s.get_stream and not s.closing]
         await asyncio.gather(*(tell(session, live) for session, live in streams if live is not None))
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Route by method; render whatever refusal the checks raise, before any byte of a response."""
+    async def __call__(self, scope: Scope, index: Index, receive: Receive, send: Send) -> None:
+        """Route by method; render whatever refusal the checks raise, before any byte of a response.
+
+        ``index`` is the request's headers as the app's entry indexed them (:func:`.asgi.headers`): read from
+        it here and passed down, so no step below goes back to the ASGI layer for a header."""
         method = scope["method"]
         try:
             if method == "POST":
-                await self.post(scope, receive, send)
+                await self.post(scope, index, receive, send)
             elif method == "GET":
-                await self.get(scope, receive, send)
+                await self.get(scope, index, receive, send)
             elif method == "DELETE":
-                await self.delete(scope, send)
+                await self.delete(scope, index, send)
             else:
                 raise Refused.rpc(
                     405, errors.INVALID_REQUEST, "use POST, GET or DELETE", headers=[(b"allow", b"GET, POST, DELETE")]
@@ -140,12 +152,12 @@ class Transport:
 
     # -- POST ----------------------------------------------------------------------------------------
 
-    async def post(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def post(self, scope: Scope, index: Index, receive: Receive, send: Send) -> None:
         """The protocol's order: token, Accept, Content-Type, body, JSON-RPC shape; then ``initialize`` (which
         makes the session) or the revision, the session and its batch rule; then each tool call's audience."""
         config = self.state.config
-        grant = await self._authenticate(scope)
-        checks.require_post_media(scope)
+        grant = await self._authenticate(scope, index)
+        checks.require_post_media(index)
         try:
             body = await read_body(receive, config.max_body_bytes)
         except BodyTooLarge:
@@ -155,7 +167,6 @@ class Transport:
         if too_long is not None:  # before any of its messages is looked at
             raise self._over(too_long)
         messages = checks.check_messages(values)
-        index = headers(scope)
         first = messages[0]
         requested = era(index, first, not batch)
         if requested is STATELESS_LEG:
@@ -166,9 +177,9 @@ class Transport:
             await self._initialize(send, grant, first)
             return
         version = checks.served_revision(requested, messages)
-        session = self._recent_session(scope, grant)
+        session = self._recent_session(index, grant)
         if session is None:
-            session = await self._session(scope, grant)
+            session = await self._session(index, grant)
         if batch:
             checks.require_batches_allowed(session.version)
         requests, pending, calls = self._admit(session, messages, grant)
@@ -340,20 +351,20 @@ class Transport:
 
     # -- GET -----------------------------------------------------------------------------------------
 
-    async def get(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def get(self, scope: Scope, index: Index, receive: Receive, send: Send) -> None:
         """Token, Accept, revision, session; then the standalone stream, or a resume from ``Last-Event-ID``."""
-        grant = await self._authenticate(scope)
-        checks.require_get_accept(scope)
-        requested = era(headers(scope), None, False)
+        grant = await self._authenticate(scope, index)
+        checks.require_get_accept(index)
+        requested = era(index, None, False)
         assert requested is not STATELESS_LEG, "a GET carries no message to open the modern way"
         checks.served_revision(requested, [])
-        session = await self._session(scope, grant)
-        last_event_id = header(scope, b"last-event-id")
+        session = await self._session(index, grant)
+        last_event_id = _text(index, b"last-event-id")
         if last_event_id is None:
             await self._listen(receive, send, session, grant)
             return
         # A resume has no body, hence no _meta: the caller's trace comes in W3C Trace Context headers (traceparent).
-        carrier = {key: value for key in tracing.CARRIER_KEYS if (value := header(scope, key.encode())) is not None}
+        carrier = {key: value for key in tracing.CARRIER_KEYS if (value := _text(index, key.encode())) is not None}
         with tracing.span("GET resume", carrier=carrier, kind="server"):
             await self._resume(receive, send, session, grant, last_event_id.strip())
 
@@ -510,9 +521,9 @@ class Transport:
 
     # -- DELETE --------------------------------------------------------------------------------------
 
-    async def delete(self, scope: Scope, send: Send) -> None:
+    async def delete(self, scope: Scope, index: Index, send: Send) -> None:
         state = self.state
-        session = await self._session(scope, await self._authenticate(scope))
+        session = await self._session(index, await self._authenticate(scope, index))
         await state.sessions.delete(session)
         state.metrics.sessions.set(len(state.sessions))
         log_decision("session_deleted", session=fingerprint(session.id))
@@ -520,7 +531,7 @@ class Transport:
 
     # -- shared checks -------------------------------------------------------------------------------
 
-    async def _authenticate(self, scope: Scope) -> Grant:
+    async def _authenticate(self, scope: Scope, index: Index) -> Grant:
         """The request's grant; 401 with challenges when there is no token, or one this server does not take.
 
         A token comes as ``Bearer`` or as ``DPoP`` (RFC 9449 §7.1); :meth:`.dpop.DpopGuard.check` then decides
@@ -530,7 +541,7 @@ class Transport:
         state = self.state
         if state.verifier is None:
             return state.anonymous
-        raw = header(scope, b"authorization") or ""
+        raw = _text(index, b"authorization") or ""
         scheme, _, token = raw.partition(" ")
         scheme, token = scheme.lower(), token.strip()
         if scheme not in ("bearer", "dpop") or not token:
@@ -550,10 +561,10 @@ class Transport:
         CALLER.set((grant, token))
         return grant
 
-    def _recent_session(self, scope: Scope, grant: Grant) -> ServerSession | None:
+    def _recent_session(self, index: Index, grant: Grant) -> ServerSession | None:
         """:meth:`_session`'s answer when the registry has it at hand without awaiting
         (:meth:`.sessions.SessionRegistry.recent`); ``None``: ask :meth:`_session`, which also refuses."""
-        session_id = headers(scope).get(b"mcp-session-id")
+        session_id = index.get(b"mcp-session-id")
         if session_id is None:
             return None
         return self.state.sessions.recent(session_id.decode("latin-1"), grant.principal, now())
@@ -563,9 +574,9 @@ class Transport:
         self.state.metrics.limit_refusals.labels(exceeded.limit).inc()
         return Refused.over(exceeded)
 
-    async def _session(self, scope: Scope, grant: Grant) -> ServerSession:
+    async def _session(self, index: Index, grant: Grant) -> ServerSession:
         """The request's session: 400 without the header, 404 when unknown or another principal's (one answer)."""
-        session_id = header(scope, b"mcp-session-id")
+        session_id = _text(index, b"mcp-session-id")
         if session_id is None:
             raise Refused.rpc(400, errors.INVALID_REQUEST, "Mcp-Session-Id header required")
         sessions = self.state.sessions

@@ -1009,7 +1009,13 @@ class RedisStore:
             for key, value in zip(keys, values, strict=True):  # each only if no one holds it: one first use wins
                 name = self._key_name(key.principal, key.key)
                 writes.on(name).set(name, value, nx=True, pxat=math.ceil(key.expires * 1000))
-            replies = await writes.execute()
+            try:
+                replies = await writes.execute()
+            except StoreUnavailable:
+                if keys:  # not acknowledged (WAIT short), yet maybe set: the call is refused, so its keys must go
+                    with contextlib.suppress(StoreUnavailable):  # or they would answer "in progress" for 24 h
+                        await self._unopen(record, keys, values)
+                raise
         if not all(replies[len(replies) - len(keys) :]):
             await self._unopen(record, keys, values)
             raise KeyTaken(f"another request holds an idempotency key of stream {record.stream}")
