@@ -158,7 +158,7 @@ async def test_a_task_poll_walks_to_decide_poll_and_back_out() -> None:
     assert walk.turns(DECIDE_POLL) == []
 
 
-async def test_a_last_event_id_walks_to_decide_resume_and_back_out_as_far_as_it_does() -> None:
+async def test_a_last_event_id_walks_to_decide_resume_and_back_out() -> None:
     async with in_process(MemoryStore()) as server:
         legacy = Peer(server.http, BASE, server.whole)
         await legacy.initialize()
@@ -172,8 +172,5 @@ async def test_a_last_event_id_walks_to_decide_resume_and_back_out_as_far_as_it_
             transport.app = app
     assert resumed.status == 200 and resumed.events, resumed
     print(" > ".join(walk.modules), f"({len(walk.modules)} files)")
-    # Not there yet, pinned exactly as it stands: the resume steps into decide_resume three times (the transport
-    # looks up the stream, then its events, between the steps), and the writer reads the clock on the way out
-    # for the delivery gate after the session check read it on the way in.
-    assert walk.calls(*DECIDE_RESUME) == 3
-    assert walk.turns(DECIDE_RESUME) == ["server/writer.py -> server/observability.py.now"]
+    assert walk.calls(*DECIDE_RESUME) == 1
+    assert walk.turns(DECIDE_RESUME) == []

@@ -19,7 +19,7 @@ from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, read_body, re
 from ..asgi import HeaderIndex as Index
 from ..core import errors, frames, protocol
 from ..core import limits as verdicts
-from ..core.eventids import EventIdCodec
+from ..core.eventids import Cursor, CursorProblem, EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
 from ..core.limits import LimitExceeded
 from ..core.principal import Grant
@@ -390,28 +390,34 @@ class Transport:
     async def _resume(
         self, receive: Receive, send: Send, session: ServerSession, grant: Grant, last_event_id: str
     ) -> None:
-        """Answer what :func:`~..core.resume.decide_resume` asks, then render its outcome."""
+        """Look up what :func:`~..core.resume.decide_resume` needs, decide, then render its outcome.
+
+        The stream the cursor names and, for a cursor of this session, its events after the cursor are looked up
+        before the decision is asked (it would ask for them first, in that order), so a resume steps into the
+        core once; the loop answers only what the rarer cases ask besides (another session's principal, a
+        producer's liveness, an orphan to settle)."""
         state = self.state
-        facts = ResumeFacts(session.id, last_event_id, state.codec.decode(last_event_id, session.id))
+        decoded = state.codec.decode(last_event_id, session.id)
+        facts = ResumeFacts(session.id, last_event_id, decoded)
         live: LiveStream | None = None
+        if not isinstance(decoded, CursorProblem):
+            live = await self._find_stream(facts, session, decoded.stream)
+            if isinstance(decoded, Cursor) and isinstance(facts.record, StreamRecord):  # not another session's
+                facts.events = await self._events_after(live, decoded.stream, decoded.seq)
         while True:
             step = decide_resume(facts, grant, state.policy)
             if isinstance(step, NeedStream):
-                live = self._live(session, step.stream)
-                facts.live = live is not None
-                facts.record = (
-                    live.snapshot() if live is not None else await state.store.get_stream(step.stream) or Lookup.ABSENT
-                )
+                live = await self._find_stream(facts, session, step.stream)
             elif isinstance(step, NeedSessionPrincipal):
                 other = await state.store.get_session(step.session_id)
                 facts.same_principal = other is not None and other.principal == grant.principal
             elif isinstance(step, NeedOwner):
                 facts.owner_alive = await self.producers.owner_alive(step.owner)
-            elif isinstance(step, SettleOrphan):
+            elif isinstance(step, SettleOrphan):  # settling appends the lost answers: what was read is stale
                 facts.record, facts.settled = await self.producers.settle(step.record), True
-            elif isinstance(step, NeedEvents):  # memory holds a live stream's backlog; what was sent, the store
-                held = live.after(step.seq) if live is not None else None
-                facts.events = held if held is not None else await self._read_after(step)
+                facts.events = Lookup.PENDING
+            elif isinstance(step, NeedEvents):
+                facts.events = await self._events_after(live, step.stream, step.seq)
             else:
                 break
         if isinstance(step, CursorRejected):
@@ -420,6 +426,17 @@ class Transport:
             needed = stream_tags(facts.record) if isinstance(facts.record, StreamRecord) else set()
             raise self._replay_refused(session, step, frozenset[str]().union(*needed))
         await self._replay(receive, send, session, grant, last_event_id, step, live)
+
+    async def _find_stream(self, facts: ResumeFacts, session: ServerSession, stream: str) -> LiveStream | None:
+        """Fill in ``facts.record`` (and ``facts.live``) for ``stream``: the session's live stream, else the
+        store's record; return the live stream, if any."""
+        live = self._live(session, stream)
+        facts.live = live is not None
+        if live is not None:
+            facts.record = live.snapshot()
+        else:
+            facts.record = await self.state.store.get_stream(stream) or Lookup.ABSENT
+        return live
 
     @staticmethod
     def _live(session: ServerSession, stream: str) -> LiveStream | None:
@@ -430,10 +447,14 @@ class Transport:
             return None
         return live
 
-    async def _read_after(self, step: NeedEvents) -> Sequence[StoredEvent] | Lookup:
+    async def _events_after(self, live: LiveStream | None, stream: str, seq: int) -> Sequence[StoredEvent] | Lookup:
+        """The events of ``stream`` after ``seq``: memory holds a live stream's backlog; what was sent, the store."""
+        held = live.after(seq) if live is not None else None
+        if held is not None:
+            return held
         started = perf_counter()
         try:
-            events = await self.state.store.read_after(step.stream, step.seq)
+            events = await self.state.store.read_after(stream, seq)
         except EventsEvicted:
             return Lookup.ABSENT
         self.state.metrics.read_latency.observe(perf_counter() - started)
