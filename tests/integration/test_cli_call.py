@@ -299,6 +299,40 @@ def test_a_server_killed_mid_stream_of_an_idempotent_tool_is_unreachable(tmp_pat
     )
 
 
+NOT_IDEMPOTENT = """
+import asyncio
+from mcp_lossless.server import ToolContext, ToolRegistry
+
+tools = ToolRegistry()
+
+
+@tools.tool()
+async def charge(ctx: ToolContext, amount: int) -> str:
+    \"\"\"Not idempotent: streams progress until the server is killed.\"\"\"
+    for step in range(1, 601):
+        await ctx.report_progress(step, 600, f"charging {amount}")
+        await asyncio.sleep(0.1)
+    return "charged"
+"""
+
+
+def test_a_server_killed_mid_stream_of_a_keyed_tool_that_may_not_run_twice_may_have_run(tmp_path: Path) -> None:
+    """A tool that is not idempotent, keyed: its broken stream is re-issued under its key, which finds no server.
+    The tool was running: 3 (may have run), naming the key that gets its outcome, never 5 ("did not run")."""
+    (tmp_path / "charges.py").write_text(NOT_IDEMPOTENT)
+    with cli_server([f"{tmp_path / 'charges.py'}:tools", "--store", "memory"], tmp_path / "serve.log") as server:
+        url, key = f"{server.base}/mcp", "charge-4d1f"
+        args = [url, "charge", "amount:=5", *CREDENTIALS, "--timeout", "20", "--idempotency-key", key]
+        done = call_killed_midway(server.kill, args, "progress 1/600 ")
+    assert done.returncode == EXIT_MAY_HAVE_RUN, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert done.stderr.splitlines()[-1] == (
+        "mcp-lossless call: the call may have run, but its result was not received (may_have_run): the response of "
+        "charge broke and the server could not be reached again (connection refused); the call may have run: "
+        f"re-issue it under idempotency key '{key}' for its outcome"
+    )
+
+
 @pytest.fixture
 def resetting_listener() -> Iterator[int]:
     """A loopback port whose every connection is reset (RST) as soon as the request arrives: a network failure
@@ -392,6 +426,14 @@ def test_usage_errors(args: list[str]) -> None:
     [
         (["--elicit", "name"], "--elicit: argument 'name' is neither KEY=TEXT nor KEY:=JSON"),
         (["--root", "/no/such/dir"], "--root '/no/such/dir': no such file or directory"),
+        (  # an empty key was replaced by a fresh one: a repeated command ran the tool again
+            ["--idempotency-key", ""],
+            "--idempotency-key '': idempotencyKey must be a non-empty string of at most 255 characters",
+        ),
+        (
+            ["--idempotency-key", "k" * 256],
+            f"--idempotency-key '{'k' * 256}': idempotencyKey must be a non-empty string of at most 255 characters",
+        ),
     ],
 )
 def test_input_flags_are_checked_before_the_call(args: list[str], message: str) -> None:
@@ -480,3 +522,23 @@ def test_the_same_idempotency_key_again_is_answered_with_the_first_runs_outcome_
     other = call(url, "search", "query=other", *CREDENTIALS, "--idempotency-key", key)
     assert other.returncode == EXIT_SERVER, "the key with other arguments conflicts"
     assert f"-32602: idempotency key '{key}' was used with another tool or other arguments" in other.stderr
+
+
+def test_the_same_idempotency_key_for_a_task_gets_the_same_task_and_says_replayed(authorized: ServerProcess) -> None:
+    """``fetch`` runs as a task: the command run again under its key follows the same task (the server marks its
+    ``CreateTaskResult`` replayed) and says so, as for a call answered within its request."""
+    url, key = f"{authorized.base}/mcp", "cli-task-key-5e0c"
+    command = (url, "fetch", "url=https://e/once", "steps:=2", "delay_ms:=20", *CREDENTIALS, "--idempotency-key", key)
+    first = call(*command)
+    again = call(*command, "--json")
+
+    assert first.returncode == again.returncode == EXIT_RESULT, first.stderr + again.stderr
+    task_lines = [line for line in first.stderr.splitlines() if line.startswith("task ")]
+    assert task_lines and task_lines[0].endswith(" working")
+    assert task_lines[0] in again.stderr, "the same task"
+    assert "replayed" not in first.stderr, "the first command ran the tool"
+    document = orjson.loads(again.stdout)
+    assert document["replayed"] is True
+    assert document["result"]["content"] == [{"type": "text", "text": "contents of https://e/once: 14 bytes"}]
+    shown = call(*command)
+    assert "mcp-lossless call: outcome replayed: the tool ran once, for an earlier try" in shown.stderr

@@ -14,6 +14,7 @@ a decision must see (a task of a process that is gone) are put in the task store
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -701,3 +702,61 @@ async def test_a_drain_ends_calls_in_their_requests_and_records_running_tasks_lo
     ]  # fmt: skip
     lost = answer(await peer.task("tasks/get", task_id))["result"]
     assert (lost["status"], lost["error"]["code"]) == ("failed", TASK_EXECUTION_LOST)
+
+
+async def test_a_drain_waits_for_a_keyed_call_whose_client_left_and_its_duplicate_gets_the_replay(
+    server: InProcess, gates: Gates
+) -> None:
+    """A keyed call runs detached from its request; SIGTERM's drain gives it its time like any other call, so its
+    answer is stored and the retry under its key is replayed, not told the execution was lost. The tool is
+    released the moment the drain starts; the drain must not be over (nor count it lost) before it finished."""
+    peer = server.peer(tasks=False)
+    keyed = {"name": "hold", "arguments": {}, "idempotencyKey": "drained", "_meta": {"progressToken": 1}}
+    message = peer.message("tools/call", keyed, request_id=42)
+    with anyio.fail_after(10):
+        await raw_post(server.app, orjson.dumps(message), peer.headers(message), leave=lambda sent: len(sent) > 1)
+        await gates.started.wait()  # the client left after its first progress: the call runs on
+    seen: dict[str, Any] = {}
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            event = getattr(record, "fields", {}).get("event")
+            if event == "draining":
+                gates.release.set()
+            elif event == "drained":
+                seen.update(getattr(record, "fields", {}), running=len(server.app.modern.keyed.running))
+
+    logger, watch = logging.getLogger("mcp_lossless"), Watch()
+    level = logger.level
+    logger.addHandler(watch)
+    logger.setLevel(logging.INFO)  # the drain's decisions are logged at info
+    try:
+        with anyio.fail_after(10):
+            await server.app.drain(30)
+    finally:
+        logger.removeHandler(watch)
+        logger.setLevel(level)
+    assert (seen["execution_lost"], seen["running"]) == (0, 0), "the drain waited for the keyed call"
+    again = await peer.send(message)
+    assert json_of(again) == {"jsonrpc": "2.0", "id": 42, "result": {
+        "content": [{"type": "text", "text": "released"}], "isError": False, "resultType": "complete",
+        "_meta": {"io.github.mcp-lossless/replayed": True},
+    }}  # fmt: skip
+    assert not gates.cancelled.is_set()
+
+
+async def test_a_keyed_call_counts_once_under_calls_per_principal(store: EventStore, gates: Gates) -> None:
+    """A keyed call runs in a task of its own besides its request: it takes its request's place under the cap,
+    not a second one (with a cap of 2, one keyed call running leaves room for another, which then runs)."""
+    async with serve(store, gates, Limits(calls_per_principal=2)) as server:
+        peer = server.peer(tasks=False)
+        held = peer.message("tools/call", {"name": "hold", "arguments": {}, "idempotencyKey": "h"}, request_id=1)
+        counted = {"name": "count", "arguments": {"label": "a"}, "idempotencyKey": "c"}
+        async with anyio.create_task_group() as group:
+            group.start_soon(peer.send, held)
+            with anyio.fail_after(10):
+                await gates.started.wait()
+            second = await peer.send(peer.message("tools/call", counted, request_id=2))
+            gates.release.set()
+        assert json_of(second)["result"]["content"] == [{"type": "text", "text": "run 1: a"}]
+        assert gates.runs == ["a"]

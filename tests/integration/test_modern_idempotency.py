@@ -66,6 +66,11 @@ def tools(ledger: Ledger) -> ToolRegistry:
         await asyncio.get_running_loop().run_in_executor(None, ledger.release.wait, 10)
         return "held"
 
+    @registry.tool()
+    async def bulky(n: int) -> str:
+        """An answer of 3,000 bytes: what a keyed call's own stream holds for its key's retention."""
+        return str(n) * 3000
+
     @registry.tool(task=True)
     async def export(amount: int) -> str:
         """Runs as a task for a client that declared the extension."""
@@ -222,3 +227,16 @@ async def test_the_modern_client_reissues_under_the_same_key_after_a_broken_requ
     assert proxy.stats.cut_at == [1], "the request stream broke once, at the tool's first progress"
     assert result.text == "charged 9 (run 1)" and result.replayed, "the one run's result, replayed under its key"
     assert ledger.runs == ["charge 9"]
+
+
+async def test_a_keyed_calls_own_stream_counts_under_its_principals_stored_bytes(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    """Its answer is held for the key's retention: under a 20,000-byte bound, 3 KB answers are refused 429 once the
+    principal's streams hold it, as on a legacy session (before, all 20 were served and the count stayed 0)."""
+    for store in ("memory", f"sqlite:{tmp_path / 'bound.db'}"):
+        for served in serve(store, Limits(stored_bytes_per_principal=20_000)):
+            alice = await peer(http, served)
+            statuses = [(await keyed(alice, "bulky", key=f"bulky-{n}", n=n % 10)).status for n in range(20)]
+            assert 429 in statuses, statuses
+            assert statuses.index(429) < 10 and set(statuses) == {200, 429}, statuses

@@ -143,6 +143,17 @@ def test_a_bad_flag_is_one_line_naming_it_and_exit_2(args: list[str], line: str)
         ("[limits]\nmax_headers = 1.5", "limits.max_headers = 1.5: expected an integer"),
         ("[limits]\nheader_timeout = 0", "limits.header_timeout = 0.0: must be a positive number"),
         ("[limits]\nsessions = 5", "unknown setting: limits.sessions"),
+        ("idempotency_second = 60", "unknown setting: idempotency_second (did you mean idempotency_seconds?)"),
+        (
+            "[limits]\nidempotency_key_per_principal = 5",
+            "unknown setting: limits.idempotency_key_per_principal "
+            "(did you mean limits.idempotency_keys_per_principal?)",
+        ),
+        (
+            "idempotency_keys_per_principal = 5",
+            "unknown setting: idempotency_keys_per_principal (a limit: put it under [limits])",
+        ),
+        ("[limits]\ndrain_seconds = 5", "unknown setting: limits.drain_seconds (not a limit: put it before [limits])"),
         ('issuer = "auth.example.com"', 'issuer = "auth.example.com": must be "dev" or an http(s) URL'),
         ('issuer = "ftp://auth.example.com"', 'issuer = "ftp://auth.example.com": must be "dev" or an http(s) URL'),
         ('public_url = "mcp.example.com/mcp"', 'public_url = "mcp.example.com/mcp": must be an absolute http(s) URL'),

@@ -267,7 +267,7 @@ async def test_a_version_1_file_is_carried_forward(tmp_path: Path) -> None:
         await store.close()
     with sqlite3.connect(path) as reopened:
         assert reopened.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
-        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 7
         assert reopened.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0, "the tasks table (schema 6) is made"
 
 
@@ -348,7 +348,7 @@ async def test_a_version_2_file_is_carried_forward(tmp_path: Path) -> None:
     finally:
         await store.close()
     with sqlite3.connect(path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 7
         assert reopened.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0, "the tasks table (schema 6) is made"
         tables = {row[0] for row in reopened.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert tables == {"meta", "sessions", "streams", "events", "session_streams", "tasks", "idempotency_keys"}
@@ -417,7 +417,7 @@ async def test_a_version_3_or_4_file_is_carried_forward(tmp_path: Path, version:
     finally:
         await store.close()
     with sqlite3.connect(path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == 7
         assert reopened.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0, "the tasks table (schema 6) is made"
         names = {row[0] for row in reopened.execute("SELECT name FROM sqlite_master")}
         assert {"session_streams", "completed_streams"} <= names and "streams_by_session" not in names

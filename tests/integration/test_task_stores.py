@@ -170,7 +170,7 @@ async def test_sqlite_tasks_share_the_event_store_file_and_survive_a_restart(tmp
     finally:
         await events.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 7
 
 
 SCHEMA_5_TASKS = """
@@ -212,7 +212,7 @@ async def test_a_schema_5_file_opens_and_keeps_its_tasks(tmp_path: Path, had_tas
     finally:
         await events.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 7
 
 
 def test_a_sqlite_server_does_not_load_the_redis_client_for_its_tasks(tmp_path: Path) -> None:

@@ -210,6 +210,10 @@ async def test_a_reads_stored_answer_is_replayed_only_to_a_token_that_covers_it(
     await peer.initialize()
     first = await peer.post(request(1, "resources/read", uri="notes://private"), stop_after=1)
     assert first.status == 200 and len(first.ids) == 1  # the priming event; the answer is left on the stream
+    # The upstream's answer reaches the store after the cut: the reader's own resume waits for it live, so the
+    # bare token below meets a *stored* answer (refused before the response is committed, not in-band).
+    stored = await peer.resume(first.ids[0], token=reader)
+    assert answer(stored, 1)["result"]["contents"][0]["text"] == "private notes"
 
     bare = await token(http, d)
     refused = await peer.resume(first.ids[0], token=bare)

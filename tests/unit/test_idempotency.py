@@ -33,7 +33,9 @@ from mcp_lossless.core.idempotency import (
     StreamTarget,
     TargetState,
     TaskTarget,
+    _reference_text,
     argument_hash,
+    canonical_text,
     decide_duplicate,
     key_of,
 )
@@ -110,6 +112,20 @@ def test_escapes_and_whitespace_are_what_parsing_made_of_them(value: dict[str, s
     escaped = json.loads(json.dumps(value, ensure_ascii=True, indent=2))
     raw = orjson.loads(orjson.dumps(value))
     assert argument_hash(escaped) == argument_hash(raw)
+
+
+@given(JSON)
+def test_the_fast_canonical_text_is_the_reference_one(value: Any) -> None:
+    """Whichever way it is written (``orjson`` for a value without floats), the text is the defined one, so a hash
+    stored before the fast path is found again."""
+    assert canonical_text(value) == _reference_text(value)
+
+
+@pytest.mark.parametrize(
+    "value", [{"a": "\x00\x1f\x7f\u2028\ufeff\U0001f600"}, {"\ud800": 1}, [2**64, -(2**63) - 1], [1e16]]
+)
+def test_the_fast_canonical_text_is_the_reference_one_at_its_edges(value: Any) -> None:
+    assert canonical_text(value) == _reference_text(value)
 
 
 def test_the_seps_own_examples() -> None:

@@ -81,6 +81,13 @@ class ToolResult:
         meta = self.raw.get("_meta")
         return isinstance(meta, dict) and meta.get(REPLAYED_META_KEY) is True
 
+    def marked_replayed(self) -> ToolResult:
+        """This result marked :attr:`replayed`: the outcome of a task a duplicate under its key was given again
+        (the server marks the ``CreateTaskResult``; the task's result itself is the same for every poll)."""
+        meta = self.raw.get("_meta")
+        raw = {**self.raw, "_meta": {**(meta if isinstance(meta, dict) else {}), REPLAYED_META_KEY: True}}
+        return ToolResult(self.content, self.structured, raw)
+
     @property
     def text(self) -> str:
         """The text parts of the content, joined by newlines."""

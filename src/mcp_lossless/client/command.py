@@ -25,6 +25,7 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from ..core import idempotency
 from ..core.arguments import ArgumentError, parse_tool_arguments
 from ..core.errors import UPSTREAM_FAILED
 from .cli_input import Ask, input_handlers
@@ -162,6 +163,11 @@ def run(args: argparse.Namespace) -> int:
             raise CallUsageError("--timeout must be positive")
         if args.client_secret is not None and args.client_id is None:
             raise CallUsageError("--client-secret needs --client-id")
+        if args.idempotency_key is not None:  # an empty one was replaced by a fresh key without a word
+            try:
+                idempotency.key_of({idempotency.KEY_PARAM: args.idempotency_key})
+            except idempotency.InvalidKey as exc:
+                raise CallUsageError(f"--idempotency-key {args.idempotency_key!r}: {exc}") from None
     except (CallUsageError, ArgumentError) as exc:
         err.print(f"mcp-lossless call: {exc}", markup=False)
         return EXIT_USAGE

@@ -581,9 +581,10 @@ class ModernClient(CatalogReads):
                         self._on_task(task[0], name)
                     watch.append(_TaskWatch(task[0], on_task_update, on_progress, on_message))
                     watch[0].observe(result)
-                    return await self._follow_task(
+                    outcome = await self._follow_task(
                         name, task[0], resources, result.get("pollIntervalMs"), watch[0], handlers, declared
                     )
+                    return outcome.marked_replayed() if ToolResult.from_wire(result).replayed else outcome
             except TimeoutError:
                 if task:
                     await self._cancel_quietly(task[0], resources)
@@ -639,13 +640,21 @@ class ModernClient(CatalogReads):
         ``retryAfter``. An execution-lost naming the key is final: the server never runs that key again."""
         keyed = idempotency.key_of(params) is not None
         bound = RecoveryPolicy().max_keyed_reissues if keyed else MAX_REISSUES
+        reached = False  # an attempt reached the server: a tool that may not run twice may have run since
         for attempt in range(bound + 1):
             try:
                 return await self._request("tools/call", params, resources, on_note, declared)
             except httpx.ConnectError as exc:
+                if attempt == bound and reached and not may_reissue:
+                    raise CallMayHaveRun(
+                        f"the response of {name} broke and the server could not be reached again "
+                        f"({describe_failure(exc)}); the call may have run: re-issue it under idempotency key "
+                        f"{idempotency.key_of(params)!r} for its outcome"
+                    ) from None
                 if attempt == bound:
                     raise unreachable(self.url, exc) from None
             except httpx.TransportError as exc:
+                reached = True
                 if not (may_reissue or keyed) or attempt == bound:
                     why = f"the response of {name} broke ({describe_failure(exc)}); the call may have run"
                     raise CallMayHaveRun(why) from None
@@ -653,6 +662,7 @@ class ModernClient(CatalogReads):
                 if exc.code == errors.MISSING_REQUIRED_CLIENT_CAPABILITY:
                     raise _unanswered(name, exc.data) from None
                 data = exc.data if isinstance(exc.data, dict) else {}
+                reached = True
                 if keyed and exc.code == errors.IDEMPOTENCY_IN_PROGRESS and attempt < bound:
                     wait = data.get("retryAfter")
                     await anyio.sleep(wait if isinstance(wait, int | float) and not isinstance(wait, bool) else 1)

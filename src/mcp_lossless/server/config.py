@@ -6,6 +6,7 @@ whatever first used it.
 
 from __future__ import annotations
 
+import difflib
 import json
 import types
 from collections.abc import Mapping
@@ -161,8 +162,20 @@ def config_from(settings: Mapping[str, Any]) -> ServerConfig:
 def _known(settings: Mapping[str, Any], hints: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
     unknown = sorted(set(settings) - set(hints))
     if unknown:
-        raise ConfigError(f"unknown setting{'s' if len(unknown) > 1 else ''}: {', '.join(prefix + k for k in unknown)}")
+        named = ", ".join(prefix + k + _meant(k, hints, prefix) for k in unknown)
+        raise ConfigError(f"unknown setting{'s' if len(unknown) > 1 else ''}: {named}")
     return settings
+
+
+def _meant(name: str, hints: Mapping[str, Any], prefix: str) -> str:
+    """What an unknown setting probably meant: a limit outside ``[limits]`` (or a setting inside it), else the
+    closest name; a typo in a setting that has a default is otherwise easy to miss until it matters."""
+    if not prefix and name in _LIMIT_HINTS:
+        return " (a limit: put it under [limits])"
+    if prefix and name in _HINTS:
+        return " (not a limit: put it before [limits])"
+    close = difflib.get_close_matches(name, list(hints), n=1)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
 
 def _limits(values: dict[str, Any]) -> Limits:

@@ -21,7 +21,7 @@ from ..core.events import PendingRequest
 from ..core.principal import Grant
 from ..stores.base import StoreUnavailable
 from .checks import is_request_id
-from .requests import call_tool, handling, tool_failed
+from .requests import LEGACY_METHODS, call_tool, extra, tool_failed
 from .sessions import ServerSession, SessionRegistry
 from .state import ServerState
 from .streams import LiveStream
@@ -179,7 +179,7 @@ class Dispatcher:
         work: Work
         if repeated or rid in session.tasks:
             return frames.error(rid, errors.INVALID_REQUEST, f"request id {rid!r} is already in use in this session")
-        kind = handling(method, False, state.methods)
+        kind = LEGACY_METHODS.get(method) or extra(method, False, state.methods)
         if kind == "call":
             if request.tool is None:
                 return frames.error(rid, errors.INVALID_PARAMS, f"unknown tool {params.get('name')!r}")

@@ -14,6 +14,7 @@ ADR 0033) is run again unrecorded: that upstream's record answers it.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,6 +70,8 @@ class Keys:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self._claims: dict[ClaimKey, KeyRecord] = {}
+        self._recording: dict[ClaimKey, asyncio.Future[None]] = {}
+        """Claimed keys whose record is queued durably and not yet committed (their call runs meanwhile)."""
 
     async def open(
         self, session: ServerSession | None, grant: Grant, record: StreamRecord, requests: Sequence[dict[str, Any]],
@@ -76,12 +79,13 @@ class Keys:
         alone: bool = False,
     ) -> tuple[dict[int, bytes], asyncio.Future[None] | None]:  # fmt: skip
         """Decide the keyed calls and enqueue ``record`` with the keys of their first uses: the answers of the
-        others, by index, and the record's write, stored already when any key goes with it (a key is recorded
-        before its tool starts). :class:`StoreUnavailable` when it cannot be stored; ``refuse`` (the era's 429)
-        when the first uses would take the principal past ``idempotency_keys_per_principal``, before anything is
-        stored. Either way the caller releases what it counted (a legacy POST counts its calls only once
-        dispatched; a 2026-07-28 call counts itself first). ``alone``: the stream holds the keyed call only (a
-        2026-07-28 call's): not opened, and no future, when no key goes with it."""
+        others, by index, and the record's write. A key is recorded before this returns (before its tool starts):
+        queued durably where the store can (:attr:`EventStore.keys_durable_when_queued`; the write then commits
+        with the call's answer), else stored. :class:`StoreUnavailable` when it cannot be recorded; ``refuse``
+        (the era's 429) when the first uses would take the principal past ``idempotency_keys_per_principal``,
+        before anything is stored. Either way the caller releases what it counted (a legacy POST counts its calls
+        only once dispatched; a 2026-07-28 call counts itself first). ``alone``: the stream holds the keyed call
+        only (a 2026-07-28 call's): not opened, and no future, when no key goes with it."""
         state = self.state
         store = state.store
         for _ in range(_OPEN_ATTEMPTS):
@@ -96,7 +100,18 @@ class Keys:
                     raise refuse(exceeded)
             if not keys:
                 return answers, None if alone else store.enqueue_open(record)
-            opening = store.enqueue_open(record, keys)
+            try:
+                opening = store.enqueue_open(record, keys)
+            except StoreUnavailable:
+                self.release(keys)
+                raise
+            if store.keys_durable_when_queued and not opening.done():
+                # Recorded already (the store's journal): the record commits with the call's answer, as an
+                # unkeyed call's does. The claims hold until then: a duplicate meanwhile is "in progress".
+                for key in keys:
+                    self._recording[key.principal, key.key] = opening
+                opening.add_done_callback(functools.partial(self._release_when_stored, keys))
+                return answers, opening
             try:
                 await opening
             except KeyTaken:
@@ -146,10 +161,14 @@ class Keys:
                 answers[index] = answer
         return answers, first
 
+    def _release_when_stored(self, keys: Sequence[KeyRecord], _opened: asyncio.Future[None]) -> None:
+        self.release(keys)
+
     def release(self, keys: Sequence[KeyRecord]) -> None:
         """The keys are stored (or failed to be): the store answers for them from now on."""
         for key in keys:
             self._claims.pop((key.principal, key.key), None)
+            self._recording.pop((key.principal, key.key), None)
 
     async def _decide(
         self, session: ServerSession | None, grant: Grant, key: str, request: PendingRequest, hashed: str, now: float
@@ -157,6 +176,9 @@ class Keys:
         """``None`` to run it; :data:`RUN_AGAIN` to run it unrecorded; else its one answer."""
         state = self.state
         rid = request.request_id
+        recording = self._recording.get((grant.principal, key))
+        if recording is not None:  # a duplicate (rare) waits for its first use's commit, then is decided on it
+            await asyncio.wait((recording,))
         for _ in range(2):  # a settled dead owner's key is decided once more, as lost
             claimed = self._claims.get((grant.principal, key))
             record = claimed or await state.store.get_key(grant.principal, key, now)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Container, Iterable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 from ..core import denials, errors, protocol
 from ..core.idempotency import key_of
@@ -25,6 +25,10 @@ class Leg(enum.Enum):
     MODERN = protocol.STATELESS
     """Served statelessly by the 2026-07-28 leg: no session, per-request ``_meta``."""
 
+
+STATELESS_LEG: Final = Leg.MODERN
+"""The member itself, bound once: reading ``Leg.MODERN`` goes through the enum's class (about 100 ns, twice per
+request on the hot path); a module global is a dictionary read."""
 
 Requested = Literal[Leg.MODERN] | str | None
 """What :func:`era` decides: the modern leg, or the revision a legacy request asks for (``None``: its session's)."""
@@ -45,13 +49,13 @@ def era(index: dict[bytes, bytes], first: dict[str, Any] | None, alone: bool) ->
         meta = params.get("_meta") if isinstance(params, dict) else None
         if alone:
             if isinstance(meta, dict) and protocol.VERSION_META_KEY in meta:
-                return Leg.MODERN
+                return STATELESS_LEG
             if (
                 requested is not None
                 and b"mcp-session-id" not in index
                 and requested not in protocol.HANDSHAKE_VERSIONS
             ):
-                return Leg.MODERN
+                return STATELESS_LEG
     if requested is None and isinstance(meta, dict):
         value = meta.get(protocol.VERSION_META_KEY)
         requested = value if isinstance(value, str) else None
@@ -62,7 +66,8 @@ def era(index: dict[bytes, bytes], first: dict[str, Any] | None, alone: bool) ->
 
 Handling = Literal["call", "list_tools", "ping", "set_log_level", "discover", "listen", "task", "task_stream", "extra"]
 """How a request is served: each router (:meth:`.dispatch.Dispatcher._route`, :meth:`.modern.ModernLeg._serve`)
-carries out each kind its era serves. Strings, not an enum: compared once per request, on the hot path."""
+carries out each kind its era serves, looked up in its view of :data:`METHODS`, else :func:`extra`. Strings, not an
+enum: compared once per request, on the hot path."""
 
 METHODS: dict[str, tuple[Handling, bool, bool]] = {
     "tools/call": ("call", True, True),
@@ -92,12 +97,16 @@ NEVER_STATELESS = frozenset(
 """Removed by 2026-07-28 or by the tasks extension: ``-32601`` (404) there, even when an extra handler has the name."""
 
 
-def handling(method: str, modern: bool, extras: Container[str]) -> Handling | None:
-    """How ``method`` is served on the legacy leg or (``modern``) the 2026-07-28 one; ``None``: not found there.
-    A built-in wins over an extra handler of the same name."""
-    entry = METHODS.get(method)
-    if entry is not None and entry[2 if modern else 1]:
-        return entry[0]
+LEGACY_METHODS: dict[str, Handling] = {method: kind for method, (kind, legacy, _) in METHODS.items() if legacy}
+""":data:`METHODS` as the legacy leg reads it: one lookup per request."""
+STATELESS_METHODS: dict[str, Handling] = {method: kind for method, (kind, _, modern) in METHODS.items() if modern}
+""":data:`METHODS` as the 2026-07-28 leg reads it."""
+
+
+def extra(method: str, modern: bool, extras: Container[str]) -> Handling | None:
+    """How a method no built-in of the era serves is served: by its extra handler (``"extra"``), unless the
+    2026-07-28 revision removed it; ``None``: not found there. A built-in wins over an extra of the same name:
+    each router asks this only when its view of :data:`METHODS` has no entry."""
     if method in extras and not (modern and method in NEVER_STATELESS):
         return "extra"
     return None

@@ -109,6 +109,12 @@ class EventStore(Protocol):
     """Whether :meth:`enqueue_open` records idempotency keys (SEP-3182, ADR 0029): the server declares
     ``tools.idempotency`` only then."""
 
+    keys_durable_when_queued: bool
+    """Whether a keyed :meth:`enqueue_open` has recorded its keys and stream record, as durably as the store keeps
+    anything, when it returns (memory; SQLite: its key journal): a keyed call then starts at once instead of
+    awaiting the record's write, and its record is committed with its answer, as an unkeyed call's is (ADR 0029).
+    A shared store's write decides between processes (:class:`KeyTaken`): it is awaited."""
+
     async def open_stream(self, record: StreamRecord) -> None: ...
     def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
         """:meth:`open_stream` queued as :meth:`enqueue` queues an append: returns at once, and the future resolves
@@ -182,7 +188,8 @@ class EventStore(Protocol):
 
     def stored_bytes(self, principal: Principal) -> int:
         """What ``principal``'s sessions make this store hold, in bytes (events and streams, as
-        :mod:`~mcp_lossless.stores.held` counts them; the memory store its own measure): read from process memory,
+        :mod:`~mcp_lossless.stores.held` counts them, the memory store its own measure; and its live idempotency
+        keys): read from process memory,
         without a round trip, as the server asks it on every POST and progress event. A shared store counts what
         this process wrote (docs/decisions/0026)."""
         ...

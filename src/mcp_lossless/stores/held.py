@@ -22,6 +22,9 @@ ROW_BYTES = 128
 """What one stored event counts besides its payload: an event id (~40 bytes), request id, tags and the row's keys."""
 STREAM_BYTES = 256
 """What one stream counts: its record (kind, owner, requests, positions) and its entries in the indexes."""
+KEY_BYTES = 512
+"""What one live idempotency key counts: its record (principal, a key string of up to 255 characters, tool, argument
+hash, stream, request id, times) and its index entry, whichever store holds it (ADR 0029)."""
 
 
 class _Queued:
@@ -162,6 +165,11 @@ class HeldKeys:
         if not expiries:
             del self._expiries[principal]
         return len(expiries)
+
+    def bytes(self, principal: Principal, now: float) -> int:
+        """What the principal's live keys count in its stored bytes (``stored_bytes_per_principal``): an expired key
+        is released when it is purged, as it is counted no more."""
+        return KEY_BYTES * self.held(principal, now)
 
     def purge(self, now: float) -> None:
         """Forget every expired key (the store's periodic sweep), not only those of principals that key again."""

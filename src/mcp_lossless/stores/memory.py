@@ -24,11 +24,12 @@ its share never loses events to another's appends, and an evicted principal's re
 from __future__ import annotations
 
 import asyncio
+import heapq
 import os
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
 
 from ..core.events import EventRows, Loss, Row, StoredEvent, StreamRecord
@@ -101,8 +102,11 @@ class MemoryStore:
         *,
         max_events_per_principal: int | None = None,
         max_bytes_per_principal: int | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        """Per-principal bounds default to the global ones: the fair-share rule alone keeps principals apart."""
+        """Per-principal bounds default to the global ones: the fair-share rule alone keeps principals apart.
+        ``clock``: the wall clock idempotency keys expire by (the server dates them by it; a test's is injected)."""
+        self._clock = clock
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.max_events_per_principal = max_events if max_events_per_principal is None else max_events_per_principal
@@ -114,6 +118,11 @@ class MemoryStore:
         """Idempotency keys (ADR 0029); an expired one is dropped when looked up or replaced, or by the sweep
         (:meth:`expire_sessions`)."""
         self._held_keys = HeldKeys()
+        self._kept: dict[str, float] = {}
+        """Keyed streams, until when their keys keep them: past their session's deletion, and (a 2026-07-28 keyed
+        call's, which no session holds) until then only (ADR 0029)."""
+        self._kept_order: list[tuple[float, str]] = []
+        """The same as a heap by time: what the sweep releases next."""
         self._by_session: dict[str, set[str]] = {}
         self._partitions: dict[Principal | None, _Partition] = {}
         """By principal; ``None`` holds streams of sessions the store was never told about."""
@@ -128,9 +137,10 @@ class MemoryStore:
         return self._bytes
 
     def stored_bytes(self, principal: Principal) -> int:
-        """The principal's partition: its events as allocated (what ``max_bytes_per_principal`` bounds too)."""
+        """The principal's partition: its events as allocated (what ``max_bytes_per_principal`` bounds too), and
+        its live idempotency keys (:data:`.held.KEY_BYTES` each)."""
         partition = self._partitions.get(principal)
-        return 0 if partition is None else partition.bytes
+        return (0 if partition is None else partition.bytes) + self._held_keys.bytes(principal, self._clock())
 
     async def open(self) -> None:
         """Forgets :meth:`enqueue`'s resolved future, made again on the loop that opened the store."""
@@ -155,11 +165,39 @@ class MemoryStore:
             record.last_seen = now
 
     async def delete_session(self, session_id: str) -> None:
+        """A stream a live idempotency key names outlives its session (its outcome is the key's): a running one
+        ends as lost (the session's calls end with it), and the sweep drops it when its keys expire."""
         self._sessions.pop(session_id, None)
+        at = self._clock()
         for key in self._by_session.pop(session_id, ()):
+            if self._kept.get(key, 0.0) > at:
+                record = self._streams[key].record
+                if not record.completed:
+                    record.lost, record.completed = Loss.OWNER, True
+                continue
             stream = self._streams.pop(key, None)
             if stream is not None:
                 self._drop(stream)
+
+    def _release_kept(self, at: float) -> None:
+        """Drop the keyed streams whose keys expired and whose session is gone (or never was: a 2026-07-28 call's
+        own): their outcome is no one's any more."""
+        order = self._kept_order
+        while order and order[0][0] <= at:
+            until, key = heapq.heappop(order)
+            if self._kept.get(key) != until:
+                continue  # kept longer by a later key, or dropped
+            del self._kept[key]
+            stream = self._streams.get(key)
+            if stream is None or stream.record.session_id in self._sessions:
+                continue  # its session's own retention decides now
+            del self._streams[key]
+            self._drop(stream)
+            held = self._by_session.get(stream.record.session_id)
+            if held is not None:
+                held.discard(key)
+                if not held:
+                    del self._by_session[stream.record.session_id]
 
     def _drop(self, stream: _Stream) -> None:
         stream.gone = True
@@ -178,9 +216,10 @@ class MemoryStore:
 
     async def expire_sessions(self, idle_before: float) -> list[str]:
         """Also purges expired idempotency keys: the server's periodic sweep calls this."""
-        at = time.time()  # keys expire by the wall clock, as the server dates them
+        at = self._clock()  # keys expire by the wall clock, as the server dates them
         self._keys = {name: key for name, key in self._keys.items() if key.expires > at}
         self._held_keys.purge(at)
+        self._release_kept(at)
         gone = [sid for sid, rec in self._sessions.items() if rec.last_seen < idle_before]
         for sid in gone:
             await self.delete_session(sid)
@@ -190,19 +229,25 @@ class MemoryStore:
         self._open(record)
 
     idempotency_keys = True
+    keys_durable_when_queued = True
 
     def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
-        """Opens at once, with its keys: the future is the shared resolved one :meth:`enqueue` returns."""
-        self._open(record)
+        """Opens at once, with its keys: the future is the shared resolved one :meth:`enqueue` returns. A keyed
+        stream no session holds (a 2026-07-28 call's own) is its key's principal's."""
+        self._open(record, keys[0].principal if keys else None)
         for key in keys:
             self._keys[key.principal, key.key] = key
             self._held_keys.add(key.principal, key.key, key.expires)
+        if keys:
+            until = max(self._kept.get(record.stream, 0.0), *(key.expires for key in keys))
+            self._kept[record.stream] = until
+            heapq.heappush(self._kept_order, (until, record.stream))
         stored = self._stored
         return self._resolved() if stored is None else stored
 
-    def _open(self, record: StreamRecord) -> None:
+    def _open(self, record: StreamRecord, principal: Principal | None = None) -> None:
         session = self._sessions.get(record.session_id)
-        owner = None if session is None else session.principal
+        owner = principal if session is None else session.principal
         partition = self._partitions.get(owner)
         if partition is None:
             partition = self._partitions[owner] = _Partition()

@@ -195,6 +195,24 @@ return 1
 )
 """KEYS: record, events, session's streams. ARGV: retention ms, expiry time, stream key."""
 
+_OUTLIVE = """
+local keep = tonumber(redis.call('HGET', KEYS[1], 'keep') or '0')
+if keep <= tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 0
+end
+if redis.call('HGET', KEYS[1], 'done') ~= '1' then
+  redis.call('HSET', KEYS[1], 'lost', ARGV[2], 'done', 1)
+end
+local at = math.ceil(keep * 1000)
+redis.call('PEXPIREAT', KEYS[1], at)
+redis.call('PEXPIREAT', KEYS[2], at)
+return at
+"""
+"""KEYS: a stream's record and events, its session being deleted. ARGV: now, the loss of a running stream. A stream
+its live idempotency keys keep (``keep``) outlives the session until they expire (their expiry in ms; a running
+one ended as lost: the session's calls end with it); any other goes (0)."""
+
 _TOUCH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'seen', ARGV[1])
@@ -885,7 +903,7 @@ class RedisStore:
         return SessionRecord(session_id, principal, f["ver"], float(f["created"]), float(f["seen"]))
 
     def stored_bytes(self, principal: Principal) -> int:
-        return self._held.held(principal)
+        return self._held.held(principal) + self._held_keys.bytes(principal, time.time())
 
     async def touch_session(self, session_id: str, now: float) -> None:
         touched = await self._script(_TOUCH, [self._key(session_id, "session")], [repr(now), self._retention_ms])
@@ -918,7 +936,8 @@ class RedisStore:
         return gone
 
     async def _purge(self, session_ids: list[str]) -> None:
-        """Delete the sessions' hashes and every stream they still have, with its index key."""
+        """Delete the sessions' hashes and every stream they still have, with its index key, but for the streams
+        their live idempotency keys keep (:data:`_OUTLIVE`)."""
         if not session_ids:
             return
         with self._guard():
@@ -926,16 +945,27 @@ class RedisStore:
                 for sid in session_ids:
                     pipe.zrange(self._key(sid, "streams"), 0, -1)
                 listed = await pipe.execute()
+        owned = [(sid, raw.decode()) for sid, streams in zip(session_ids, listed, strict=True) for raw in streams]
+        calls: list[tuple[list[str], list[EncodableT]]] = [
+            ([self._key(sid, "s:", stream), self._key(sid, "e:", stream)], [repr(time.time()), Loss.OWNER.value])
+            for sid, stream in owned
+        ]
+        kept = await self._scripted(_OUTLIVE, calls) if calls else []
+        for reply in kept:
+            if isinstance(reply, Exception):
+                with self._guard():
+                    raise reply
+        with self._guard():
             async with self._r.pipeline(transaction=False) as pipe:
                 for sid, streams in zip(session_ids, listed, strict=True):
                     self._held.forget(sid, (raw.decode() for raw in streams))
-                    keys = [self._key(sid, "session"), self._key(sid, "streams")]
-                    for raw in streams:
-                        stream = raw.decode()
-                        keys += [self._key(sid, "s:", stream), self._key(sid, "e:", stream)]
-                        pipe.delete(self._idx_key(stream))
-                        self._sids.pop(stream, None)
-                    pipe.delete(*keys)
+                    pipe.delete(self._key(sid, "session"), self._key(sid, "streams"))
+                for (_sid, stream), until in zip(owned, kept, strict=True):
+                    if until:  # found through its index until its keys expire (ADR 0029)
+                        pipe.pexpireat(self._idx_key(stream), until)
+                        continue
+                    pipe.delete(self._idx_key(stream))
+                    self._sids.pop(stream, None)
                 await pipe.execute()
 
     # -- streams -------------------------------------------------------------------------------------
@@ -945,7 +975,8 @@ class RedisStore:
 
         Open streams carry no TTL: a call may stay silent longer than the retention. Their keys go with
         their session, or expire after :meth:`complete_stream` (a keyed one not before its idempotency keys).
-        ``keys`` are set after the record, each only if no one holds it (:class:`KeyTaken` otherwise).
+        ``keys`` are set after the record, each only if no one holds it (:class:`KeyTaken` otherwise): in its
+        pipeline, which Redis runs in order, or on a cluster once the record is written (one round trip more).
         """
         sid = record.session_id
         rk = self._key(sid, "s:", record.stream)
@@ -970,15 +1001,28 @@ class RedisStore:
             writes.on(rk).hset(rk, mapping=fields)
             writes.on(streams).zremrangebyscore(streams, "-inf", repr(time.time()))
             writes.on(streams).zadd(streams, {record.stream: math.inf})
+            if keys and self._cluster is not None:
+                # A key's slot is not its session's: on a cluster another node holds it, and the nodes' pipelines
+                # run concurrently. The record goes first, acknowledged, so whoever finds the key finds its stream.
+                await writes.execute()
+                writes = await self.writes()
             for key, value in zip(keys, values, strict=True):  # each only if no one holds it: one first use wins
                 name = self._key_name(key.principal, key.key)
                 writes.on(name).set(name, value, nx=True, pxat=math.ceil(key.expires * 1000))
-            replies = await writes.execute()
+            try:
+                replies = await writes.execute()
+            except StoreUnavailable:
+                if keys:  # not acknowledged (WAIT short), yet maybe set: the call is refused, so its keys must go
+                    with contextlib.suppress(StoreUnavailable):  # or they would answer "in progress" for 24 h
+                        await self._unopen(record, keys, values)
+                raise
         if not all(replies[len(replies) - len(keys) :]):
             await self._unopen(record, keys, values)
             raise KeyTaken(f"another request holds an idempotency key of stream {record.stream}")
         for key in keys:
             self._held_keys.add(key.principal, key.key, key.expires)
+        if keys:  # a 2026-07-28 keyed call's own stream (its own session id) counts for its key's principal
+            self._held.counts.bind(sid, keys[0].principal)
         self._remember(record.stream, sid)
         self._held.opened(sid, record.stream)
 
@@ -1009,6 +1053,7 @@ class RedisStore:
         )
 
     idempotency_keys = True
+    keys_durable_when_queued = False
 
     def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
         """:meth:`open_stream` in a task of its own; appends enqueued after it go in a pipeline sent once it is

@@ -41,7 +41,8 @@ CLOSE_STREAM_REFUSED = (
 
 
 class LoopHolder(Protocol):
-    """The part of the server's state an inline run reads: the loop it runs on (known once the server starts)."""
+    """The part of the server's state an inline run or a listen stream reads: the loop it runs on (known once the
+    server starts)."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...

@@ -84,6 +84,9 @@ class KeyedCalls:
         pending = PendingRequest(rid, "tools/call", tool.name, tags)
         stream = stream_key()
         record = StreamRecord(stream, stream, StreamKind.POST, s.instance, (pending,), 0)
+        exceeded = s.sessions.storing(grant.principal, 0)  # its stream is the principal's, as a legacy POST's is
+        if exceeded is not None:
+            raise Refused.over(exceeded)
         try:
             answers, opened = await self.keys.open(
                 None, grant, record, [{"params": params}], [pending], Refused.over, alone=True
@@ -136,13 +139,13 @@ class KeyedCalls:
         work: Coroutine[Any, Any, bytes],
         channel: RequestChannel,
     ) -> None:
-        """Run a keyed call's ``work`` in a task of its own, counted under the principal's cap until it ends, and
-        relay its notifications (SSE) and then its stored answer while the client stays. A client that leaves
-        stops only the relay: the call goes on, its answer is stored, and the retry under its key gets it."""
+        """Run a keyed call's ``work`` in a task of its own, and relay its notifications (SSE) and then its stored
+        answer while the client stays. A client that leaves stops only the relay: the call goes on, its answer is
+        stored, and the retry under its key gets it. The call counts once under the principal's cap: as its
+        request while that runs, then (once it outlives it) in the request's place until it ends."""
         s = self.state
         loop = s.loop
-        s.sessions.hold_call(grant.principal)
-        job = loop.create_task(self._answer(record, work, grant))
+        job = loop.create_task(self._answer(record, work))
         self.running.add(job)
         job.add_done_callback(self.running.discard)
         gone = loop.create_task(disconnected(receive))
@@ -175,26 +178,26 @@ class KeyedCalls:
                 await respond(send, 200, answer, b"application/json")
         finally:
             gone.cancel()
+            if not job.done():  # the request's count is released when it returns: the call takes its place
+                s.sessions.hold_call(grant.principal)
+                job.add_done_callback(lambda _job: s.sessions.end_call(grant.principal))
 
-    async def _answer(self, record: StreamRecord, work: Coroutine[Any, Any, bytes], grant: Grant) -> bytes:
+    async def _answer(self, record: StreamRecord, work: Coroutine[Any, Any, bytes]) -> bytes:
         """The keyed call's answer, stored as its stream's one event (the key's outcome) before it is returned. A
         call cut short by shutdown stores nothing: its stream stays open under this instance, which a later
         duplicate finds dead and settles as lost (execution lost naming the key)."""
         s = self.state
         request = record.requests[0]
+        answer = await work
+        mac = s.codec.stream_mac(record.session_id, record.stream)
+        event = StoredEvent(
+            record.session_id, record.stream, 1, EventIdCodec.encode(record.stream, 1, mac), answer,
+            request.request_id, request.tool, request.resources, True,
+        )  # fmt: skip
         try:
-            answer = await work
-            mac = s.codec.stream_mac(record.session_id, record.stream)
-            event = StoredEvent(
-                record.session_id, record.stream, 1, EventIdCodec.encode(record.stream, 1, mac), answer,
-                request.request_id, request.tool, request.resources, True,
-            )  # fmt: skip
-            try:
-                await s.store.append(event, completes=True)
-            except StoreUnavailable:  # the client still gets what ran; a duplicate will hear it may have run
-                log.warning("the answer of keyed request %s could not be stored", request.request_id)
-                with contextlib.suppress(StoreUnavailable):
-                    await s.store.mark_lost(record.stream, s.instance, Loss.STORE)
-            return answer
-        finally:
-            s.sessions.end_call(grant.principal)
+            await s.store.append(event, completes=True)
+        except StoreUnavailable:  # the client still gets what ran; a duplicate will hear it may have run
+            log.warning("the answer of keyed request %s could not be stored", request.request_id)
+            with contextlib.suppress(StoreUnavailable):
+                await s.store.mark_lost(record.stream, s.instance, Loss.STORE)
+        return answer

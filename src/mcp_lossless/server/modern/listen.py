@@ -4,7 +4,7 @@ and tool-list changes it asked for, authorized like a poll at every push."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol, assert_never
+from typing import Any, assert_never
 
 from ...asgi import Receive, Send, disconnected
 from ...core import errors, frames, protocol
@@ -13,6 +13,7 @@ from ...core.principal import Grant
 from ...core.tasks import Deliver, Denied, Purpose, Unknown, detailed_task
 from ..observability import now
 from ..writer import SSE_HEADERS
+from .inline import LoopHolder
 from .replies import missing_extension, refused
 from .tasks import Tasks
 
@@ -26,17 +27,10 @@ PUSH_POLL_SECONDS = 1.0
 replica is pushed within this long."""
 
 
-class LoopState(Protocol):
-    """The part of the server's state a listen stream reads: the loop it waits on."""
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
-
-
 class Listeners:
     """The open listen streams of this process, and whom to wake when a task or the tool list changes."""
 
-    def __init__(self, state: LoopState, tasks: Tasks, tools_change: bool) -> None:
+    def __init__(self, state: LoopHolder, tasks: Tasks, tools_change: bool) -> None:
         self.state = state
         self.tasks = tasks
         self.tools_change = tools_change

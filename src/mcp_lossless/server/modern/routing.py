@@ -26,7 +26,7 @@ from ...stores.tasks import TaskStore
 from ..errors import Refused
 from ..idempotency import Keys
 from ..observability import now
-from ..requests import handling, uncovered
+from ..requests import STATELESS_METHODS, extra, uncovered
 from ..state import ServerState
 from ..tools import MethodError, RegisteredTool, ToolContext
 from .inline import InlineRuns, RequestChannel, input_before_task, run_tool
@@ -41,14 +41,6 @@ CACHE_HINTS = {"ttlMs": 0, "cacheScope": "private"}
 """Never reuse without asking again, never share: what a principal may see depends on its token."""
 SHUTDOWN_SECONDS = 5.0
 """How long a drain or a shutdown waits for the cancelled calls and tasks to record their outcome."""
-
-
-def _decoded(raw: bytes) -> str:
-    """A mirrored header's value (:func:`.param_headers.header_value`), undecodable as ``-32020``/400."""
-    try:
-        return param_headers.header_value(raw)
-    except param_headers.HeaderMismatch as exc:
-        raise refused(400, errors.HEADER_MISMATCH, str(exc)) from None
 
 
 class ModernLeg:
@@ -153,7 +145,7 @@ class ModernLeg:
         capabilities = self._validate(index, method, params)
         rid: RequestId = message["id"]
         declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
-        kind = handling(method, True, self.state.methods)
+        kind = STATELESS_METHODS.get(method) or extra(method, True, self.state.methods)
         if kind == "task_stream":
             await self.tasks.stream(receive, send, grant, rid, params, declared, connection)
             return
@@ -232,15 +224,20 @@ class ModernLeg:
                 "Unsupported protocol version",
                 {"supported": list(protocol.SERVED_VERSIONS), "requested": version},
             )
-        named = index.get(b"mcp-method")
-        if named is None or _decoded(named) != method:
-            raise refused(400, errors.HEADER_MISMATCH, f"Mcp-Method header must be present and equal {method!r}")
-        field = protocol.NAME_PARAMS.get(method)
-        if field is not None:
-            name = index.get(b"mcp-name")
-            value = params.get(field)
-            if name is None or not isinstance(value, str) or _decoded(name) != value:
-                raise refused(400, errors.HEADER_MISMATCH, f"Mcp-Name header must be present and equal params.{field}")
+        try:  # one handler for both headers' decoding: no call between the request and each decoder
+            named = index.get(b"mcp-method")
+            if named is None or param_headers.header_value(named) != method:
+                raise refused(400, errors.HEADER_MISMATCH, f"Mcp-Method header must be present and equal {method!r}")
+            field = protocol.NAME_PARAMS.get(method)
+            if field is not None:
+                name = index.get(b"mcp-name")
+                value = params.get(field)
+                if name is None or not isinstance(value, str) or param_headers.header_value(name) != value:
+                    raise refused(
+                        400, errors.HEADER_MISMATCH, f"Mcp-Name header must be present and equal params.{field}"
+                    )
+        except param_headers.HeaderMismatch as undecodable:
+            raise refused(400, errors.HEADER_MISMATCH, str(undecodable)) from None
         return capabilities
 
     def _discover(self) -> dict[str, Any]:
