@@ -32,6 +32,7 @@ from mcp_lossless.client.oauth import parse_challenges
 from mcp_lossless.core.dpop import access_token_hash
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
+from tests.interop.peers.sdk_resumable_server import sdk_resumable_server
 from tests.support.mcp_http import Peer, StreamRead, call
 from tests.support.processes import free_port
 from tests.support.uvicorn_server import lossless_server
@@ -337,6 +338,19 @@ async def test_a_client_told_not_to_use_dpop_gets_bearer_tokens(server_url: str)
         await client.call_tool("search", {"query": "q"})
     assert auth.dpop_key is None and auth.request_auth() is None
     assert all("cnf" not in claims_of(t.value) for t in auth._tokens)
+
+
+async def test_a_bound_token_refused_with_a_bearer_challenge_alone_is_asked_for_again_as_a_bearer_token() -> None:
+    """An AS that advertises DPoP (ours) in front of a resource that only knows Bearer (the official SDK's server):
+    the client asked for bound tokens, and asked again after each 401, until "still refused after 2 fresh
+    grants". A 401 with no ``DPoP`` challenge to a bound token means the resource takes none: bearer tokens."""
+    with sdk_resumable_server() as peer:
+        auth = OAuth("dev-client", "dev-secret")
+        async with ModernClient(peer.url, auth=auth) as client:
+            await client.discover()
+            tools = await client.list_tools()
+    assert {tool.name for tool in tools} == {"search", "fetch"}
+    assert auth._tokens and all(not t.dpop and "cnf" not in claims_of(t.value) for t in auth._tokens)
 
 
 def test_a_given_key_is_used() -> None:

@@ -32,7 +32,7 @@ ANYTHING = frozenset({"*"})
 MAY_IMPORT: Mapping[str, frozenset[str]] = {
     "": frozenset(),
     "core": frozenset({"core"}),
-    "asgi": frozenset(),
+    "asgi": frozenset({"asgi"}),
     "tracing": frozenset({""}),
     "client": frozenset({"core", "tracing", ""}),
     "stores": frozenset({"core", ""}),

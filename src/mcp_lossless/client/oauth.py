@@ -72,6 +72,8 @@ class Challenge:
     resources: tuple[str, ...] = ()
     scheme: str = "bearer"
     algs: tuple[str, ...] = ()
+    dpop_offered: bool = False
+    """The header holds a ``DPoP`` challenge: the resource takes DPoP-bound tokens (RFC 9449 §7.1)."""
 
 
 _AUTH_TOKEN = r"[A-Za-z0-9_!#$%&'*+.^`|~-]+"
@@ -125,7 +127,8 @@ def parse_challenge(header: str | None) -> Challenge | None:
     scope = chosen.scope or next((c.scope for c in challenges if c.scope), None)
     resources = chosen.resources or next((c.resources for c in challenges if c.resources), ())
     algs = next((c.algs for c in challenges if c.algs), ())
-    return Challenge(chosen.error, chosen.description, scope, metadata, resources, chosen.scheme, algs)
+    offered = any(c.scheme == "dpop" for c in challenges)
+    return Challenge(chosen.error, chosen.description, scope, metadata, resources, chosen.scheme, algs, offered)
 
 
 class Auth:
@@ -360,6 +363,8 @@ class OAuth(Auth):
         self._token_flow = DpopFlow(key, token_requests=True) if key is not None else None
         self._resource_flow = DpopFlow(key, token_requests=False, bound=self._bound) if key is not None else None
         self._prm_requires_dpop = False
+        self._bearer_only = False
+        """The resource refused our bound token with a ``Bearer`` challenge alone: it takes no DPoP tokens."""
 
     def bind(self, http: httpx.AsyncClient, server_url: str) -> None:
         self._http = http
@@ -380,6 +385,8 @@ class OAuth(Auth):
             return False
         if self._dpop:
             return True
+        if self._bearer_only and not self._prm_requires_dpop:
+            return False
         algs = metadata.get("dpop_signing_alg_values_supported")
         advertised = isinstance(algs, list) and self.dpop_key.alg in algs
         return advertised or self._prm_requires_dpop
@@ -391,6 +398,11 @@ class OAuth(Auth):
         self._scope.challenged(challenge.scope)
         if challenge.error != "insufficient_scope":
             self._rediscover = True  # the token was not accepted at all: its issuer may no longer be trusted
+            if self._dpop_auto and not challenge.dpop_offered and any(t.dpop for t in self._tokens):
+                # an AS that binds tokens in front of a resource that only knows Bearer (Keycloak, Okta or Auth0
+                # before a server without DPoP): asked again for bound tokens, it would refuse each one
+                log.info("the server refused a DPoP-bound token and offers only Bearer: asking for bearer tokens")
+                self._bearer_only = True
 
     async def token(self, resources: frozenset[str]) -> str | None:
         async with self._lock:

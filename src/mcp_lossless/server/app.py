@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..asgi import Receive, Scope, Send, headers, respond, respond_json, run_lifespan
+from ..asgi import HeaderIndex, Receive, Scope, Send, headers, respond, respond_json, run_lifespan
 from ..core.resources import canonical_resource
 from ..devauth.server import DevAuthServer
 from ..stores import EventStore, StoreUnavailable, TaskStore, open_store, task_store_beside
@@ -132,9 +132,10 @@ class LosslessApp:
     async def _http_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         if path in self._endpoint:
-            problem = self._rebinding_problem(scope)
+            index = headers(scope)  # once, at the entry: the transport and its checks read this index
+            problem = self._rebinding_problem(index)
             if problem is None:
-                await self.transport(scope, receive, send)
+                await self.transport(scope, index, receive, send)
             else:
                 await respond_json(send, 403, rpc_error(-32600, problem))
         elif path in self._prm and scope["method"] in ("GET", "HEAD"):
@@ -175,7 +176,7 @@ class LosslessApp:
     async def _metrics(self, scope: Scope, send: Send) -> None:
         """Counters and gauges for the operator: under the endpoint's Host/Origin check, and behind a bearer secret
         when one is configured (they tell sessions, resumes and refusals apart)."""
-        problem = self._rebinding_problem(scope)
+        problem = self._rebinding_problem(headers(scope))
         if problem is not None:
             await respond_json(send, 403, {"error": "forbidden", "error_description": problem})
             return
@@ -197,7 +198,7 @@ class LosslessApp:
         answers a read within :data:`READINESS_TIMEOUT` and the keys are loaded (the event-id secret, read from the
         store, and the token verifier), else 503 naming each check that failed. Under the Host/Origin check of the
         MCP endpoint, as ``/metrics``; no bearer: probes send none, and the answers tell nothing about calls."""
-        problem = self._rebinding_problem(scope)
+        problem = self._rebinding_problem(headers(scope))
         if problem is not None:
             await respond_json(send, 403, {"error": "forbidden", "error_description": problem})
             return
@@ -218,12 +219,12 @@ class LosslessApp:
             return f"no answer within {READINESS_TIMEOUT:g} s"
         return "ok"
 
-    def _rebinding_problem(self, scope: Scope) -> str | None:
-        """DNS-rebinding protection: Origin (and, on loopback, Host) must be ours (MCP transport MUST).
+    def _rebinding_problem(self, index: HeaderIndex) -> str | None:
+        """DNS-rebinding protection: Origin (and, on loopback, Host) must be ours (MCP transport MUST), judged
+        from the request's header ``index``.
 
         Clients send the same pair on every request, so verdicts are remembered (a bounded table).
         """
-        index = headers(scope)
         key = (index.get(b"origin"), index.get(b"host"))
         verdicts = self._verdicts
         if key in verdicts:

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ..asgi import Scope, headers
+from ..asgi import HeaderIndex
 from ..core import errors, protocol
 from ..core.events import RequestId
 from .errors import Refused
@@ -25,20 +25,21 @@ def _invalid(message: str, status: int = 400) -> Refused:
     return Refused.rpc(status, errors.INVALID_REQUEST, message)
 
 
-def _accept(index: dict[bytes, bytes]) -> str:
+def _accept(index: HeaderIndex) -> str:
     """The Accept header as text: ``in`` on bytes first tries its operand as an integer, and raises and formats a
     ``TypeError`` inside before it searches (about 2,000 instructions a test); on text it only searches."""
     return index.get(b"accept", b"").decode("latin-1")
 
 
-def require_get_accept(scope: Scope) -> None:
-    if "text/event-stream" not in _accept(headers(scope)):
+def require_get_accept(index: HeaderIndex) -> None:
+    """A GET must accept an event stream (406); judged from the request's header ``index``."""
+    if "text/event-stream" not in _accept(index):
         raise _invalid("Accept must list text/event-stream", 406)
 
 
-def require_post_media(scope: Scope) -> None:
-    """What a POST must say of its media types: it accepts both answers (406), and its body is JSON (415)."""
-    index = headers(scope)
+def require_post_media(index: HeaderIndex) -> None:
+    """What a POST must say of its media types: it accepts both answers (406), and its body is JSON (415); judged
+    from the request's header ``index`` (taken, not read here: the checks never step back into the ASGI layer)."""
     accept = _accept(index)
     if "application/json" not in accept or "text/event-stream" not in accept:
         raise _invalid("Accept must list both application/json and text/event-stream", 406)

@@ -15,10 +15,11 @@ from time import perf_counter
 from typing import Any, Protocol
 
 from .. import __version__, tracing
-from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, headers, read_body, respond
+from ..asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, read_body, respond
+from ..asgi import HeaderIndex as Index
 from ..core import errors, frames, protocol
 from ..core import limits as verdicts
-from ..core.eventids import EventIdCodec
+from ..core.eventids import Cursor, CursorProblem, EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
 from ..core.limits import LimitExceeded
 from ..core.principal import Grant
@@ -54,6 +55,14 @@ from .writer import LiveSource, RemoteTail, SseWriter, StoredSource, StreamLost
 __all__ = ["Transport", "rpc_error"]
 
 log = logging.getLogger("mcp_lossless.transport")
+
+
+def _text(index: Index, name: bytes) -> str | None:
+    """Header ``name`` of the request's ``index`` as text (latin-1): read here rather than through
+    :func:`.asgi.header`, which would take the request back to the ASGI layer its entry has left."""
+    value = index.get(name)
+    return None if value is None else value.decode("latin-1")
+
 
 ANSWER_GRACE_SECONDS = 0.05
 """How long a call's response waits for its answer to be stored before its head and priming event go out alone."""
@@ -115,16 +124,19 @@ class Transport:
         streams = [(s, s.live.get(s.get_stream)) for s in self.state.sessions.all() if s.get_stream and not s.closing]
         await asyncio.gather(*(tell(session, live) for session, live in streams if live is not None))
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Route by method; render whatever refusal the checks raise, before any byte of a response."""
+    async def __call__(self, scope: Scope, index: Index, receive: Receive, send: Send) -> None:
+        """Route by method; render whatever refusal the checks raise, before any byte of a response.
+
+        ``index`` is the request's headers as the app's entry indexed them (:func:`.asgi.headers`): read from
+        it here and passed down, so no step below goes back to the ASGI layer for a header."""
         method = scope["method"]
         try:
             if method == "POST":
-                await self.post(scope, receive, send)
+                await self.post(scope, index, receive, send)
             elif method == "GET":
-                await self.get(scope, receive, send)
+                await self.get(scope, index, receive, send)
             elif method == "DELETE":
-                await self.delete(scope, send)
+                await self.delete(scope, index, send)
             else:
                 raise Refused.rpc(
                     405, errors.INVALID_REQUEST, "use POST, GET or DELETE", headers=[(b"allow", b"GET, POST, DELETE")]
@@ -140,12 +152,12 @@ class Transport:
 
     # -- POST ----------------------------------------------------------------------------------------
 
-    async def post(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def post(self, scope: Scope, index: Index, receive: Receive, send: Send) -> None:
         """The protocol's order: token, Accept, Content-Type, body, JSON-RPC shape; then ``initialize`` (which
         makes the session) or the revision, the session and its batch rule; then each tool call's audience."""
         config = self.state.config
-        grant = await self._authenticate(scope)
-        checks.require_post_media(scope)
+        grant = await self._authenticate(scope, index)
+        checks.require_post_media(index)
         try:
             body = await read_body(receive, config.max_body_bytes)
         except BodyTooLarge:
@@ -155,7 +167,6 @@ class Transport:
         if too_long is not None:  # before any of its messages is looked at
             raise self._over(too_long)
         messages = checks.check_messages(values)
-        index = headers(scope)
         first = messages[0]
         requested = era(index, first, not batch)
         if requested is STATELESS_LEG:
@@ -166,9 +177,9 @@ class Transport:
             await self._initialize(send, grant, first)
             return
         version = checks.served_revision(requested, messages)
-        session = self._recent_session(scope, grant)
+        session = self._recent_session(index, grant)
         if session is None:
-            session = await self._session(scope, grant)
+            session = await self._session(index, grant)
         if batch:
             checks.require_batches_allowed(session.version)
         requests, pending, calls = self._admit(session, messages, grant)
@@ -340,20 +351,20 @@ class Transport:
 
     # -- GET -----------------------------------------------------------------------------------------
 
-    async def get(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def get(self, scope: Scope, index: Index, receive: Receive, send: Send) -> None:
         """Token, Accept, revision, session; then the standalone stream, or a resume from ``Last-Event-ID``."""
-        grant = await self._authenticate(scope)
-        checks.require_get_accept(scope)
-        requested = era(headers(scope), None, False)
+        grant = await self._authenticate(scope, index)
+        checks.require_get_accept(index)
+        requested = era(index, None, False)
         assert requested is not STATELESS_LEG, "a GET carries no message to open the modern way"
         checks.served_revision(requested, [])
-        session = await self._session(scope, grant)
-        last_event_id = header(scope, b"last-event-id")
+        session = await self._session(index, grant)
+        last_event_id = _text(index, b"last-event-id")
         if last_event_id is None:
             await self._listen(receive, send, session, grant)
             return
         # A resume has no body, hence no _meta: the caller's trace comes in W3C Trace Context headers (traceparent).
-        carrier = {key: value for key in tracing.CARRIER_KEYS if (value := header(scope, key.encode())) is not None}
+        carrier = {key: value for key in tracing.CARRIER_KEYS if (value := _text(index, key.encode())) is not None}
         with tracing.span("GET resume", carrier=carrier, kind="server"):
             await self._resume(receive, send, session, grant, last_event_id.strip())
 
@@ -379,28 +390,34 @@ class Transport:
     async def _resume(
         self, receive: Receive, send: Send, session: ServerSession, grant: Grant, last_event_id: str
     ) -> None:
-        """Answer what :func:`~..core.resume.decide_resume` asks, then render its outcome."""
+        """Look up what :func:`~..core.resume.decide_resume` needs, decide, then render its outcome.
+
+        The stream the cursor names and, for a cursor of this session, its events after the cursor are looked up
+        before the decision is asked (it would ask for them first, in that order), so a resume steps into the
+        core once; the loop answers only what the rarer cases ask besides (another session's principal, a
+        producer's liveness, an orphan to settle)."""
         state = self.state
-        facts = ResumeFacts(session.id, last_event_id, state.codec.decode(last_event_id, session.id))
+        decoded = state.codec.decode(last_event_id, session.id)
+        facts = ResumeFacts(session.id, last_event_id, decoded)
         live: LiveStream | None = None
+        if not isinstance(decoded, CursorProblem):
+            live = await self._find_stream(facts, session, decoded.stream)
+            if isinstance(decoded, Cursor) and isinstance(facts.record, StreamRecord):  # not another session's
+                facts.events = await self._events_after(live, decoded.stream, decoded.seq)
         while True:
             step = decide_resume(facts, grant, state.policy)
             if isinstance(step, NeedStream):
-                live = self._live(session, step.stream)
-                facts.live = live is not None
-                facts.record = (
-                    live.snapshot() if live is not None else await state.store.get_stream(step.stream) or Lookup.ABSENT
-                )
+                live = await self._find_stream(facts, session, step.stream)
             elif isinstance(step, NeedSessionPrincipal):
                 other = await state.store.get_session(step.session_id)
                 facts.same_principal = other is not None and other.principal == grant.principal
             elif isinstance(step, NeedOwner):
                 facts.owner_alive = await self.producers.owner_alive(step.owner)
-            elif isinstance(step, SettleOrphan):
+            elif isinstance(step, SettleOrphan):  # settling appends the lost answers: what was read is stale
                 facts.record, facts.settled = await self.producers.settle(step.record), True
-            elif isinstance(step, NeedEvents):  # memory holds a live stream's backlog; what was sent, the store
-                held = live.after(step.seq) if live is not None else None
-                facts.events = held if held is not None else await self._read_after(step)
+                facts.events = Lookup.PENDING
+            elif isinstance(step, NeedEvents):
+                facts.events = await self._events_after(live, step.stream, step.seq)
             else:
                 break
         if isinstance(step, CursorRejected):
@@ -409,6 +426,17 @@ class Transport:
             needed = stream_tags(facts.record) if isinstance(facts.record, StreamRecord) else set()
             raise self._replay_refused(session, step, frozenset[str]().union(*needed))
         await self._replay(receive, send, session, grant, last_event_id, step, live)
+
+    async def _find_stream(self, facts: ResumeFacts, session: ServerSession, stream: str) -> LiveStream | None:
+        """Fill in ``facts.record`` (and ``facts.live``) for ``stream``: the session's live stream, else the
+        store's record; return the live stream, if any."""
+        live = self._live(session, stream)
+        facts.live = live is not None
+        if live is not None:
+            facts.record = live.snapshot()
+        else:
+            facts.record = await self.state.store.get_stream(stream) or Lookup.ABSENT
+        return live
 
     @staticmethod
     def _live(session: ServerSession, stream: str) -> LiveStream | None:
@@ -419,10 +447,14 @@ class Transport:
             return None
         return live
 
-    async def _read_after(self, step: NeedEvents) -> Sequence[StoredEvent] | Lookup:
+    async def _events_after(self, live: LiveStream | None, stream: str, seq: int) -> Sequence[StoredEvent] | Lookup:
+        """The events of ``stream`` after ``seq``: memory holds a live stream's backlog; what was sent, the store."""
+        held = live.after(seq) if live is not None else None
+        if held is not None:
+            return held
         started = perf_counter()
         try:
-            events = await self.state.store.read_after(step.stream, step.seq)
+            events = await self.state.store.read_after(stream, seq)
         except EventsEvicted:
             return Lookup.ABSENT
         self.state.metrics.read_latency.observe(perf_counter() - started)
@@ -510,9 +542,9 @@ class Transport:
 
     # -- DELETE --------------------------------------------------------------------------------------
 
-    async def delete(self, scope: Scope, send: Send) -> None:
+    async def delete(self, scope: Scope, index: Index, send: Send) -> None:
         state = self.state
-        session = await self._session(scope, await self._authenticate(scope))
+        session = await self._session(index, await self._authenticate(scope, index))
         await state.sessions.delete(session)
         state.metrics.sessions.set(len(state.sessions))
         log_decision("session_deleted", session=fingerprint(session.id))
@@ -520,7 +552,7 @@ class Transport:
 
     # -- shared checks -------------------------------------------------------------------------------
 
-    async def _authenticate(self, scope: Scope) -> Grant:
+    async def _authenticate(self, scope: Scope, index: Index) -> Grant:
         """The request's grant; 401 with challenges when there is no token, or one this server does not take.
 
         A token comes as ``Bearer`` or as ``DPoP`` (RFC 9449 §7.1); :meth:`.dpop.DpopGuard.check` then decides
@@ -530,7 +562,7 @@ class Transport:
         state = self.state
         if state.verifier is None:
             return state.anonymous
-        raw = header(scope, b"authorization") or ""
+        raw = _text(index, b"authorization") or ""
         scheme, _, token = raw.partition(" ")
         scheme, token = scheme.lower(), token.strip()
         if scheme not in ("bearer", "dpop") or not token:
@@ -546,14 +578,14 @@ class Transport:
         if not state.policy.admits(grant.audience):
             description = "token audience does not include this server or any of its tools"
             raise state.dpop.refused("invalid_token", description, scheme)
-        await state.dpop.check(scope, scheme, token, grant)
+        await state.dpop.check(scope, index, scheme, token, grant)
         CALLER.set((grant, token))
         return grant
 
-    def _recent_session(self, scope: Scope, grant: Grant) -> ServerSession | None:
+    def _recent_session(self, index: Index, grant: Grant) -> ServerSession | None:
         """:meth:`_session`'s answer when the registry has it at hand without awaiting
         (:meth:`.sessions.SessionRegistry.recent`); ``None``: ask :meth:`_session`, which also refuses."""
-        session_id = headers(scope).get(b"mcp-session-id")
+        session_id = index.get(b"mcp-session-id")
         if session_id is None:
             return None
         return self.state.sessions.recent(session_id.decode("latin-1"), grant.principal, now())
@@ -563,9 +595,9 @@ class Transport:
         self.state.metrics.limit_refusals.labels(exceeded.limit).inc()
         return Refused.over(exceeded)
 
-    async def _session(self, scope: Scope, grant: Grant) -> ServerSession:
+    async def _session(self, index: Index, grant: Grant) -> ServerSession:
         """The request's session: 400 without the header, 404 when unknown or another principal's (one answer)."""
-        session_id = header(scope, b"mcp-session-id")
+        session_id = _text(index, b"mcp-session-id")
         if session_id is None:
             raise Refused.rpc(400, errors.INVALID_REQUEST, "Mcp-Session-Id header required")
         sessions = self.state.sessions
