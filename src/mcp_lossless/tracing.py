@@ -47,14 +47,24 @@ def span(
     nothing (:func:`_untraced`) is one shared empty context manager: no generator, no call into the API."""
     if not ENABLED:
         return _UNTRACED
-    parent = None
-    if carrier is not None and not carrier.keys().isdisjoint(CARRIER_KEYS):
-        found = {key: value for key in CARRIER_KEYS if isinstance(value := carrier.get(key), str)}
-        if found:
-            parent = propagate.extract(found)
-    if parent is None and _untraced():
+    found = _carried(carrier)
+    if not found and _untraced():
         return _UNTRACED
-    return _span(name, attributes, parent, kind)
+    return _span(name, attributes, propagate.extract(found) if found else None, kind)
+
+
+def silent(carrier: Mapping[str, Any] | None = None) -> bool:
+    """Whether :func:`span` with ``carrier`` would be the shared empty context manager: asked once by a caller
+    whose request's spans (the call's, and its answer's commit inside it) all follow from that one answer, so an
+    untraced request pays for one test, not one a span."""
+    return not ENABLED or (not _carried(carrier) and _untraced())
+
+
+def _carried(carrier: Mapping[str, Any] | None) -> dict[str, str]:
+    """The trace context ``carrier`` holds (its string-valued :data:`CARRIER_KEYS`): a span's parent when not empty."""
+    if carrier is None or carrier.keys().isdisjoint(CARRIER_KEYS):
+        return {}
+    return {key: value for key in CARRIER_KEYS if isinstance(value := carrier.get(key), str)}
 
 
 @contextlib.contextmanager

@@ -37,3 +37,15 @@ def test_the_carriers_trace_is_current_inside_the_span_and_goes_on_to_what_it_se
             assert TRACE in injected()["traceparent"]
         assert tracing.log_ids()["trace_id"] == TRACE
     assert tracing.log_ids() == {}
+
+
+def test_silent_answers_exactly_when_a_span_would_be_the_empty_one() -> None:
+    """A legacy call asks :func:`tracing.silent` once and then makes neither its span nor its commit's: that is
+    only sound if the answer is the one :func:`tracing.span` would give, for every kind of carrier, inside a span
+    with a parent or not."""
+    carriers: list[dict[str, Any] | None] = [None, {}, {"traceparent": TRACEPARENT}, {"traceparent": 7}, {"x": "y"}]
+    for carrier in carriers:
+        assert tracing.silent(carrier) == (tracing.span("s", carrier=carrier) is tracing._UNTRACED)
+        with tracing.span("outer", carrier={"traceparent": TRACEPARENT}, kind="server"):
+            assert tracing.silent(carrier) == (tracing.span("s", carrier=carrier) is tracing._UNTRACED)
+    assert not tracing.silent({"traceparent": TRACEPARENT}) or not tracing.ENABLED

@@ -201,12 +201,15 @@ class Dispatcher:
         channel = StreamChannel(session, live, request, state.config.client_request_seconds, state.sessions)
         ctx = ToolContext(grant, rid, None if token is None or not is_request_id(token) else token, channel)
         session.contexts[rid] = ctx
-        run = self._run(session, live, request, ctx, work)
         if request.tool is None:
-            return run
-        # The call's span covers the tool and the commit of its answer, its parent the trace in the request's _meta.
+            return self._run(session, live, request, ctx, work, True)
+        # The call's span covers the tool and the commit of its answer, its parent the trace in the request's _meta:
+        # asked once here, so an untraced call makes neither (nor the coroutine that would enter the first).
+        carrier = meta if isinstance(meta, dict) else None
+        if tracing.silent(carrier):
+            return self._run(session, live, request, ctx, work, False)
         named = {"mcp.method.name": "tools/call", "gen_ai.tool.name": request.tool, "jsonrpc.request.id": str(rid)}
-        return _traced(run, f"tools/call {request.tool}", named, meta if isinstance(meta, dict) else None)
+        return _traced(self._run(session, live, request, ctx, work, True), f"tools/call {request.tool}", named, carrier)
 
     async def _run(
         self,
@@ -215,7 +218,9 @@ class Dispatcher:
         request: PendingRequest,
         ctx: ToolContext,
         work: Work,
+        traced: bool,
     ) -> None:
+        """Run ``work`` to the request's one answer and store it; ``traced``: as :meth:`.LiveStream.answer` takes it."""
         rid = request.request_id
         try:
             data = frames.result(rid, await work(ctx))
@@ -247,7 +252,7 @@ class Dispatcher:
         # record short in a store that suspends), though a closing session still waits for it.
         session.contexts.pop(rid, None)
         try:
-            await live.append(data, request, terminal=True)
+            await live.answer(data, request, traced)
         except StoreUnavailable:
             log.error("answer to request %s could not be stored; its stream reports the loss", rid)
             live.fail()

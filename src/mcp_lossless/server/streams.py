@@ -429,7 +429,7 @@ class LiveStream:
 
         Not a coroutine itself: it hands back the step's, so an event pays for one coroutine, not two.
         """
-        return self._answer(data, request) if terminal else self._progress(data, request)
+        return self.answer(data, request) if terminal else self._progress(data, request)
 
     async def _progress(self, data: bytes, request: PendingRequest) -> StoredEvent:
         """A progress event: returns once the store has queued it; it is published when the store has it, in
@@ -518,11 +518,12 @@ class LiveStream:
             StoredEvent, (record.session_id, stream, seq, event_id, data, request_id, tool, resources, terminal)
         )
 
-    async def _answer(self, data: bytes, request: PendingRequest) -> StoredEvent:
+    async def answer(self, data: bytes, request: PendingRequest, traced: bool = True) -> StoredEvent:
         """An answer: returns once it is stored and published, after every event before it. The answer to the last
         request completes the stream in the same store write. In line when an append holds or awaits the lock or
         progress waits for the store (all of it is published first); otherwise the fast path, which takes the lock
-        only if the store does not hold the answer at once."""
+        only if the store does not hold the answer at once. ``traced=False``: the caller found its request untraced
+        (:func:`.tracing.silent`), so its commit's span would be the empty one: not asked again."""
         if not self.answers_only:  # held until sent: an exact-size copy, as for progress
             data = b"".join((data, b""))
         lock = self._lock
@@ -535,8 +536,13 @@ class LiveStream:
             answers = event.request_id in waiting  # a batch may repeat an id: only its first answer counts
             completes = answers and len(waiting) == 1
             # The commit of an answer is a span of the call's trace (a progress event's is not: the hot path).
-            stored = {"mcp_lossless.stream": event.stream, "mcp_lossless.seq": event.seq} if answers else None
-            with tracing.span("store commit", stored) if answers else _UNTRACED:
+            if answers and traced:
+                commit = tracing.span(
+                    "store commit", {"mcp_lossless.stream": event.stream, "mcp_lossless.seq": event.seq}
+                )
+            else:
+                commit = _UNTRACED
+            with commit:
                 started = perf_counter()
                 write = self._store.enqueue(event, completes)  # handed over: it happens whatever becomes of this task
                 # Stored at once (memory): no task and no turn of the loop, so the writer's one yield finds the

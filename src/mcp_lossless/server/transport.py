@@ -21,6 +21,7 @@ from ..core import errors, frames, protocol
 from ..core import limits as verdicts
 from ..core.eventids import Cursor, CursorProblem, EventIdCodec
 from ..core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
+from ..core.idempotency import KEY_PARAM
 from ..core.limits import LimitExceeded
 from ..core.principal import Grant
 from ..core.replay import DeliveryGate, Refusal
@@ -182,13 +183,13 @@ class Transport:
             session = await self._session(index, grant)
         if batch:
             checks.require_batches_allowed(session.version)
-        requests, pending, calls = self._admit(session, messages, grant)
+        requests, pending, calls, keyed = self._admit(session, messages, grant)
         if not requests:
             await respond(send, 202)
             return
         self.state.sessions.admit(session, calls)
         await self._open_post_stream(
-            receive, send, session, grant, version or session.version, requests, pending, batch
+            receive, send, session, grant, version or session.version, requests, pending, batch, keyed
         )
 
     async def _initialize(self, send: Send, grant: Grant, message: dict[str, Any]) -> None:
@@ -213,14 +214,17 @@ class Transport:
 
     def _admit(
         self, session: ServerSession, messages: list[dict[str, Any]], grant: Grant
-    ) -> tuple[list[dict[str, Any]], list[PendingRequest], int]:
-        """The requests among ``messages``, each with the resources its events need, and how many are tool calls;
-        403 naming every resource the token lacks for a call (or for an extra method's request, by its tags).
-        Responses and cancellations are handed over as they come."""
+    ) -> tuple[list[dict[str, Any]], list[PendingRequest], int, bool]:
+        """The requests among ``messages``, each with the resources its events need, how many are tool calls, and
+        whether any call carries an idempotency key (one dictionary lookup a call: an unkeyed POST, nearly every one,
+        skips the idempotency machinery, which would find no key); 403 naming every resource the token lacks for a
+        call (or for an extra method's request, by its tags). Responses and cancellations are handed over as they
+        come."""
         state = self.state
         requests = []
         pending = []
         calls = 0
+        keyed = False
         refused: set[str] = set()
         for message in messages:
             if "method" not in message:
@@ -240,6 +244,8 @@ class Transport:
             if tool is not None:
                 resources = state.tool_tags[tool.name]
                 calls += 1
+                if KEY_PARAM in params:  # type: ignore[operator]  # a dict: a tool was found by its name there
+                    keyed = True
             elif method in state.method_tags:
                 resources = state.method_tags[method](params if isinstance(params, dict) else {})
             else:
@@ -253,7 +259,7 @@ class Transport:
             )
         if refused:
             raise self._forbidden(sorted(refused), requests, pending)
-        return requests, pending, calls
+        return requests, pending, calls, keyed
 
     def _forbidden(self, missing: list[str], requests: list[dict[str, Any]], pending: list[PendingRequest]) -> Refused:
         needed = frozenset[str]().union(*(p.resources for p in pending))
@@ -271,13 +277,14 @@ class Transport:
         requests: list[dict[str, Any]],
         pending: list[PendingRequest],
         batch: bool,
+        keyed: bool,
     ) -> None:
         state = self.state
         # Position 0 is the stream's start: the priming event's id names it, and it is never stored.
         record = StreamRecord(session.id, stream_key(), StreamKind.POST, state.instance, tuple(pending), 0)
         json_response = state.config.json_response
         decided: dict[int, bytes] = {}
-        if state.store.idempotency_keys and any(p.tool is not None for p in pending):
+        if keyed and state.store.idempotency_keys:
             try:  # a key is recorded before its tool starts: a keyed call waits for the record's commit
                 decided, opening = await self.keys.open(session, grant, record, requests, pending)
             except StoreUnavailable:
