@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from ..asgi import Scope, header
+from ..asgi import HeaderIndex, Scope
 from ..core import errors
 from ..core.dpop import (
     ALGORITHMS,
@@ -120,9 +120,10 @@ class DpopGuard:
 
     # -- the check -----------------------------------------------------------------------------------
 
-    async def check(self, scope: Scope, scheme: str, token: str, grant: Grant) -> None:
+    async def check(self, scope: Scope, index: HeaderIndex, scheme: str, token: str, grant: Grant) -> None:
         """Raise the refusal unless this request may use ``grant``: presented as ``scheme`` (``bearer`` or
-        ``dpop``, lowercase) with ``token``, and with the request's ``DPoP`` header."""
+        ``dpop``, lowercase) with ``token``, and with the request's ``DPoP`` header (read from ``scope``: there may be
+        several) and Host (from the header ``index`` its entry made)."""
         if scheme == "bearer":
             if grant.jkt is not None:
                 raise self.refused("invalid_token", "a DPoP-bound token must be presented as 'Authorization: DPoP'")
@@ -139,7 +140,7 @@ class DpopGuard:
         result = verify_proof(
             proofs[0].decode("latin-1"),
             scope["method"],
-            self._request_url(scope),
+            self._request_url(scope, index),
             token,
             now,
             nonces,
@@ -173,12 +174,12 @@ class DpopGuard:
             if not first:
                 raise self.refused("invalid_dpop_proof", "this DPoP proof was used before (jti seen)")
 
-    def _request_url(self, scope: Scope) -> str:
+    def _request_url(self, scope: Scope, index: HeaderIndex) -> str:
         """The URL the client addressed: the configured public URL (behind a proxy), else what the request says
         (the Host/Origin check has already vetted the host)."""
         if self._public_url is not None:
             return self._public_url
-        host = header(scope, b"host") or ""
+        host = index.get(b"host", b"").decode("latin-1")
         return f"{scope.get('scheme', 'http')}://{host}{scope['path']}"
 
     async def _key(self) -> bytes:

@@ -578,7 +578,7 @@ class Transport:
         if not state.policy.admits(grant.audience):
             description = "token audience does not include this server or any of its tools"
             raise state.dpop.refused("invalid_token", description, scheme)
-        await state.dpop.check(scope, scheme, token, grant)
+        await state.dpop.check(scope, index, scheme, token, grant)
         CALLER.set((grant, token))
         return grant
 
