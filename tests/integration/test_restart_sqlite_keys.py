@@ -9,11 +9,13 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
 from mcp_lossless.client import Client, ProgressUpdate
 from mcp_lossless.client.errors import CallMayHaveRun
+from mcp_lossless.client.modern import ModernClient, open_client
 from mcp_lossless.client.oauth import OAuth
 from mcp_lossless.core.errors import EXECUTION_LOST
 from mcp_lossless.core.idempotency import KEY_PARAM, REPLAYED_META_KEY
@@ -117,3 +119,37 @@ async def test_the_clients_call_across_a_sigkill_restart_ends_once_as_may_have_r
         error = ended.value.error
         assert error is not None and error["code"] == EXECUTION_LOST, ended.value
         assert error["data"][KEY_PARAM] == KEY, "re-issued under its key, the server named it: never run again"
+
+
+async def test_the_modern_clients_call_rides_out_a_sigkill_restart_and_ends_once_as_may_have_run(
+    tmp_path: Path,
+) -> None:
+    """The modern client's keyed call whose server is SIGKILLed mid-run waits (backs off) for the server started
+    again on the same port and SQLite file, and gets the restarted server's one answer to its key: execution lost
+    naming it, never a second run (without the wait it gave up before the server listened again)."""
+    args, runs = server_args(tmp_path)
+    running = asyncio.Event()
+
+    def progressed(_update: ProgressUpdate) -> None:
+        running.set()
+
+    async with httpx.AsyncClient(timeout=10) as http, contextlib.AsyncExitStack() as stack:
+        first = stack.enter_context(cli_server(args, tmp_path / "first.log"))
+        client = await stack.enter_async_context(
+            open_client(f"{first.base}/mcp", auth=OAuth("dev-client", "dev-secret"), http=http, timeout=30)
+        )
+        assert isinstance(client, ModernClient)
+        outcome = asyncio.create_task(
+            client.call_tool("charge", {"amount": "once", "steps": 50}, on_progress=progressed, idempotency_key=KEY)
+        )
+        await running.wait()
+        first.kill()
+        # started off the event loop: the call meanwhile finds no server listening, as during a real restart
+        restarting = cli_server(args, tmp_path / "second.log", port=first.port)
+        await anyio.to_thread.run_sync(stack.enter_context, restarting)
+        with pytest.raises(CallMayHaveRun) as ended:
+            await outcome
+        assert runs_of(runs) == ["once"], "the key kept the call from a second run"
+        error = ended.value.error
+        assert error is not None and error["code"] == EXECUTION_LOST, ended.value
+        assert error["data"][KEY_PARAM] == KEY, "the restarted server answered the re-issue under its key"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import random
 import socket
 import ssl
 from collections.abc import AsyncIterator
@@ -23,8 +24,14 @@ from mcp_lossless.client.oauth import (
     protected_resource_metadata_urls,
     unverified_audience,
 )
-from mcp_lossless.client.transport import Backoff, HttpTransport
-from mcp_lossless.core.actions import CallSpec, Resume
+from mcp_lossless.client.transport import (
+    RECONNECT_WINDOW,
+    REISSUE_BACKOFF,
+    Backoff,
+    HttpTransport,
+    ReconnectWindow,
+)
+from mcp_lossless.core.actions import CallSpec, RecoveryPolicy, Resume
 from mcp_lossless.core.ledger import Ledger
 from mcp_lossless.core.sse import SseEvent
 
@@ -82,6 +89,46 @@ def test_later_reconnects_back_off_but_never_below_retry_nor_above_cap(
 def test_backoff_grows() -> None:
     backoff = Backoff(initial=0.1, factor=2, maximum=10, jitter=0)
     assert [backoff.delay(n, None, 0.5) for n in range(5)] == [0.1, 0.2, 0.4, 0.8, 1.6]
+
+
+class _Fixed(random.Random):
+    """An rng whose every draw is ``value``: the jitter chosen by the test."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+def test_reissues_to_a_restarting_server_back_off_until_the_window_is_spent() -> None:
+    window = ReconnectWindow(Backoff(initial=1, factor=2, maximum=4, jitter=0), _Fixed(0.5), window=10)
+    waits = [window.next_wait(float("inf")) for _ in range(5)]
+    assert waits == [1, 2, 4, 3, None], "the last wait is cut to the window, then the call gives up"
+    window.reset()
+    assert window.next_wait(float("inf")) == 1, "a try that reached the server starts a fresh window"
+
+
+def test_the_injected_rng_jitters_the_waits() -> None:
+    backoff = Backoff(initial=1, factor=2, maximum=8, jitter=0.5)
+    window = ReconnectWindow(backoff, _Fixed(0.5), window=100)
+    assert [window.next_wait(float("inf")) for _ in range(3)] == [1, 1.5, 3]
+
+
+def test_a_wait_that_would_outlast_the_calls_deadline_gives_up_now() -> None:
+    window = ReconnectWindow(Backoff(initial=1, factor=2, maximum=4, jitter=0), _Fixed(0.0), window=10)
+    assert window.next_wait(5) == 1
+    assert window.next_wait(2) is None, "a 2 s wait with 2 s left would end the call as its deadline"
+    assert window.waited == 1 and window.failures == 1, "giving up spends nothing"
+
+
+def test_the_default_window_is_spent_within_the_keyed_reissue_bound() -> None:
+    # the most jitter gives the shortest waits, so the most re-issues: the bound must not end the window first
+    window = ReconnectWindow(REISSUE_BACKOFF, _Fixed(0.999999))
+    waits = list(iter(lambda: window.next_wait(float("inf")), None))
+    assert sum(waits) == pytest.approx(RECONNECT_WINDOW)
+    assert len(waits) < RecoveryPolicy().max_keyed_reissues
 
 
 def test_parse_our_refusal_challenge() -> None:

@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import logging
 import math
+import random
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -86,7 +87,7 @@ from .task_follow import (
     StreamRefusal,
     follow,
 )
-from .transport import VERSION_HEADER, HttpPool, Response, media_type
+from .transport import REISSUE_BACKOFF, VERSION_HEADER, Backoff, HttpPool, ReconnectWindow, Response, media_type
 
 MODERN = protocol.STATELESS
 MAX_AUTHORIZATIONS = 2
@@ -226,8 +227,13 @@ class ModernClient(CatalogReads):
         pool: HttpPool | None = None,
         input_handlers: Mapping[str, InputHandler] | None = None,
         journal: Journal | None = None,
+        backoff: Backoff | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.url = url
+        self.backoff = backoff or REISSUE_BACKOFF
+        """Waits between re-issues of a call whose server answered and then stopped listening (restarting)."""
+        self._rng = rng or random.SystemRandom()
         self._handlers = checked(input_handlers)
         """Answers to the server's requests for input, by method (``elicitation/create``, …)."""
         self._capabilities = {"extensions": {EXTENSION: {}}, **capabilities(self._handlers)}
@@ -637,24 +643,35 @@ class ModernClient(CatalogReads):
 
         A round carrying an idempotency key (not a continuation: the SEP leaves those out) is sent again under it
         for every tool, up to ``max_keyed_reissues`` times within the deadline; "in progress" after its
-        ``retryAfter``. An execution-lost naming the key is final: the server never runs that key again."""
+        ``retryAfter``. Once a try reached the server, one that finds it not listening (restarting) is followed by
+        the next after a :class:`~.transport.ReconnectWindow`'s wait, until that window is spent. An execution-lost
+        naming the key is final: the server never runs that key again."""
         keyed = idempotency.key_of(params) is not None
         bound = RecoveryPolicy().max_keyed_reissues if keyed else MAX_REISSUES
         reached = False  # an attempt reached the server: a tool that may not run twice may have run since
+        reconnect = ReconnectWindow(self.backoff, self._rng)  # a server that answered may be restarting
         for attempt in range(bound + 1):
             try:
                 return await self._request("tools/call", params, resources, on_note, declared)
             except httpx.ConnectError as exc:
-                if attempt == bound and reached and not may_reissue:
+                if not reached:  # a URL that never answered fails fast
+                    if attempt == bound:
+                        raise unreachable(self.url, exc) from None
+                    continue
+                wait = reconnect.next_wait(anyio.current_effective_deadline() - anyio.current_time())
+                if wait is not None and attempt < bound:
+                    await anyio.sleep(wait)
+                    continue
+                if not may_reissue:
                     raise CallMayHaveRun(
                         f"the response of {name} broke and the server could not be reached again "
                         f"({describe_failure(exc)}); the call may have run: re-issue it under idempotency key "
                         f"{idempotency.key_of(params)!r} for its outcome"
                     ) from None
-                if attempt == bound:
-                    raise unreachable(self.url, exc) from None
+                raise unreachable(self.url, exc) from None
             except httpx.TransportError as exc:
                 reached = True
+                reconnect.reset()
                 if not (may_reissue or keyed) or attempt == bound:
                     why = f"the response of {name} broke ({describe_failure(exc)}); the call may have run"
                     raise CallMayHaveRun(why) from None
@@ -663,6 +680,7 @@ class ModernClient(CatalogReads):
                     raise _unanswered(name, exc.data) from None
                 data = exc.data if isinstance(exc.data, dict) else {}
                 reached = True
+                reconnect.reset()
                 if keyed and exc.code == errors.IDEMPOTENCY_IN_PROGRESS and attempt < bound:
                     wait = data.get("retryAfter")
                     await anyio.sleep(wait if isinstance(wait, int | float) and not isinstance(wait, bool) else 1)

@@ -6,6 +6,7 @@ by the ledger (see :mod:`mcp_lossless.client.session`).
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -70,6 +71,41 @@ class Backoff:
             return base
         grown = min(self.maximum, base * self.factor**attempt)
         return max(base, grown * (1 - self.jitter * rand))
+
+
+REISSUE_BACKOFF = Backoff(initial=0.1, maximum=2.0)
+"""Waits between re-issues of a call whose server stopped listening after answering: short at first (a gateway
+restarts in about a second), then every 2 s, so a restarted server is found soon after it listens."""
+RECONNECT_WINDOW = 10.0
+"""Seconds of waiting, in all, for a server that answered a call and then stopped listening: long enough to ride
+out a restart of a server or gateway (a few seconds, e.g. a SIGKILLed SQLite gateway started again), short enough
+that a call to a server that is gone for good still ends soon with its outcome (may have run, or unreachable)."""
+
+
+@dataclass(slots=True)
+class ReconnectWindow:
+    """The waits before each re-issue that finds no server listening, jittered by ``backoff`` with ``rng``, until
+    ``window`` seconds of waiting are spent; :meth:`reset` once a try reaches the server again."""
+
+    backoff: Backoff
+    rng: random.Random
+    window: float = RECONNECT_WINDOW
+    waited: float = 0.0
+    failures: int = 0
+
+    def next_wait(self, left: float) -> float | None:
+        """Seconds to wait before the next try, or ``None`` to give up now: the window is spent, or the call's
+        deadline (``left`` seconds away) would pass during the wait, which would end the call as a deadline rather
+        than with what it is known of it."""
+        delay = min(self.backoff.delay(self.failures, None, self.rng.random()), self.window - self.waited)
+        if delay <= 0 or delay >= left:
+            return None
+        self.failures += 1
+        self.waited += delay
+        return delay
+
+    def reset(self) -> None:
+        self.waited, self.failures = 0.0, 0
 
 
 def media_type(response: Response) -> str:
