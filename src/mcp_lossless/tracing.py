@@ -46,10 +46,10 @@ def span(
     ``_meta``) when that has one, else the current span. ``None`` attributes are left out. A span that would change
     nothing (:func:`_untraced`) is one shared empty context manager: no generator, no call into the API."""
     if not ENABLED:
-        return _UNTRACED
+        return UNTRACED
     found = _carried(carrier)
     if not found and _untraced():
-        return _UNTRACED
+        return UNTRACED
     return _span(name, attributes, propagate.extract(found) if found else None, kind)
 
 
@@ -76,7 +76,8 @@ def _span(name: str, attributes: Mapping[str, Any] | None, parent: Any, kind: Sp
         yield
 
 
-_UNTRACED: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+UNTRACED: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+"""The span that changes nothing (:func:`span` returns it; a caller that found :func:`silent` uses it as is)."""
 _PROVIDER_FROM_ENVIRONMENT = ENABLED and OTEL_PYTHON_TRACER_PROVIDER in os.environ
 """A provider named by the environment is loaded by the API's first ``get_tracer_provider()``: traced from the
 start."""

@@ -45,7 +45,7 @@ def test_silent_answers_exactly_when_a_span_would_be_the_empty_one() -> None:
     with a parent or not."""
     carriers: list[dict[str, Any] | None] = [None, {}, {"traceparent": TRACEPARENT}, {"traceparent": 7}, {"x": "y"}]
     for carrier in carriers:
-        assert tracing.silent(carrier) == (tracing.span("s", carrier=carrier) is tracing._UNTRACED)
+        assert tracing.silent(carrier) == (tracing.span("s", carrier=carrier) is tracing.UNTRACED)
         with tracing.span("outer", carrier={"traceparent": TRACEPARENT}, kind="server"):
-            assert tracing.silent(carrier) == (tracing.span("s", carrier=carrier) is tracing._UNTRACED)
+            assert tracing.silent(carrier) == (tracing.span("s", carrier=carrier) is tracing.UNTRACED)
     assert not tracing.silent({"traceparent": TRACEPARENT}) or not tracing.ENABLED

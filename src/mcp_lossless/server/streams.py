@@ -30,7 +30,6 @@ STORE_RETRY_SECONDS = 30.0
 """How long an append waits out a store outage before the event's request is declared lost."""
 UNCOMMITTED_LIMIT = 256
 """Events of one stream queued in the store and not yet stored: a progress append beyond it waits for the store."""
-_UNTRACED = contextlib.nullcontext()
 """What an answer that answers nothing new (a batch's repeated id) runs under instead of a span (reusable: nothing to
 allocate per event)."""
 YIELD_EVERY = 16
@@ -541,7 +540,7 @@ class LiveStream:
                     "store commit", {"mcp_lossless.stream": event.stream, "mcp_lossless.seq": event.seq}
                 )
             else:
-                commit = _UNTRACED
+                commit = tracing.UNTRACED
             with commit:
                 started = perf_counter()
                 write = self._store.enqueue(event, completes)  # handed over: it happens whatever becomes of this task

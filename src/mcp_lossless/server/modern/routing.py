@@ -16,7 +16,7 @@ from ... import __version__, tracing
 from ...asgi import Receive, Send, respond
 from ...core import denials, errors, mrtr, param_headers, protocol
 from ...core.events import RequestId
-from ...core.idempotency import CAPABILITY, InvalidKey, key_of
+from ...core.idempotency import CAPABILITY, KEY_PARAM, InvalidKey, key_of
 from ...core.param_headers import HeaderMirror
 from ...core.principal import Grant
 from ...core.task_stream import STREAM_EXTENSION
@@ -276,7 +276,7 @@ class ModernLeg:
         if tool.task == "required" and not declared:
             raise missing_extension()
         try:
-            key = key_of(params) if s.store.idempotency_keys else None
+            key = key_of(params) if KEY_PARAM in params and s.store.idempotency_keys else None
         except InvalidKey as exc:
             await invalid_params(send, rid, str(exc))
             return
@@ -284,10 +284,13 @@ class ModernLeg:
         if exceeded is not None:
             raise Refused.over(exceeded)
         meta = params.get("_meta")
-        called = {"mcp.method.name": "tools/call", "gen_ai.tool.name": tool.name, "jsonrpc.request.id": str(rid)}
-        with tracing.span(
-            f"tools/call {tool.name}", called, carrier=meta if isinstance(meta, dict) else None, kind="server"
-        ):
+        carrier = meta if isinstance(meta, dict) else None
+        if tracing.silent(carrier):  # its name and attributes are made only for a span that is made
+            span = tracing.UNTRACED
+        else:
+            called = {"mcp.method.name": "tools/call", "gen_ai.tool.name": tool.name, "jsonrpc.request.id": str(rid)}
+            span = tracing.span(f"tools/call {tool.name}", called, carrier=carrier, kind="server")
+        with span:
             try:  # whatever refuses the call below (a 503 included) comes after the count: the finally releases it
                 if key is not None and await self.keyed.call(
                     receive, send, grant, rid, tool, params, declared, channel
