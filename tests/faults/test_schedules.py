@@ -6,7 +6,7 @@ within its deadline; a success carries exactly its tool's true output (every cal
 so another call's or session's result cannot pass); progress is the call's own; no call's event reaches
 the client over a connection whose token does not cover its tool.
 
-The default run is 200 schedules (a few minutes) from a fixed seed, so that every CI run draws the same
+The default run is 150 schedules (about two minutes) from a fixed seed, so that every CI run draws the same
 schedules and the budget check below cannot fail by the luck of the draw; ``MCP_LOSSLESS_SOAK=1`` runs
 5,000 freshly random ones. Shrinking is off: a real-network schedule is slow to re-run, and the failure
 names the whole schedule, which is enough to replay it with ``@example``.
@@ -22,7 +22,10 @@ from hypothesis import strategies as st
 
 from tests.faults.harness import CallPlan, Harness, Schedule, budget, harness, soak
 
-DEFAULT_SCHEDULES = 200
+DEFAULT_SCHEDULES = 150
+"""200 until ``charge`` joined the restart schedules (issue 28): the fixed seed's draw then held 53 SIGKILL restarts
+instead of 31, and the run took 155 s of schedules instead of 104 s back to back on the loaded machine; 150 took
+88 s, with 50 restarts and 166 ``charge`` calls."""
 SOAK_SCHEDULES = 5000
 SCHEDULES = budget(DEFAULT_SCHEDULES, SOAK_SCHEDULES)
 CHARGES = budget(100, 1000)
