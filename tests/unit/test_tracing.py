@@ -1,5 +1,5 @@
 """What a server span leaves current: the trace context that :func:`tracing.inject` and :func:`tracing.log_ids`
-read. Without a tracer provider a span with no parent in its carrier is skipped (:func:`tracing._untraced`); these
+read. Without a tracer provider a span with no parent in its carrier is skipped (:func:`tracing.silent`); these
 hold whether the span is skipped or made, so the shortcut changes nothing a client, a log line or an upstream sees.
 """
 

@@ -166,10 +166,13 @@ class HeldKeys:
             del self._expiries[principal]
         return len(expiries)
 
-    def bytes(self, principal: Principal, now: float) -> int:
+    def bytes(self, principal: Principal, clock: Callable[[], float]) -> int:
         """What the principal's live keys count in its stored bytes (``stored_bytes_per_principal``): an expired key
-        is released when it is purged, as it is counted no more."""
-        return KEY_BYTES * self.held(principal, now)
+        is released when it is purged, as it is counted no more. The clock is read only for a principal holding
+        keys: the stores ask this on every POST and answer, and nearly no principal keys its calls."""
+        if principal not in self._expiries:
+            return 0
+        return KEY_BYTES * self.held(principal, clock())
 
     def purge(self, now: float) -> None:
         """Forget every expired key (the store's periodic sweep), not only those of principals that key again."""

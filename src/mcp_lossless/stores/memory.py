@@ -140,7 +140,7 @@ class MemoryStore:
         """The principal's partition: its events as allocated (what ``max_bytes_per_principal`` bounds too), and
         its live idempotency keys (:data:`.held.KEY_BYTES` each)."""
         partition = self._partitions.get(principal)
-        return (0 if partition is None else partition.bytes) + self._held_keys.bytes(principal, self._clock())
+        return (0 if partition is None else partition.bytes) + self._held_keys.bytes(principal, self._clock)
 
     async def open(self) -> None:
         """Forgets :meth:`enqueue`'s resolved future, made again on the loop that opened the store."""

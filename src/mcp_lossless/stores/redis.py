@@ -903,7 +903,7 @@ class RedisStore:
         return SessionRecord(session_id, principal, f["ver"], float(f["created"]), float(f["seen"]))
 
     def stored_bytes(self, principal: Principal) -> int:
-        return self._held.held(principal) + self._held_keys.bytes(principal, time.time())
+        return self._held.held(principal) + self._held_keys.bytes(principal, time.time)
 
     async def touch_session(self, session_id: str, now: float) -> None:
         touched = await self._script(_TOUCH, [self._key(session_id, "session")], [repr(now), self._retention_ms])

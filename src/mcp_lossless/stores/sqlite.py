@@ -1151,7 +1151,7 @@ class SqliteStore:
         return SessionRecord(session_id, Principal(issuer, subject, client_id), version, created_at, last_seen)
 
     def stored_bytes(self, principal: Principal) -> int:
-        return self._counts.held(principal) + self._held_keys.bytes(principal, self._clock())
+        return self._counts.held(principal) + self._held_keys.bytes(principal, self._clock)
 
     async def touch_session(self, session_id: str, now: float) -> None:
         await self._write(
