@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mcp_lossless.core.errors import FORBIDDEN, IDEMPOTENCY_IN_PROGRESS, INVALID_PARAMS, LIMIT_EXCEEDED
+from mcp_lossless.core.errors import EXECUTION_LOST, FORBIDDEN, IDEMPOTENCY_IN_PROGRESS, INVALID_PARAMS, LIMIT_EXCEEDED
 from mcp_lossless.core.idempotency import CONFLICT, IN_PROGRESS, KEY_PARAM, REPLAYED_META_KEY
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.server import ServerConfig, ToolContext, ToolRegistry, create_app
@@ -24,6 +24,7 @@ from mcp_lossless.server.app import LosslessApp
 from mcp_lossless.stores.base import StoreUnavailable
 from tests.integration.test_redis_replicas import deployment
 from tests.support.mcp_http import Peer, call, dev_token
+from tests.support.orphan_keys import leave_orphan_key
 from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio
@@ -293,3 +294,33 @@ async def test_a_key_that_cannot_be_stored_is_a_503_that_leaves_no_call_counted(
 def alice_principal(app: LosslessApp) -> Any:
     [principal] = {session.principal for session in app.state.sessions.all()}
     return principal
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def served_app(request: pytest.FixtureRequest, tmp_path: Path, ledger: Ledger) -> Iterator[tuple[str, LosslessApp]]:
+    spec = "memory" if request.param == "memory" else f"sqlite:{tmp_path / 'keys.db'}"
+    apps: list[LosslessApp] = []
+
+    def make(port: int) -> object:
+        apps.append(create_app(ServerConfig(port=port, store=spec, dev_clients=CLIENTS), tools(ledger)))
+        return apps[-1]
+
+    with lossless_server(make) as base:
+        yield base, apps[0]
+
+
+async def test_a_key_left_owned_by_this_live_server_with_nothing_running_is_execution_lost_not_in_progress(
+    served_app: tuple[str, LosslessApp], http: httpx.AsyncClient, ledger: Ledger
+) -> None:
+    """Failover finding 8 (docs/reliability.md): a keyed POST answered 503 whose key survived on the promoted
+    replica names a stream this live server owns and does not run. Its duplicates are execution lost naming the
+    key (settled as a dead owner's stream is), never "in progress" for the key's 24 h, and never run."""
+    base, app = served_app
+    alice = await peer(http, base)
+    [session] = app.state.sessions.all()
+    await leave_orphan_key(app, session.principal, KEY, "charge", {"amount": 1}, session.id)
+    for n in (1, 2):
+        lost = (await alice.post(keyed(n, "charge", amount=1))).messages[-1]
+        assert lost["error"]["code"] == EXECUTION_LOST, lost
+        assert lost["error"]["data"] == {"reason": "execution_lost", KEY_PARAM: KEY, "resumable": False}
+    assert ledger.charges == []

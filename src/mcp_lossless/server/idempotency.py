@@ -72,6 +72,9 @@ class Keys:
         self._claims: dict[ClaimKey, KeyRecord] = {}
         self._recording: dict[ClaimKey, asyncio.Future[None]] = {}
         """Claimed keys whose record is queued durably and not yet committed (their call runs meanwhile)."""
+        self.running: set[str] = set()
+        """Streams of the 2026-07-28 keyed calls running here (:class:`~.modern.keyed.KeyedCalls`), each added
+        before its key is recorded: a stream this process owns is running only if held here (:meth:`_held`)."""
 
     async def open(
         self, session: ServerSession | None, grant: Grant, record: StreamRecord, requests: Sequence[dict[str, Any]],
@@ -225,10 +228,23 @@ class Keys:
             return TargetState.ANSWERED, None
         if stream.completed:
             return TargetState.LOST, None
-        if stream.owner == self.state.instance or await store.owner_alive(stream.owner):
-            live = None if session is None else session.live.get(target.stream)
-            return TargetState.RUNNING, live.event_id(live.record.last_seq) if live is not None else None
-        return TargetState.OWNER_DEAD, None
+        if stream.owner == self.state.instance:
+            if not self._held(stream):  # its open failed after the key was stored (finding 8): it never runs
+                return TargetState.OWNER_DEAD, None
+        elif not await store.owner_alive(stream.owner):
+            return TargetState.OWNER_DEAD, None
+        live = None if session is None else session.live.get(target.stream)
+        return TargetState.RUNNING, live.event_id(live.record.last_seq) if live is not None else None
+
+    def _held(self, stream: StreamRecord) -> bool:
+        """Whether this process runs ``stream``, which it owns. A first use is held from before its key is read as
+        stored: a 2026-07-28 call joins :attr:`running` before its key is recorded; a legacy POST's live stream is
+        registered in its session in the same loop turn as :meth:`open` returns, and until then its claim (or its
+        record's pending commit) answers a duplicate. So an owned stream held nowhere is one whose open failed
+        after its key was stored (a write that reached a primary that then died, its compare-and-delete too):
+        settled as its dead owner's would be (execution lost naming the key), not "in progress" for the key's
+        retention."""
+        return stream.stream in self.running or self.state.sessions.live(stream.session_id, stream.stream) is not None
 
     async def _replay(self, target: StreamTarget, rid: Any, key: str) -> bytes:
         """The recorded answer under the duplicate's id, its result marked replayed; errors replayed as they were."""

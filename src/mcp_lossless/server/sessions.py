@@ -306,3 +306,9 @@ class SessionRegistry:
 
     def all(self) -> list[ServerSession]:
         return list(self._sessions.values())
+
+    def live(self, session_id: str, stream: str) -> LiveStream | None:
+        """``stream`` if this process produces it for the session it holds as ``session_id`` (a keyed POST's
+        duplicate, which may come on another session, asks whether its first use still runs here)."""
+        session = self._sessions.get(session_id)
+        return None if session is None else session.live.get(stream)

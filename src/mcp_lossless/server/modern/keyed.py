@@ -87,12 +87,20 @@ class KeyedCalls:
         exceeded = s.sessions.storing(grant.principal, 0)  # its stream is the principal's, as a legacy POST's is
         if exceeded is not None:
             raise Refused.over(exceeded)
+        running = self.keys.running
+        running.add(stream)  # before its key is recorded: a duplicate never finds the key and the stream not held
         try:
             answers, opened = await self.keys.open(
                 None, grant, record, [{"params": params}], [pending], Refused.over, alone=True
             )
         except StoreUnavailable:
+            running.discard(stream)
             raise refused(503, errors.INTERNAL_ERROR, "the event store is unavailable") from None
+        except BaseException:
+            running.discard(stream)
+            raise
+        if 0 in answers or opened is None:
+            running.discard(stream)  # a duplicate answered, or a lost key run again unrecorded: not this stream
         if 0 in answers:
             await respond(send, 200, answers[0], b"application/json")
             return True
@@ -148,6 +156,7 @@ class KeyedCalls:
         job = loop.create_task(self._answer(record, work))
         self.running.add(job)
         job.add_done_callback(self.running.discard)
+        job.add_done_callback(lambda _job: self.keys.running.discard(record.stream))
         gone = loop.create_task(disconnected(receive))
         streaming = False
         try:
