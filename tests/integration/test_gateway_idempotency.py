@@ -21,6 +21,7 @@ import pytest
 
 from mcp_lossless.core.errors import EXECUTION_LOST, IDEMPOTENCY_IN_PROGRESS
 from mcp_lossless.core.idempotency import IN_PROGRESS, KEY_PARAM, REPLAYED_META_KEY
+from tests.support.charging import charging_module, runs_of
 from tests.support.mcp_http import Peer, call, dev_token
 from tests.support.modern_http import ModernPeer, answer
 from tests.support.processes import ServerProcess, cli_server, free_port
@@ -36,26 +37,6 @@ SDK_TOKEN = "sdk-upstream-token"
 RUNNING = {"notifications/progress", "notifications/message"}
 """What the upstream tool sends once it runs (the SDK's logs its start, ours reports its first step): either
 arriving on the gateway's stream means the upstream runs the call."""
-TOOLS = '''
-import asyncio
-from pathlib import Path
-
-from mcp_lossless.server.tools import ToolContext, ToolRegistry
-
-tools = ToolRegistry()
-
-
-@tools.tool()
-async def charge(ctx: ToolContext, amount: str, steps: int = 1) -> str:
-    """Not idempotent: each run is one line in the runs file (the side effect, counted across processes)."""
-    with Path({runs!r}).open("a") as runs:
-        runs.write(amount + "\\n")
-    for step in range(1, steps + 1):
-        await ctx.report_progress(step, steps)
-        if step < steps:
-            await asyncio.sleep(0.2)
-    return f"charged {{amount}}"
-'''
 
 
 @dataclass
@@ -70,7 +51,7 @@ class Upstreams:
     def ran(self, exposed: str, label: str) -> int:
         """How many times the upstream of ``exposed`` ran its tool for ``label``."""
         if exposed == "ours_charge":
-            return (self.runs.read_text().split() if self.runs.exists() else []).count(label)
+            return runs_of(self.runs).count(label)
         calls = [m for m in self.sdk.messages() if m["method"] == "tools/call"]
         return sum(1 for m in calls if m["params"]["arguments"].get("label") == label)
 
@@ -79,8 +60,7 @@ class Upstreams:
 def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstreams]:
     """Our server (SQLite, declares keys) and the SDK's (no keys), and the gateway's config naming both."""
     root = tmp_path_factory.mktemp("upstreams")
-    runs, module = root / "runs.txt", root / "charging.py"
-    module.write_text(TOOLS.format(runs=str(runs)))
+    module, runs = charging_module(root)
     args = [f"{module}:tools", "--store", f"sqlite:{root / 'upstream.db'}", "--retry-ms", "100"]
     sdk = SdkHttpUpstream(free_port(), root / "sdk.jsonl", SDK_TOKEN)
     with contextlib.ExitStack() as stack:

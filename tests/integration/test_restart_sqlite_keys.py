@@ -19,43 +19,18 @@ from mcp_lossless.client.modern import ModernClient, open_client
 from mcp_lossless.client.oauth import OAuth
 from mcp_lossless.core.errors import EXECUTION_LOST
 from mcp_lossless.core.idempotency import KEY_PARAM, REPLAYED_META_KEY
+from tests.support.charging import charging_module, runs_of
 from tests.support.mcp_http import Peer, call, dev_token
 from tests.support.processes import ServerProcess, cli_server
 
 pytestmark = pytest.mark.anyio
 
 KEY = "5f0e9c1a-2b3d-4e5f-8a9b-0c1d2e3f4a5b"
-TOOLS = '''
-import asyncio
-from pathlib import Path
-
-from mcp_lossless.server.tools import ToolContext, ToolRegistry
-
-tools = ToolRegistry()
-
-
-@tools.tool()
-async def charge(ctx: ToolContext, amount: str, steps: int = 1) -> str:
-    """Not idempotent: each run is one line in the runs file (the side effect, counted across processes)."""
-    with Path({runs!r}).open("a") as runs:
-        runs.write(amount + "\\n")
-    for step in range(1, steps + 1):
-        await ctx.report_progress(step, steps)
-        if step < steps:
-            await asyncio.sleep(0.2)
-    return f"charged {{amount}}"
-'''
 
 
 def server_args(tmp_path: Path) -> tuple[list[str], Path]:
-    runs = tmp_path / "runs.txt"
-    module = tmp_path / "charging.py"
-    module.write_text(TOOLS.format(runs=str(runs)))
+    module, runs = charging_module(tmp_path)
     return [f"{module}:tools", "--store", f"sqlite:{tmp_path / 'keys.db'}", "--retry-ms", "100"], runs
-
-
-def runs_of(runs: Path) -> list[str]:
-    return runs.read_text().split() if runs.exists() else []
 
 
 def keyed(request_id: int, amount: str, steps: int, key: str = KEY) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,16 +96,21 @@ def mint_command(keys: Path, issuer: str, client_id: str) -> str:
     return f"{program} {{resources}}"
 
 
-def test_our_server_has_no_findings_and_every_check_runs(tmp_path: Path) -> None:
+def audit_two_principals(
+    tmp_path: Path, front: Callable[[Any], object] = lambda app: app
+) -> tuple[str, tuple[int, str, dict[str, Any], str]]:
+    """Our app over loopback (behind ``front``, an ASGI wrapper that breaks or hides something) audited with the
+    operator's call, a narrowed resource and two dev principals: the run in which every check can reach a verdict.
+    Returns the endpoint's URL and :func:`run_audit`'s result."""
     keys = tmp_path / "dev-keys.json"
     clients = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
 
     def make(port: int) -> object:
-        return create_app(ServerConfig(port=port, store="memory", dev_clients=clients, dev_keys=str(keys)))
+        return front(create_app(ServerConfig(port=port, store="memory", dev_clients=clients, dev_keys=str(keys))))
 
     with lossless_server(make) as base:
         url = f"{base}/mcp"
-        status, table, report, _ = run_audit(
+        return url, run_audit(
             tmp_path,
             url,
             "--call",
@@ -117,6 +122,10 @@ def test_our_server_has_no_findings_and_every_check_runs(tmp_path: Path) -> None
             "--second-token-command",
             mint_command(keys, f"{base}/dev-as", "mallory"),
         )
+
+
+def test_our_server_has_no_findings_and_every_check_runs(tmp_path: Path) -> None:
+    url, (status, table, report, _) = audit_two_principals(tmp_path)
 
     assert status == 0, table
     assert {name: c["outcome"] for name, c in checks_of(report).items()} == dict.fromkeys(CHECKS, "ok")

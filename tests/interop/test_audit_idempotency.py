@@ -18,10 +18,7 @@ import orjson
 import pytest
 
 from mcp_lossless.core.idempotency import KEY_PARAM
-from mcp_lossless.server.app import create_app
-from mcp_lossless.server.config import ServerConfig
-from tests.interop.test_audit import CALL, KEY_CHECKS, checks_of, exchange, mint_command, run_audit, texts
-from tests.support.uvicorn_server import lossless_server
+from tests.interop.test_audit import KEY_CHECKS, audit_two_principals, checks_of, exchange, texts
 
 Receive = Any
 Send = Any
@@ -127,27 +124,7 @@ class KeysBroken:
 def test_the_idempotency_checks_find_a_server_that_ignores_keys_or_shares_them(
     tmp_path: Path, cache: bool, findings: set[str]
 ) -> None:
-    keys = tmp_path / "dev-keys.json"
-    clients = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
-
-    def make(port: int) -> object:
-        app = create_app(ServerConfig(port=port, store="memory", dev_clients=clients, dev_keys=str(keys)))
-        return KeysBroken(app, cache)
-
-    with lossless_server(make) as base:
-        url = f"{base}/mcp"
-        status, table, report, markdown = run_audit(
-            tmp_path,
-            url,
-            "--call",
-            *CALL,
-            "--narrow-resource",
-            f"{url}/tools/search",
-            "--token-command",
-            mint_command(keys, f"{base}/dev-as", "dev-client"),
-            "--second-token-command",
-            mint_command(keys, f"{base}/dev-as", "mallory"),
-        )
+    _, (status, table, report, markdown) = audit_two_principals(tmp_path, lambda app: KeysBroken(app, cache))
     assert status == 1 and set(report["findings"]) == findings, table
     assert report["not_run"] == [] and report["not_applicable"] == [], table
     checks = checks_of(report)
@@ -209,26 +186,7 @@ class NoSessions:
 def test_the_idempotency_checks_pass_statelessly_on_our_2026_leg(tmp_path: Path) -> None:
     """Without sessions the keyed calls go as 2026-07-28 requests (no tasks extension: answered inline), the
     capability comes from ``server/discover``, and our modern leg passes all five."""
-    keys = tmp_path / "dev-keys.json"
-    clients = {"dev-client": "dev-secret", "mallory": "mallory-secret"}
-
-    def make(port: int) -> object:
-        return NoSessions(create_app(ServerConfig(port=port, store="memory", dev_clients=clients, dev_keys=str(keys))))
-
-    with lossless_server(make) as base:
-        url = f"{base}/mcp"
-        _, table, report, _ = run_audit(
-            tmp_path,
-            url,
-            "--call",
-            *CALL,
-            "--narrow-resource",
-            f"{url}/tools/search",
-            "--token-command",
-            mint_command(keys, f"{base}/dev-as", "dev-client"),
-            "--second-token-command",
-            mint_command(keys, f"{base}/dev-as", "mallory"),
-        )
+    _, (_, table, report, _) = audit_two_principals(tmp_path, NoSessions)
     checks = checks_of(report)
     assert {name: checks[name]["outcome"] for name in KEY_CHECKS} == dict.fromkeys(KEY_CHECKS, "ok"), table
     assert report["findings"] == [], table

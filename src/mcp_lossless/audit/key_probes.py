@@ -209,6 +209,12 @@ def _not_declared(channel: KeyedSender) -> str:
     return f"the server does not declare tools.idempotency (its {where}): keys are nothing a client may rely on"
 
 
+def _undeclared(name: str, channel: KeyedSender) -> CheckResult:
+    """The verdict of a check that needs ``tools.idempotency`` on a server that does not declare it: one wording,
+    with the handshake that showed it as evidence."""
+    return CheckResult(name, "not_applicable", _not_declared(channel), [channel.handshake])
+
+
 async def _first(channel: KeyedSender, key: str, label: str) -> KeyedCall:
     """The operator's call under ``key`` with the wide token, completed, with progress for its own token."""
     call = await channel.call(key, channel.audit.settings.call.arguments, label)
@@ -294,7 +300,7 @@ async def idempotency_concurrent_runs(audit: Audit) -> CheckResult:
     name = "idempotency_concurrent_runs"
     sender = await _channel(audit)
     if not sender.declared:
-        return CheckResult(name, "not_applicable", _not_declared(sender), [sender.handshake])
+        return _undeclared(name, sender)
     key, arguments = _fresh_key(), audit.settings.call.arguments
     running = anyio.Event()
     calls: dict[str, KeyedCall] = {}
@@ -373,7 +379,7 @@ async def idempotency_conflict_accepted(audit: Audit) -> CheckResult:
     name = "idempotency_conflict_accepted"
     channel = await _channel(audit)
     if not channel.declared:
-        return CheckResult(name, "not_applicable", _not_declared(channel), [channel.handshake])
+        return _undeclared(name, channel)
     run = await _duplicate(audit)
     arguments, how = _other_arguments(audit.settings.call.arguments)
     other = await channel.call(run.key, arguments, f"the completed key with other arguments ({how})")
@@ -400,7 +406,7 @@ async def idempotency_replay_narrowed(audit: Audit) -> CheckResult:
     name = "idempotency_replay_narrowed"
     channel = await _channel(audit)
     if not channel.declared:
-        return CheckResult(name, "not_applicable", _not_declared(channel), [channel.handshake])
+        return _undeclared(name, channel)
     narrowed = await audit.narrowed()
     key, arguments = _fresh_key(), audit.settings.call.arguments
     first = await _first(channel, key, "the call under a fresh key (wide token)")
@@ -441,7 +447,7 @@ async def idempotency_other_principal(audit: Audit) -> CheckResult:
     name = "idempotency_other_principal"
     channel = await _channel(audit)
     if not channel.declared:
-        return CheckResult(name, "not_applicable", _not_declared(channel), [channel.handshake])
+        return _undeclared(name, channel)
     if audit.second is None:
         raise NotRun("no second principal: pass --second-client or --second-token-command")
     try:

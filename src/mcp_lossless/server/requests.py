@@ -65,7 +65,7 @@ def era(index: dict[bytes, bytes], first: dict[str, Any] | None, alone: bool) ->
 # -- the method table -----------------------------------------------------------------------------------------
 
 Handling = Literal["call", "list_tools", "ping", "set_log_level", "discover", "listen", "task", "task_stream", "extra"]
-"""How a request is served: each router (:meth:`.dispatch.Dispatcher._route`, :meth:`.modern.ModernLeg._serve`)
+"""How a request is served: each router (:meth:`.dispatch.Dispatcher._route`, :meth:`.modern.ModernLeg.serve`)
 carries out each kind its era serves, looked up in its view of :data:`METHODS`, else :func:`extra`. Strings, not an
 enum: compared once per request, on the hot path."""
 

@@ -109,92 +109,80 @@ class ModernLeg:
     ) -> None:
         """Answer one modern request; a refusal goes up to the transport, which renders it (ADR 0010).
         ``connection``: the client's address (ASGI ``client``), what "one stream per task per connection" counts by."""
-        rid: RequestId | None = message.get("id")
         try:
-            await self._serve(receive, send, grant, index, message, connection)
-        except Refused as refused:
-            if isinstance(refused.body, dict) and refused.body.get("id") is None:
-                refused.body["id"] = rid  # raised where found, which need not know the request's id
+            if "method" not in message:
+                raise refused(400, errors.INVALID_REQUEST, f"clients send no responses on {protocol.STATELESS}")
+            method: str = message["method"]
+            params = message.get("params")
+            params = params if isinstance(params, dict) else {}
+            if "id" not in message:
+                await respond(send, 202)  # this revision defines no client notifications over HTTP: accepted, ignored
+                return
+            capabilities = self._validate(index, method, params)
+            rid: RequestId = message["id"]
+            declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
+            kind = STATELESS_METHODS.get(method) or extra(method, True, self.state.methods)
+            if kind == "task_stream":
+                await self.tasks.stream(receive, send, grant, rid, params, declared, connection)
+                return
+            if kind == "task":  # a poll needs no channel and no request state: straight to its decision
+                await self.tasks.request(send, grant, rid, method, params, declared)
+                return
+            answers: dict[str, dict[str, Any]] | None = None
+            bound: Callable[[], mrtr.Binding] | None = None
+            if method in mrtr.MRTR_METHODS:
+
+                def binding() -> mrtr.Binding:
+                    return mrtr.Binding(
+                        grant.principal, method, params[protocol.NAME_PARAMS[method]], params.get("arguments")
+                    )
+
+                answers, bound = {}, binding
+                if "requestState" in params or "inputResponses" in params:  # a first round pays for no state
+                    try:
+                        answers = mrtr.answers_of(self.inline.state_key, params, binding(), now())
+                    except mrtr.BadInput as exc:
+                        await invalid_params(send, rid, str(exc))
+                        return
+            channel = RequestChannel(capabilities, params["_meta"].get(protocol.LOG_LEVEL_META_KEY), answers, bound)
+            if kind == "call":
+                await self._call(receive, send, grant, index, rid, params, declared, channel)
+            elif kind == "discover":
+                await answer(send, rid, self._discover())
+            elif kind == "list_tools":
+                await answer(send, rid, {"tools": self.state.tools_list, **CACHE_HINTS})
+            elif kind == "listen":
+                await self.listeners.listen(receive, send, grant, rid, params, declared)
+            elif kind == "extra":
+                handler = self.state.methods[method]
+                tags = self.state.method_tags.get(method)
+                if tags is not None:
+                    self._require(grant, tags(params))
+
+                async def work(ctx: ToolContext) -> dict[str, Any]:
+                    try:
+                        result = await handler(ctx, params)
+                    except MethodError as exc:
+                        if exc.code == errors.RESOURCE_NOT_FOUND:
+                            raise MethodError(errors.INVALID_PARAMS, exc.message, exc.data) from None
+                        raise
+                    return {**result, **CACHE_HINTS} if method in CACHEABLE else result
+
+                await self.inline.run_now(receive, send, grant, rid, params, work, channel)
+            else:
+                raise refused(404, errors.METHOD_NOT_FOUND, f"method {method!r} not found on {protocol.STATELESS}")
+        except Refused as exc:
+            if isinstance(exc.body, dict) and exc.body.get("id") is None:
+                exc.body["id"] = message.get("id")  # raised where found, which need not know the request's id
             raise
         except StoreUnavailable:
             raise Refused.rpc(
                 503,
                 errors.INTERNAL_ERROR,
                 "task store unavailable; retry later",
-                request_id=rid,
+                request_id=message.get("id"),
                 headers=[(b"retry-after", b"1")],
             ) from None
-
-    async def _serve(
-        self,
-        receive: Receive,
-        send: Send,
-        grant: Grant,
-        index: dict[bytes, bytes],
-        message: dict[str, Any],
-        connection: object = None,
-    ) -> None:
-        if "method" not in message:
-            raise refused(400, errors.INVALID_REQUEST, f"clients send no responses on {protocol.STATELESS}")
-        method: str = message["method"]
-        params = message.get("params")
-        params = params if isinstance(params, dict) else {}
-        if "id" not in message:
-            await respond(send, 202)  # this revision defines no client notifications over HTTP: accepted, ignored
-            return
-        capabilities = self._validate(index, method, params)
-        rid: RequestId = message["id"]
-        declared = isinstance(capabilities.get("extensions"), dict) and EXTENSION in capabilities["extensions"]
-        kind = STATELESS_METHODS.get(method) or extra(method, True, self.state.methods)
-        if kind == "task_stream":
-            await self.tasks.stream(receive, send, grant, rid, params, declared, connection)
-            return
-        if kind == "task":  # a poll needs no channel and no request state: straight to its decision
-            await self.tasks.request(send, grant, rid, method, params, declared)
-            return
-        answers: dict[str, dict[str, Any]] | None = None
-        bound: Callable[[], mrtr.Binding] | None = None
-        if method in mrtr.MRTR_METHODS:
-
-            def binding() -> mrtr.Binding:
-                return mrtr.Binding(
-                    grant.principal, method, params[protocol.NAME_PARAMS[method]], params.get("arguments")
-                )
-
-            answers, bound = {}, binding
-            if "requestState" in params or "inputResponses" in params:  # a first round pays for no state
-                try:
-                    answers = mrtr.answers_of(self.inline.state_key, params, binding(), now())
-                except mrtr.BadInput as exc:
-                    await invalid_params(send, rid, str(exc))
-                    return
-        channel = RequestChannel(capabilities, params["_meta"].get(protocol.LOG_LEVEL_META_KEY), answers, bound)
-        if kind == "call":
-            await self._call(receive, send, grant, index, rid, params, declared, channel)
-        elif kind == "discover":
-            await answer(send, rid, self._discover())
-        elif kind == "list_tools":
-            await answer(send, rid, {"tools": self.state.tools_list, **CACHE_HINTS})
-        elif kind == "listen":
-            await self.listeners.listen(receive, send, grant, rid, params, declared)
-        elif kind == "extra":
-            handler = self.state.methods[method]
-            tags = self.state.method_tags.get(method)
-            if tags is not None:
-                self._require(grant, tags(params))
-
-            async def work(ctx: ToolContext) -> dict[str, Any]:
-                try:
-                    result = await handler(ctx, params)
-                except MethodError as exc:
-                    if exc.code == errors.RESOURCE_NOT_FOUND:
-                        raise MethodError(errors.INVALID_PARAMS, exc.message, exc.data) from None
-                    raise
-                return {**result, **CACHE_HINTS} if method in CACHEABLE else result
-
-            await self.inline.run_now(receive, send, grant, rid, params, work, channel)
-        else:
-            raise refused(404, errors.METHOD_NOT_FOUND, f"method {method!r} not found on {protocol.STATELESS}")
 
     def _validate(self, index: dict[bytes, bytes], method: str, params: dict[str, Any]) -> dict[str, Any]:
         """The per-request fields (``-32602``), the mirrored headers (``-32020``), the version (``-32022``)."""
