@@ -105,17 +105,20 @@ async def test_expired_keys_are_purged_with_their_bytes_and_the_streams_only_the
         assert own not in store._counts._sessions, "nor of its count"
 
 
-async def test_a_keyed_stream_outlives_its_sessions_deletion_until_its_key_expires(
-    store: EventStore, clock: Clock
-) -> None:
+async def three_streams(store: EventStore, expires: float) -> None:
+    """Session ``s1`` with a stream of no key (answered), one whose key expires at ``expires`` (answered), and one
+    under another such key still running."""
     await store.put_session(SessionRecord("s1", ALICE, "2025-11-25", START, START))
     await store.enqueue_open(record("plain"))
     await store.append(answer("plain"), completes=True)
-    await store.enqueue_open(record("answered"), [key("k-answered", "answered", START + 60)])
+    await store.enqueue_open(record("answered"), [key("k-answered", "answered", expires)])
     await store.append(answer("answered"), completes=True)
-    await store.enqueue_open(record("running"), [key("k-running", "running", START + 60)])
-    held = store.stored_bytes(ALICE)
+    await store.enqueue_open(record("running"), [key("k-running", "running", expires)])
 
+
+async def delete_session_keeping_keyed(store: EventStore) -> None:
+    """Delete :func:`three_streams`' session: the unkeyed stream goes, the answered keyed one stays with its
+    outcome, the running one stays cut (lost with its owner)."""
     await store.delete_session("s1")
     assert await store.get_stream("plain") is None
     kept = await store.get_stream("answered")
@@ -123,6 +126,15 @@ async def test_a_keyed_stream_outlives_its_sessions_deletion_until_its_key_expir
     assert [e.data for e in await store.read_after("answered", 0)] == [answer("answered").data], "its outcome"
     cut = await store.get_stream("running")
     assert cut is not None and (cut.completed, cut.lost) == (True, Loss.OWNER), "cut with its session: lost"
+
+
+async def test_a_keyed_stream_outlives_its_sessions_deletion_until_its_key_expires(
+    store: EventStore, clock: Clock
+) -> None:
+    await three_streams(store, START + 60)
+    held = store.stored_bytes(ALICE)
+
+    await delete_session_keeping_keyed(store)
     assert 0 < store.stored_bytes(ALICE) < held, "what stays is still counted; what went is not"
 
     clock.now = START + 61
@@ -202,21 +214,9 @@ async def test_redis_a_keyed_stream_outlives_its_sessions_deletion_until_its_key
     store = RedisStore(url or request.getfixturevalue("redis_url"), prefix=f"keys-{uuid.uuid4().hex}")
     await store.open()
     try:
-        await store.put_session(SessionRecord("s1", ALICE, "2025-11-25", START, START))
-        expires = time.time() + 3600
-        await store.enqueue_open(record("plain"))
-        await store.append(answer("plain"), completes=True)
-        await store.enqueue_open(record("answered"), [key("k-answered", "answered", expires)])
-        await store.append(answer("answered"), completes=True)
-        await store.enqueue_open(record("running"), [key("k-running", "running", expires)])
+        await three_streams(store, time.time() + 3600)
 
-        await store.delete_session("s1")
-        assert await store.get_stream("plain") is None
-        kept = await store.get_stream("answered")
-        assert kept is not None and kept.answered == frozenset({1})
-        assert [e.data for e in await store.read_after("answered", 0)] == [answer("answered").data], "its outcome"
-        cut = await store.get_stream("running")
-        assert cut is not None and (cut.completed, cut.lost) == (True, Loss.OWNER), "cut with its session: lost"
+        await delete_session_keeping_keyed(store)
         ttl = await store.client.pttl(f"{store.prefix}:{{s1}}:s:running")
         assert 3_500_000 < ttl <= 3_600_000, "kept as long as its key, no longer"
         assert await store.get_session("s1") is None

@@ -31,7 +31,7 @@ from mcp_lossless.server.demo import demo_tools
 from mcp_lossless.server.tools import MethodError, ToolContext, ToolRegistry
 from tests.support.in_process import MCP, InProcess, in_process, tool_resource
 from tests.support.mcp_http import Peer
-from tests.support.modern_http import MODERN, ModernPeer, meta
+from tests.support.modern_http import MODERN, ModernPeer, json_of, meta, rpc_error, rpc_result
 from tests.support.stores import store_of_kind
 
 pytestmark = pytest.mark.anyio
@@ -99,22 +99,6 @@ async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     tags = {"prompts/get": lambda params: frozenset({PROMPT})}
     async with in_process(store, tools(), methods=METHODS, method_tags=tags, max_body_bytes=4096, max_batch=3) as s:
         yield s
-
-
-def rpc_error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    return {"jsonrpc": "2.0", "id": request_id, "error": error}
-
-
-def rpc_result(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "result": result}
-
-
-def json_of(read: Any) -> Any:
-    assert read.headers["content-type"] == "application/json", read.headers
-    return orjson.loads(read.body)
 
 
 # -- the method table ---------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from mcp_lossless.server.tools import ToolContext, ToolRegistry
 from mcp_lossless.stores.base import EventStore
 from tests.support.in_process import BASE, MCP, InProcess, in_process, principal_of, raw_post, tool_resource
 from tests.support.mcp_http import dev_token
-from tests.support.modern_http import TASKS, ModernPeer, answer
+from tests.support.modern_http import TASKS, ModernPeer, answer, json_of, rpc_error
 from tests.support.stores import store_of_kind
 
 pytestmark = pytest.mark.anyio
@@ -138,16 +138,44 @@ async def server(store: EventStore, gates: Gates) -> AsyncIterator[InProcess]:
         yield served
 
 
-def rpc_error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    return {"jsonrpc": "2.0", "id": request_id, "error": error}
-
-
-def json_of(read: Any) -> Any:
-    assert read.headers["content-type"] == "application/json", read.headers
-    return orjson.loads(read.body)
+def assert_task_denied(
+    denied: Any,
+    request_id: int,
+    task_id: str,
+    *,
+    reason: str,
+    covers: str,
+    names: str,
+    resources: list[str],
+    scopes: list[str],
+) -> None:
+    """A task's owner whose token does not cover what the task needs (``covers`` in the message, ``names`` the
+    challenge's parameter): 403 with the exact challenge, TASK_DENIED with the exact data, and the SEP-2643
+    envelope asking for a replacement token that holds ``resources`` and ``scopes``."""
+    assert denied.status == 403
+    message = (
+        f"task {task_id} not delivered: the token does not cover {covers}; "
+        "the task is kept: re-authorize and poll the same task id"
+    )
+    assert denied.headers["www-authenticate"] == (
+        f'Bearer error="insufficient_scope", error_description="{message}", {names}, '
+        'resource_metadata="http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp"'
+    )
+    body = json_of(denied)
+    envelope = body["error"]["data"]["authorization"]
+    assert body == rpc_error(
+        request_id, TASK_DENIED, message,
+        {"reason": reason, "taskId": task_id, "resumable": True, "requiredResources": resources,
+         "requiredScopes": scopes, "authorization": envelope,
+         "_meta": {"io.modelcontextprotocol/authorization": envelope}},
+    )  # fmt: skip
+    assert isinstance(envelope.pop("authorizationContextId"), str)
+    assert envelope == {
+        "reason": "insufficient_authorization",
+        "remediation": "available",
+        "credentialDisposition": "replacement",
+        "remediationHints": [{"type": "io.github.mcp-lossless/oauth-grant", "resources": resources, "scopes": scopes}],
+    }
 
 
 async def create_task(peer: ModernPeer, tool: str = "fetch", **arguments: Any) -> str:
@@ -247,29 +275,10 @@ async def test_a_narrowed_token_is_denied_naming_what_is_missing_and_the_task_is
     assert before is not None
     update = {"inputResponses": {"k": {"action": "accept"}}} if method == "tasks/update" else {}
     denied = await peer.send(peer.message(method, {"taskId": task_id, **update}, request_id=3), token=server.narrowed)
-    assert denied.status == 403
-    message = (
-        f"task {task_id} not delivered: the token does not cover {HOLD_TASK}; "
-        "the task is kept: re-authorize and poll the same task id"
-    )
-    assert denied.headers["www-authenticate"] == (
-        f'Bearer error="insufficient_scope", error_description="{message}", resource="{HOLD_TASK}", '
-        'resource_metadata="http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp"'
-    )
-    body = json_of(denied)
-    envelope = body["error"]["data"]["authorization"]
-    assert body == rpc_error(
-        3, TASK_DENIED, message,
-        {"reason": "insufficient_audience", "taskId": task_id, "resumable": True, "requiredResources": [HOLD_TASK],
-         "requiredScopes": [], "authorization": envelope, "_meta": {"io.modelcontextprotocol/authorization": envelope}},
+    assert_task_denied(
+        denied, 3, task_id, reason="insufficient_audience", covers=HOLD_TASK, names=f'resource="{HOLD_TASK}"',
+        resources=[HOLD_TASK], scopes=[],
     )  # fmt: skip
-    assert isinstance(envelope.pop("authorizationContextId"), str)
-    assert envelope == {
-        "reason": "insufficient_authorization",
-        "remediation": "available",
-        "credentialDisposition": "replacement",
-        "remediationHints": [{"type": "io.github.mcp-lossless/oauth-grant", "resources": [HOLD_TASK], "scopes": []}],
-    }
     assert not gates.cancelled.is_set(), "a denied cancel cancels nothing"
     kept = await server.tasks.get(task_id)
     assert kept is not None and kept.status is TaskStatus.WORKING and kept.input_responses == before.input_responses
@@ -312,26 +321,10 @@ async def test_a_token_that_lost_the_tools_scope_is_denied_naming_the_scope(serv
     task_id = await create_task(peer, "write_task")
     await gates.started.wait()
     denied = await peer.send(peer.message("tasks/get", {"taskId": task_id}, request_id=23), token=server.whole)
-    assert denied.status == 403
-    message = (
-        f"task {task_id} not delivered: the token does not cover scope files:write; "
-        "the task is kept: re-authorize and poll the same task id"
-    )
-    assert denied.headers["www-authenticate"] == (
-        f'Bearer error="insufficient_scope", error_description="{message}", scope="files:write", '
-        'resource_metadata="http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp"'
-    )
-    body = json_of(denied)
-    envelope = body["error"]["data"]["authorization"]
-    assert body == rpc_error(
-        23, TASK_DENIED, message,
-        {"reason": "insufficient_scope", "taskId": task_id, "resumable": True, "requiredResources": [],
-         "requiredScopes": ["files:write"], "authorization": envelope,
-         "_meta": {"io.modelcontextprotocol/authorization": envelope}},
+    assert_task_denied(
+        denied, 23, task_id, reason="insufficient_scope", covers="scope files:write", names='scope="files:write"',
+        resources=[], scopes=["files:write"],
     )  # fmt: skip
-    assert envelope["remediationHints"] == [
-        {"type": "io.github.mcp-lossless/oauth-grant", "resources": [], "scopes": ["files:write"]}
-    ]
     gates.release.set()
     assert (await polled_until(peer, task_id, "working"))["status"] == "completed", "the scoped token gets it"
 

@@ -70,30 +70,43 @@ async def test_a_key_killed_mid_run_is_execution_lost_naming_it_and_one_answered
             assert started.status == 200
 
 
-async def test_the_clients_call_across_a_sigkill_restart_ends_once_as_may_have_run(tmp_path: Path) -> None:
-    args, runs = server_args(tmp_path)
+async def charge_then_kill(client: Client | ModernClient, server: ServerProcess) -> asyncio.Task[Any]:
+    """The client's keyed ``charge`` call, and ``server`` SIGKILLed once the tool runs (its first progress)."""
     running = asyncio.Event()
 
     def progressed(_update: ProgressUpdate) -> None:
         running.set()
+
+    outcome = asyncio.create_task(
+        client.call_tool("charge", {"amount": "once", "steps": 50}, on_progress=progressed, idempotency_key=KEY)
+    )
+    await running.wait()
+    server.kill()
+    return outcome
+
+
+def assert_lost_once(ended: pytest.ExceptionInfo[CallMayHaveRun], runs: Path) -> None:
+    """The killed call ran once and ended as may-have-run: the restarted server answered its re-issue under its key
+    with execution lost, never running it again."""
+    assert runs_of(runs) == ["once"], "the key kept the call from a second run"
+    error = ended.value.error
+    assert error is not None and error["code"] == EXECUTION_LOST, ended.value
+    assert error["data"][KEY_PARAM] == KEY, "re-issued under its key, the server named it: never run again"
+
+
+async def test_the_clients_call_across_a_sigkill_restart_ends_once_as_may_have_run(tmp_path: Path) -> None:
+    args, runs = server_args(tmp_path)
 
     async with httpx.AsyncClient(timeout=10) as http, contextlib.AsyncExitStack() as stack:
         first = stack.enter_context(cli_server(args, tmp_path / "first.log"))
         client = await stack.enter_async_context(
             Client(f"{first.base}/mcp", auth=OAuth("dev-client", "dev-secret"), http=http, timeout=30)
         )
-        outcome = asyncio.create_task(
-            client.call_tool("charge", {"amount": "once", "steps": 50}, on_progress=progressed, idempotency_key=KEY)
-        )
-        await running.wait()
-        first.kill()
+        outcome = await charge_then_kill(client, first)
         stack.enter_context(cli_server(args, tmp_path / "second.log", port=first.port))
         with pytest.raises(CallMayHaveRun) as ended:
             await outcome
-        assert runs_of(runs) == ["once"], "the key kept the call from a second run"
-        error = ended.value.error
-        assert error is not None and error["code"] == EXECUTION_LOST, ended.value
-        assert error["data"][KEY_PARAM] == KEY, "re-issued under its key, the server named it: never run again"
+        assert_lost_once(ended, runs)
 
 
 async def test_the_modern_clients_call_rides_out_a_sigkill_restart_and_ends_once_as_may_have_run(
@@ -103,10 +116,6 @@ async def test_the_modern_clients_call_rides_out_a_sigkill_restart_and_ends_once
     again on the same port and SQLite file, and gets the restarted server's one answer to its key: execution lost
     naming it, never a second run (without the wait it gave up before the server listened again)."""
     args, runs = server_args(tmp_path)
-    running = asyncio.Event()
-
-    def progressed(_update: ProgressUpdate) -> None:
-        running.set()
 
     async with httpx.AsyncClient(timeout=10) as http, contextlib.AsyncExitStack() as stack:
         first = stack.enter_context(cli_server(args, tmp_path / "first.log"))
@@ -114,17 +123,10 @@ async def test_the_modern_clients_call_rides_out_a_sigkill_restart_and_ends_once
             open_client(f"{first.base}/mcp", auth=OAuth("dev-client", "dev-secret"), http=http, timeout=30)
         )
         assert isinstance(client, ModernClient)
-        outcome = asyncio.create_task(
-            client.call_tool("charge", {"amount": "once", "steps": 50}, on_progress=progressed, idempotency_key=KEY)
-        )
-        await running.wait()
-        first.kill()
+        outcome = await charge_then_kill(client, first)
         # started off the event loop: the call meanwhile finds no server listening, as during a real restart
         restarting = cli_server(args, tmp_path / "second.log", port=first.port)
         await anyio.to_thread.run_sync(stack.enter_context, restarting)
         with pytest.raises(CallMayHaveRun) as ended:
             await outcome
-        assert runs_of(runs) == ["once"], "the key kept the call from a second run"
-        error = ended.value.error
-        assert error is not None and error["code"] == EXECUTION_LOST, ended.value
-        assert error["data"][KEY_PARAM] == KEY, "the restarted server answered the re-issue under its key"
+        assert_lost_once(ended, runs)

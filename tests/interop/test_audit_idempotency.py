@@ -41,6 +41,29 @@ def _answer_in(body: bytes, request_id: object) -> dict[str, Any] | None:
     return None
 
 
+async def read_body(receive: Receive) -> bytes:
+    """A request's whole body, read from ASGI ``receive`` by a front that must see it before the app does."""
+    body, more = b"", True
+    while more:
+        part = await receive()
+        body, more = body + part.get("body", b""), part.get("more_body", False)
+    return body
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """The ``receive`` the app behind such a front gets: ``body`` once, then whatever ``receive`` says next."""
+    delivered = False
+
+    async def replayed() -> dict[str, Any]:
+        nonlocal delivered
+        if delivered:
+            return await receive()  # type: ignore[no-any-return]
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
+
+
 class KeysBroken:
     """ASGI in front of our app: strips ``idempotencyKey`` from every ``tools/call``; with ``cache``, answers a key
     seen before from one table shared by every caller, before authorization and whatever the arguments."""
@@ -54,10 +77,7 @@ class KeysBroken:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        body, more = b"", True
-        while more:
-            part = await receive()
-            body, more = body + part.get("body", b""), part.get("more_body", False)
+        body = await read_body(receive)
         try:
             message = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -76,15 +96,6 @@ class KeysBroken:
             body = orjson.dumps(message)
             length = str(len(body)).encode()
             scope = {**scope, "headers": [(k, length if k == b"content-length" else v) for k, v in scope["headers"]]}
-        delivered = False
-
-        async def replayed() -> dict[str, Any]:
-            nonlocal delivered
-            if delivered:
-                return await receive()  # type: ignore[no-any-return]
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
         captured = bytearray()
 
         async def capture(event: dict[str, Any]) -> None:
@@ -92,7 +103,7 @@ class KeysBroken:
                 captured.extend(event.get("body", b""))
             await send(event)
 
-        await self.app(scope, replayed, capture)
+        await self.app(scope, replaying(body, receive), capture)
         if key is not None and self.cache and (result := _answer_in(bytes(captured), message["id"])) is not None:
             self.results[key] = result
 
@@ -160,10 +171,7 @@ class NoSessions:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        body, more = b"", True
-        while more:
-            part = await receive()
-            body, more = body + part.get("body", b""), part.get("more_body", False)
+        body = await read_body(receive)
         if b'"method":"initialize"' in body:
             refusal = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"no sessions here"}}'
             await send(
@@ -171,16 +179,7 @@ class NoSessions:
             )
             await send({"type": "http.response.body", "body": refusal})
             return
-        delivered = False
-
-        async def replayed() -> dict[str, Any]:
-            nonlocal delivered
-            if delivered:
-                return await receive()  # type: ignore[no-any-return]
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replayed, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 def test_the_idempotency_checks_pass_statelessly_on_our_2026_leg(tmp_path: Path) -> None:

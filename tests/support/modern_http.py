@@ -85,6 +85,24 @@ class ModernPeer:
         return await self.request(method, {"taskId": task_id}, token=token)
 
 
+def rpc_error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    """The JSON-RPC error response expected byte for byte (``data`` only when given)."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+
+def rpc_result(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def json_of(read: Any) -> Any:
+    """A response's body, which must have come as plain JSON (not SSE)."""
+    assert read.headers["content-type"] == "application/json", read.headers
+    return orjson.loads(read.body)
+
+
 def answer(read: StreamRead) -> dict[str, Any]:
     """The JSON-RPC response of a modern request, whether it came as JSON or as the last SSE message."""
     message = read.messages[-1] if read.events else read.json()
