@@ -31,7 +31,15 @@ from mcp_lossless.server.demo import demo_tools
 from mcp_lossless.server.tools import MethodError, ToolContext, ToolRegistry
 from tests.support.in_process import MCP, InProcess, in_process, tool_resource
 from tests.support.mcp_http import Peer
-from tests.support.modern_http import MODERN, ModernPeer, json_of, meta, rpc_error, rpc_result
+from tests.support.modern_http import (
+    MODERN,
+    ModernPeer,
+    assert_replacement_envelope,
+    json_of,
+    meta,
+    rpc_error,
+    rpc_result,
+)
 from tests.support.stores import store_of_kind
 
 pytestmark = pytest.mark.anyio
@@ -442,14 +450,7 @@ async def test_a_call_the_token_does_not_cover_is_403_with_the_challenge(server:
         {"requiredResources": [fetch], "requiredScopes": [], "authorization": envelope,
          "_meta": {"io.modelcontextprotocol/authorization": envelope}},
     )  # fmt: skip
-    context = envelope.pop("authorizationContextId")
-    assert isinstance(context, str) and context
-    assert envelope == {
-        "reason": "insufficient_authorization",
-        "remediation": "available",
-        "credentialDisposition": "replacement",
-        "remediationHints": [{"type": "io.github.mcp-lossless/oauth-grant", "resources": [fetch], "scopes": []}],
-    }
+    assert_replacement_envelope(envelope, resources=[fetch], scopes=[])
 
 
 async def test_an_extra_method_the_token_does_not_cover_is_403_naming_its_tag(server: InProcess) -> None:

@@ -43,7 +43,7 @@ from mcp_lossless.server.tools import ToolContext, ToolRegistry
 from mcp_lossless.stores.base import EventStore
 from tests.support.in_process import BASE, MCP, InProcess, in_process, principal_of, raw_post, tool_resource
 from tests.support.mcp_http import dev_token
-from tests.support.modern_http import TASKS, ModernPeer, answer, json_of, rpc_error
+from tests.support.modern_http import TASKS, ModernPeer, answer, assert_replacement_envelope, json_of, rpc_error
 from tests.support.stores import store_of_kind
 
 pytestmark = pytest.mark.anyio
@@ -169,13 +169,7 @@ def assert_task_denied(
          "requiredScopes": scopes, "authorization": envelope,
          "_meta": {"io.modelcontextprotocol/authorization": envelope}},
     )  # fmt: skip
-    assert isinstance(envelope.pop("authorizationContextId"), str)
-    assert envelope == {
-        "reason": "insufficient_authorization",
-        "remediation": "available",
-        "credentialDisposition": "replacement",
-        "remediationHints": [{"type": "io.github.mcp-lossless/oauth-grant", "resources": resources, "scopes": scopes}],
-    }
+    assert_replacement_envelope(envelope, resources=resources, scopes=scopes)
 
 
 async def create_task(peer: ModernPeer, tool: str = "fetch", **arguments: Any) -> str:

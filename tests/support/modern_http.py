@@ -103,6 +103,19 @@ def json_of(read: Any) -> Any:
     return orjson.loads(read.body)
 
 
+def assert_replacement_envelope(envelope: dict[str, Any], *, resources: list[str], scopes: list[str]) -> None:
+    """The SEP-2643 authorization envelope of a denial the client can remedy: a replacement token granting
+    ``resources`` and ``scopes``, under a context id of its own."""
+    context = envelope.pop("authorizationContextId")
+    assert isinstance(context, str) and context
+    assert envelope == {
+        "reason": "insufficient_authorization",
+        "remediation": "available",
+        "credentialDisposition": "replacement",
+        "remediationHints": [{"type": "io.github.mcp-lossless/oauth-grant", "resources": resources, "scopes": scopes}],
+    }
+
+
 def answer(read: StreamRead) -> dict[str, Any]:
     """The JSON-RPC response of a modern request, whether it came as JSON or as the last SSE message."""
     message = read.messages[-1] if read.events else read.json()
