@@ -25,6 +25,7 @@ from mcp_lossless.stores.base import StoreUnavailable
 from tests.integration.test_redis_replicas import deployment
 from tests.support.mcp_http import Peer, call, dev_token
 from tests.support.orphan_keys import leave_orphan_key
+from tests.support.stores import KINDS, store_spec
 from tests.support.uvicorn_server import lossless_server
 
 pytestmark = pytest.mark.anyio
@@ -296,9 +297,9 @@ def alice_principal(app: LosslessApp) -> Any:
     return principal
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=KINDS)
 def served_app(request: pytest.FixtureRequest, tmp_path: Path, ledger: Ledger) -> Iterator[tuple[str, LosslessApp]]:
-    spec = "memory" if request.param == "memory" else f"sqlite:{tmp_path / 'keys.db'}"
+    spec = store_spec(request, tmp_path)
     apps: list[LosslessApp] = []
 
     def make(port: int) -> object:

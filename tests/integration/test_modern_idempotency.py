@@ -30,6 +30,7 @@ from tests.support.mcp_http import Peer, StreamRead, dev_token
 from tests.support.modern_http import ModernPeer, answer, poll_until_settled
 from tests.support.orphan_keys import leave_orphan_key
 from tests.support.proxy import CuttingProxy, Fault
+from tests.support.stores import KINDS, store_spec
 from tests.support.uvicorn_server import loopback_socket, serve_app
 
 pytestmark = pytest.mark.anyio
@@ -243,18 +244,23 @@ async def test_a_keyed_calls_own_stream_counts_under_its_principals_stored_bytes
             assert statuses.index(429) < 10 and set(statuses) == {200, 429}, statuses
 
 
+@pytest.fixture(params=KINDS)
+def served_any(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    yield from serve(store_spec(request, tmp_path))
+
+
 async def test_a_key_left_owned_by_this_live_server_with_nothing_running_is_execution_lost_not_in_progress(
-    served: Served, http: httpx.AsyncClient
+    served_any: Served, http: httpx.AsyncClient
 ) -> None:
     """Failover finding 8 (docs/reliability.md) on this leg: a keyed call answered 503 whose key survived on the
     promoted replica names a stream of its own that this live server owns and does not run. Its duplicates are
     execution lost naming the key (settled as a dead owner's stream is), never "in progress", and never run."""
-    alice = await peer(http, served)
-    await Peer(http, served.base, alice.token).initialize()  # a legacy session: where this test reads the principal
-    [session] = served.app.state.sessions.all()
-    await leave_orphan_key(served.app, session.principal, KEY, "charge", {"amount": 1}, None)
+    alice = await peer(http, served_any)
+    await Peer(http, served_any.base, alice.token).initialize()  # a legacy session: where this test reads the principal
+    [session] = served_any.app.state.sessions.all()
+    await leave_orphan_key(served_any.app, session.principal, KEY, "charge", {"amount": 1}, None)
     for _ in range(2):
         lost = answer(await keyed(alice, "charge", amount=1))
         assert lost["error"]["code"] == EXECUTION_LOST, lost
         assert lost["error"]["data"] == {"reason": "execution_lost", KEY_PARAM: KEY, "resumable": False}
-    assert served.ledger.runs == []
+    assert served_any.ledger.runs == []

@@ -24,3 +24,12 @@ def store_of_kind(request: pytest.FixtureRequest, tmp_path: Path, prefix: str) -
     if request.param == "sqlite":
         return SqliteStore(str(tmp_path / "events.db"))
     return RedisStore(request.getfixturevalue("redis_url"), prefix=f"{prefix}-{uuid.uuid4().hex}")
+
+
+def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A server's ``store`` setting of the kind ``request.param`` names, as :func:`store_of_kind` makes them."""
+    if request.param == "memory":
+        return "memory"
+    if request.param == "sqlite":
+        return f"sqlite:{tmp_path / 'events.db'}"
+    return f"{request.getfixturevalue('redis_url')}?prefix=spec-{uuid.uuid4().hex}"
