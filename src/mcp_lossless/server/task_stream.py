@@ -85,9 +85,22 @@ class TaskEvents:
         await self.store.put_session(SessionRecord(sid, record.principal, protocol.STATELESS, at, at))
         resources = frozenset(requirement(record.requirement.resources, record.requirement.scopes))
         pending = PendingRequest(record.task_id, "tools/call", record.tool, resources)
-        await self.store.open_stream(StreamRecord(sid, sid, StreamKind.POST, self.instance, (pending,)))
+        # The record queued, not awaited, before the first event: one write stores both (enqueue_open), and the
+        # event's future resolves only after the record's.
+        opened = self.store.enqueue_open(StreamRecord(sid, sid, StreamKind.POST, self.instance, (pending,)))
         self._produced[record.task_id] = _Produced(record, 0)
-        await self.emit(record.task_id, EventType.STATUS, {"status": record.status.value})
+        try:
+            await self.emit(record.task_id, EventType.STATUS, {"status": record.status.value})
+        finally:
+            await opened  # the record's own failure is the one to report (its event failed with it)
+
+    async def discard(self, record: TaskRecord) -> None:
+        """A task that was not created after all (its store refused it): its stream goes with its session."""
+        self._produced.pop(record.task_id, None)
+        try:
+            await self.store.delete_session(stream_of(record.task_id))
+        except StoreUnavailable:
+            log.warning("task %s: the stream of a task not created is left to retention", record.task_id[:8])
 
     async def emit(self, task_id: str, kind: EventType, payload: dict[str, Any], terminal: bool = False) -> None:
         """Append one event of a task this process runs; advisory progress is kept for the next try when the

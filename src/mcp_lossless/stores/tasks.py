@@ -15,6 +15,7 @@ says how many.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Protocol
 
 from ..core.tasks import TaskRecord
@@ -36,8 +37,10 @@ class TaskStore(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
 
-    async def create(self, record: TaskRecord) -> None:
-        """Store a new task durably: once this returns, :meth:`get` on any process sharing the store finds it.
+    def create(self, record: TaskRecord) -> Awaitable[None]:
+        """Store a new task durably: once the awaitable returned is done, :meth:`get` on any process sharing the
+        store finds it. A store may queue the write at this call already (SQLite: its writer's next transaction),
+        so what the caller queues before awaiting it can share its commit; the caller awaits it in any case.
 
         When the store holds its limit, the tasks expired at ``record.created_at`` are purged first; if that frees
         nothing, :class:`TaskLimitReached` and nothing is stored."""
