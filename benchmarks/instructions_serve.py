@@ -21,6 +21,10 @@ for both checkouts) opens the sessions and warms the path up while nothing is co
   unit: one replayed event.
 - ``modern16``: stateless 2026-07-28 ``tools/call`` of ``search`` (``benchmarks/modern.py``'s ``call``) from 16
   keep-alive connections, 50 calls each, all in flight at once; unit: one call.
+- ``tasks16``: 2026-07-28 task create + poll to completion (``benchmarks/modern.py``'s ``tasks``: ``tools/call``
+  of ``fetch`` with ``steps=0`` declaring the tasks extension, answered ``CreateTaskResult`` once the task is stored,
+  then ``tasks/get`` until ``completed``) from 16 keep-alive connections, 25 tasks each, all in flight at once;
+  unit: one task. The polls a task takes depend on timing (at full speed one); the run prints them per task.
 
 The counts are deterministic to well under 1 % from run to run. Writes the figures to
 ``benchmarks/results/instructions-serve-<timestamp>.json`` and the table to ``benchmarks/RESULTS-instructions.md``
@@ -143,12 +147,36 @@ def _stateless(connections: int, calls_each: int) -> Callable[[loadgen.Target, C
     return drive
 
 
+def _tasks(connections: int, tasks_each: int) -> Callable[[loadgen.Target, Callable[[bool], None]], Awaitable[int]]:
+    """2026-07-28 task create + poll until completed (``benchmarks/modern.py``'s ``one_task``), one keep-alive
+    connection per client, all in flight at once; the SQLite writer thread is counted with the rest."""
+
+    async def drive(target: loadgen.Target, counting: Callable[[bool], None]) -> int:
+        clients = [modern.ModernClient(await loadgen.Connection.open(target), True) for _ in range(connections)]
+
+        async def worker(client: modern.ModernClient, tasks: int) -> int:
+            return sum([await modern.one_task(client) for _ in range(tasks)])
+
+        await asyncio.gather(*(worker(c, 5) for c in clients))
+        counting(True)
+        requests = sum(await asyncio.gather(*(worker(c, tasks_each) for c in clients)))
+        counting(False)
+        for client in clients:
+            client.connection.close()
+        units = connections * tasks_each
+        print(f"  tasks16: {requests / units - 1:.2f} polls per task", flush=True)
+        return units
+
+    return drive
+
+
 WORKLOADS = {
     "echo16": Workload("call", _echo(16, 50)),
     "echo64": Workload("call", _echo(64, 25)),
     "stream": Workload("event", _stream),
     "replay": Workload("event", _replay),
     "modern16": Workload("call", _stateless(16, 50)),
+    "tasks16": Workload("task", _tasks(16, 25)),
 }
 
 

@@ -73,13 +73,13 @@ class StreamChannel:
     async def _emit(self, data: bytes) -> None:
         if self._stored(self._session.principal) + len(data) > self._cap:
             self._refuse(len(data))
-        await self._live.append(data, self._request)
+        await self._live.progress(data, self._request)
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         data = frames.notification(method, params)  # not via _emit: a frame per event
         if self._stored(self._session.principal) + len(data) > self._cap:
             self._refuse(len(data))
-        await self._live.append(data, self._request)
+        await self._live.progress(data, self._request)  # never an answer: not via ``append``, a frame per event
 
     async def ask(self, requests: InputRequests) -> dict[str, dict[str, Any]]:
         """Each request goes out on the stream at once; the answers are awaited together."""

@@ -421,20 +421,21 @@ class LiveStream:
 
     def append(self, data: bytes, request: PendingRequest, terminal: bool = False) -> Coroutine[Any, Any, StoredEvent]:
         """Store one event of ``request``, then publish it: an answer (``terminal``, :meth:`_answer`) or a progress
-        event (:meth:`_progress`). Both take the stream's next position in one shared step (:meth:`_next_event`).
+        event (:meth:`progress`). Both take the stream's next position in one shared step (:meth:`_next_event`).
 
         An event carries its request's tags and nothing else, so a stream's possible tag sets are its requests'
         (what lets replay checks skip per-event work when a token covers them all).
 
         Not a coroutine itself: it hands back the step's, so an event pays for one coroutine, not two.
         """
-        return self.answer(data, request) if terminal else self._progress(data, request)
+        return self.answer(data, request) if terminal else self.progress(data, request)
 
-    async def _progress(self, data: bytes, request: PendingRequest) -> StoredEvent:
+    async def progress(self, data: bytes, request: PendingRequest) -> StoredEvent:
         """A progress event: returns once the store has queued it; it is published when the store has it, in
         position order, so a client never holds the id of an event the store could lose. At most
         :data:`UNCOMMITTED_LIMIT` of them wait for the store at once: beyond, the next waits in line until half
-        are published. Then the backlog's bound (:meth:`_wait_for_reader`) and the loop's turn."""
+        are published. Then the backlog's bound (:meth:`_wait_for_reader`) and the loop's turn. A request's channel
+        calls it directly (its events are never answers): one call an event fewer than :meth:`append`."""
         if not self.answers_only:  # held until sent: an exact-size copy (``orjson.dumps`` keeps ~4 KiB per result),
             data = b"".join((data, b""))  # made as the memory store makes its own (stores/memory.py)
         queued = self._queued
@@ -449,7 +450,8 @@ class LiveStream:
             committed = self._store.enqueue(event)
             self.record.last_seq = seq = event.seq
             queued = self._queued
-            if not queued and (committed is self._stored or self._stored_now(committed)):
+            # A write still pending (SQLite's, until its transaction commits) is told by one method call, not two.
+            if not queued and (committed is self._stored or (committed.done() and self._stored_now(committed))):
                 # Stored at once (memory): published without a turn of the loop, as :meth:`_publish` would (no
                 # writer can have sent a position stored just now; an answers-only response holds no progress).
                 if not self.answers_only:
@@ -476,10 +478,10 @@ class LiveStream:
         return event
 
     def _stored_now(self, committed: asyncio.Future[None]) -> bool:
-        """Whether ``committed`` is a successful write already; if so it is remembered, as a store that stores at once
+        """Whether ``committed``, done, is a successful write; if so it is remembered, as a store that stores at once
         hands out one such future for every event (a resolved future never changes): the next event's is known by
         identity, not by three calls."""
-        if committed.done() and not committed.cancelled() and committed.exception() is None:
+        if not committed.cancelled() and committed.exception() is None:
             self._stored = committed
             return True
         return False
@@ -551,7 +553,14 @@ class LiveStream:
                         lock = self._append_lock()
                         lock.take()
                         fast = False
-                    await self._answer_written(event, answers, completes, write)
+                    if not write.done():  # waited for here, not in a coroutine of its own (one frame a resume)
+                        try:
+                            await _done(write)  # not ``await write``: a cancel of this task would cancel the write
+                        except asyncio.CancelledError:
+                            await self._answer_cancelled(event, answers, completes, write)
+                            raise
+                    if write.cancelled() or write.exception() is not None:
+                        await self._answer_rewritten(event, answers, completes, write)
                 self._observe(perf_counter() - started)  # one sample per answer: per progress event costs more
                 self._answer_stored(event, answers, completes)
         finally:
@@ -562,32 +571,30 @@ class LiveStream:
             self.notify()
         return event
 
-    async def _answer_written(
+    async def _answer_cancelled(
         self, event: StoredEvent, answers: bool, completes: bool, write: asyncio.Future[None]
     ) -> None:
-        """Under the lock: wait for the store's ``write`` of an answer, storing it again through an outage. Woken by
-        the store's outcome through a future of its own, not by awaiting ``write`` (a cancel of this task would cancel
-        that) nor by a task shielded around it (a second task and the shield's future per answer): nearly every write
-        succeeds the first time. Cancelled, the outcome is still learned before the lock goes
-        (:meth:`_settle_cancelled`)."""
-        store = self._store
-        if not write.done():
-            try:
-                await _done(write)
-            except asyncio.CancelledError:
-                retry = asyncio.ensure_future(_store_durably(store, event, completes, write, self.recording))
-                await self._settle_cancelled(event, answers, completes, retry)
-                raise
-        if write.cancelled() or write.exception() is not None:  # stored again through an outage
-            retry = asyncio.ensure_future(_store_durably(store, event, completes, write, self.recording))
-            try:
-                await asyncio.shield(retry)
-            except asyncio.CancelledError:
-                await self._settle_cancelled(event, answers, completes, retry)
-                raise
-            except EventsLost as lost:
-                self._lose(lost)
-                raise
+        """Under the lock, cancelled while the store's ``write`` of an answer was pending: a write handed over happens
+        whatever becomes of this task, so its outcome (stored again through an outage) is still learned before the
+        lock goes (:meth:`_settle_cancelled`); the caller then raises the cancel on."""
+        retry = asyncio.ensure_future(_store_durably(self._store, event, completes, write, self.recording))
+        await self._settle_cancelled(event, answers, completes, retry)
+
+    async def _answer_rewritten(
+        self, event: StoredEvent, answers: bool, completes: bool, write: asyncio.Future[None]
+    ) -> None:
+        """Under the lock: the store's ``write`` of an answer failed; store it again through an outage, in a task
+        shielded from a cancel of this one (whose outcome is still learned before the lock goes). Nearly every write
+        succeeds the first time, so :meth:`answer` waits for it itself and comes here only on a failure."""
+        retry = asyncio.ensure_future(_store_durably(self._store, event, completes, write, self.recording))
+        try:
+            await asyncio.shield(retry)
+        except asyncio.CancelledError:
+            await self._settle_cancelled(event, answers, completes, retry)
+            raise
+        except EventsLost as lost:
+            self._lose(lost)
+            raise
 
     async def _settle_cancelled(
         self, event: StoredEvent, answers: bool, completes: bool, durable: asyncio.Future[None]
@@ -627,20 +634,35 @@ class LiveStream:
     def _committed(self, _future: asyncio.Future[None]) -> None:
         """A queued event's write finished: publish every stored one at the head of the queue, in order."""
         queued = self._queued
-        published = False
+        run: list[StoredEvent] = []
+        # The last write found successful: the events after it that share it (a store hands one future to the
+        # events of a hand-over) need no second look.
+        stored = None
         while queued:
             event, committed = queued[0]
-            if not committed.done():
-                break
-            if committed.cancelled() or committed.exception() is not None:
-                if self._repair is None:  # no append may come soon to store it again: do it now
-                    self._repair = asyncio.ensure_future(self._repair_queued())
-                break
+            if committed is not stored:
+                if not committed.done():
+                    break
+                if committed.cancelled() or committed.exception() is not None:
+                    if self._repair is None:  # no append may come soon to store it again: do it now
+                        self._repair = asyncio.ensure_future(self._repair_queued())
+                    break
+                stored = committed
             queued.popleft()
-            self._publish(event)
-            published = True
-        if published:
+            run.append(event)
+        if run:
+            self._publish_run(run)
             self.notify()
+
+    def _publish_run(self, run: list[StoredEvent]) -> None:
+        """:meth:`_publish` each of ``run``, stored events of consecutive positions, in order: in one step when every
+        one of them is held (none sent already from the store, and no progress of an answers-only response), as
+        nearly every run is; a store that commits in batches publishes hundreds at a time."""
+        if run[0].seq > self.delivered and not self.answers_only:
+            self.events += run
+        else:
+            for event in run:
+                self._publish(event)
 
     async def _publish_queued(self, keep: int) -> None:
         """Under the lock: publish queued events until ``keep`` remain, storing again those whose write failed.

@@ -53,13 +53,16 @@ FOLLOW_POLL_SECONDS = 1.0
 
 
 class _Produced:
-    """A running task's stream as its producer holds it: the next seq, what is not stored yet, its lock."""
+    """A running task's stream as its producer holds it: the next seq, what is not stored yet, its lock, and what
+    every event of it carries (its stream, its tool's tags), worked out once."""
 
-    __slots__ = ("broken", "last_status", "lock", "next_seq", "pending", "record")
+    __slots__ = ("broken", "last_status", "lock", "next_seq", "pending", "record", "stream", "tags")
 
-    def __init__(self, record: TaskRecord, next_seq: int) -> None:
+    def __init__(self, record: TaskRecord, next_seq: int, stream: str, tags: frozenset[str]) -> None:
         self.record = record
         self.next_seq = next_seq
+        self.stream = stream
+        self.tags = tags
         self.pending: list[tuple[StoredEvent, bool]] = []
         """Events given a seq but not stored yet (the store was down): stored first, in order, at the next emit."""
         self.lock = asyncio.Lock()
@@ -85,9 +88,22 @@ class TaskEvents:
         await self.store.put_session(SessionRecord(sid, record.principal, protocol.STATELESS, at, at))
         resources = frozenset(requirement(record.requirement.resources, record.requirement.scopes))
         pending = PendingRequest(record.task_id, "tools/call", record.tool, resources)
-        await self.store.open_stream(StreamRecord(sid, sid, StreamKind.POST, self.instance, (pending,)))
-        self._produced[record.task_id] = _Produced(record, 0)
-        await self.emit(record.task_id, EventType.STATUS, {"status": record.status.value})
+        # The record queued, not awaited, before the first event: one write stores both (enqueue_open), and the
+        # event's future resolves only after the record's.
+        opened = self.store.enqueue_open(StreamRecord(sid, sid, StreamKind.POST, self.instance, (pending,)))
+        self._produced[record.task_id] = _Produced(record, 0, sid, resources)
+        try:
+            await self.emit(record.task_id, EventType.STATUS, {"status": record.status.value})
+        finally:
+            await opened  # the record's own failure is the one to report (its event failed with it)
+
+    async def discard(self, record: TaskRecord) -> None:
+        """A task that was not created after all (its store refused it): its stream goes with its session."""
+        self._produced.pop(record.task_id, None)
+        try:
+            await self.store.delete_session(stream_of(record.task_id))
+        except StoreUnavailable:
+            log.warning("task %s: the stream of a task not created is left to retention", record.task_id[:8])
 
     async def emit(self, task_id: str, kind: EventType, payload: dict[str, Any], terminal: bool = False) -> None:
         """Append one event of a task this process runs; advisory progress is kept for the next try when the
@@ -96,13 +112,13 @@ class TaskEvents:
         if produced is None or produced.broken:
             return
         async with produced.lock:
-            record = produced.record
-            sid = stream_of(task_id)
+            sid = produced.stream
             seq = produced.next_seq
             produced.next_seq += 1
-            tags = frozenset(requirement(record.requirement.resources, record.requirement.scopes))
             data = event_message(task_id, seq, kind, payload)
-            event = StoredEvent(sid, sid, seq, f"{sid}.{seq:x}.t", data, task_id, record.tool, tags, terminal)
+            event = StoredEvent(
+                sid, sid, seq, f"{sid}.{seq:x}.t", data, task_id, produced.record.tool, produced.tags, terminal
+            )
             produced.pending.append((event, terminal))
             await self._flush(produced)
 

@@ -120,6 +120,21 @@ class HeldBytes:
         queued = self._queued_held.get(principal)
         return self._held.get(principal, 0) + (0 if queued is None else queued.size)
 
+    def reader(self, keys: HeldKeys, clock: Callable[[], float]) -> Callable[[Principal], int]:
+        """:meth:`held` plus what the principal's live idempotency keys count (:meth:`HeldKeys.bytes`), as one
+        function over the dictionaries themselves (never rebound): a store's ``stored_bytes``, asked on every POST,
+        answer and progress event, in one Python call where :meth:`held` and :meth:`HeldKeys.bytes` took three."""
+        held = self._held
+        queued_held = self._queued_held
+        keyed = keys._expiries
+
+        def stored_bytes(principal: Principal) -> int:
+            queued = queued_held.get(principal)
+            total = held.get(principal, 0) if queued is None else held.get(principal, 0) + queued.size
+            return total if principal not in keyed else total + keys.bytes(principal, clock)
+
+        return stored_bytes
+
     def _count(self, principal: Principal, size: int) -> None:
         total = self._held.get(principal, 0) + size
         if total > 0:

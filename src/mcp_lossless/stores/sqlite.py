@@ -614,6 +614,9 @@ class SqliteStore:
         self._clock = clock
         self._counts = HeldBytes()
         self._held_keys = HeldKeys()
+        self.stored_bytes: Callable[[Principal], int] = self._counts.reader(self._held_keys, clock)
+        """:meth:`~.base.EventStore.stored_bytes`: the events, streams and live keys counted in process memory, as one
+        function (asked on every POST, answer and progress event)."""
         self._next_key_row = 1
         """The number the next idempotency key's row gets (read from the file at open): rows in recording order."""
         self.keys_durable_when_queued = path != ":memory:"
@@ -1149,9 +1152,6 @@ class SqliteStore:
             return None
         issuer, subject, client_id, version, created_at, last_seen = rows[0]
         return SessionRecord(session_id, Principal(issuer, subject, client_id), version, created_at, last_seen)
-
-    def stored_bytes(self, principal: Principal) -> int:
-        return self._counts.held(principal) + self._held_keys.bytes(principal, self._clock)
 
     async def touch_session(self, session_id: str, now: float) -> None:
         await self._write(

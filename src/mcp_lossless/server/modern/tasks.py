@@ -204,16 +204,30 @@ class Tasks:
         requirement = Requirement(frozenset(resources_in(tags)), frozenset(scopes_in(tags)))
         record = new_task(secrets.token_urlsafe(24), grant.principal, tool.name, requirement, s.instance, at, self.ttl)
         try:
-            await self.store.create(record)  # durable before the client hears of it
+            await self._store_new(record)  # durable before the client hears of it
         except TaskLimitReached as exc:
             raise refused(503, errors.INTERNAL_ERROR, str(exc), headers=[(b"retry-after", b"5")]) from None
-        await self.events.open(record)
         channel.task_id = record.task_id
         self.inboxes[record.task_id] = _Inbox()
         s.sessions.hold_call(grant.principal)  # the task takes its request's place under the principal's cap
         self.running[record.task_id] = s.loop.create_task(self._run_task(record, tool, params, grant, channel))
         log_decision("task_created", task=record.task_id[:8], tool=tool.name)
         return task_view(record, self.poll_ms)
+
+    async def _store_new(self, record: TaskRecord) -> None:
+        """The task's record and its event stream, both stored before the client hears of the task. The record's
+        write is asked for first and awaited last: a store that queues it at once (SQLite) commits it with the
+        stream's session, one trip to its writer instead of two. A record the store refuses takes its stream along.
+        """
+        created = self.store.create(record)
+        try:
+            await self.events.open(record)
+        finally:
+            try:
+                await created
+            except Exception:
+                await self.events.discard(record)
+                raise
 
     def check_room(self) -> None:
         """503 past ``running_tasks``: a running task holds this process's memory, whatever the store."""
@@ -365,9 +379,16 @@ class Tasks:
 
     async def look(self, grant: Grant, task_id: str, purpose: Purpose) -> Unknown | Denied | Deliver:
         """Answer what :func:`~mcp_lossless.core.tasks.decide_poll` asks about ``task_id`` and write what its
-        outcome says (a lost task settled, the owner's poll noted): the store's part of every look at a task."""
+        outcome says (a lost task settled, the owner's poll noted): the store's part of every look at a task.
+
+        The poll is noted in the read's own write (:meth:`.TaskStore.poll`, which asks the decision's first question,
+        :func:`~mcp_lossless.core.tasks.owned`): on SQLite one trip to the writer thread per poll, not two."""
         at = now()
-        facts = PollFacts(task_id, await self.store.get(task_id), purpose)
+        if purpose is Purpose.POLL:  # the owner's poll noted with the read (one store write): the outcome's touch
+            record = await self.store.poll(task_id, grant.principal, at)
+        else:
+            record = await self.store.get(task_id)
+        facts = PollFacts(task_id, record, purpose)
         while True:
             match decide_poll(facts, grant, self.state.policy, at):
                 case NeedRunner(owner=owner):
@@ -381,10 +402,8 @@ class Tasks:
                     log_decision("task_lost", task=task_id[:8])
                 case Unknown() as unknown:
                     return unknown
-                case Denied(touch_at=touch_at) | Deliver(touch_at=touch_at) as outcome:
-                    if touch_at is not None:
-                        await self.store.touch(task_id, touch_at)
-                    return outcome
+                case Denied() | Deliver() as outcome:
+                    return outcome  # its touch_at, an owner's poll, was written by store.poll with the read
                 case unreachable:
                     assert_never(unreachable)
 
