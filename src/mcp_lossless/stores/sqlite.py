@@ -1216,13 +1216,21 @@ class SqliteStore:
         (a call that answers at once), one transaction writes it and them, the row whole with its last position;
         its idempotency keys' rows go in the same transaction."""
         future = self._future()
+        rows = self._key_rows(record, keys, future) if keys else ()  # nearly every call has none: no loop, no zip
+        self._submit(_Open(record.copy(), future, rows))
+        return future
+
+    def _key_rows(
+        self, record: StreamRecord, keys: Sequence[KeyRecord], future: asyncio.Future[None]
+    ) -> list[tuple[Any, ...]]:
+        """The rows of ``record``'s idempotency keys, journaled before the call starts and known from now on."""
         rows = []
         for key in keys:
             row = self._next_key_row
             self._next_key_row = row + 1  # a rolled-back transaction leaves a gap, never a reuse
             rows.append(_key_row(key, row))
         journal = self._journal
-        if rows and journal is not None:
+        if journal is not None:
             kind = "post" if record.kind is StreamKind.POST else record.kind.value
             entry = (record.stream, record.session_id, kind, record.owner, encode_requests(record.requests).decode())
             try:
@@ -1232,8 +1240,7 @@ class SqliteStore:
             future.add_done_callback(functools.partial(self._journaled, segment, keys))
         for key, row_of in zip(keys, rows, strict=True):
             self._held_keys.add(key.principal, key.key, key.expires, row_of[0])
-        self._submit(_Open(record.copy(), future, rows))
-        return future
+        return rows
 
     def _journaled(self, segment: Segment, keys: Sequence[KeyRecord], future: asyncio.Future[None]) -> None:
         """A journaled record's transaction settled: its segment may go; if it failed, its keys stay known."""
