@@ -77,8 +77,7 @@ class HeldBytes:
             return
         principal, held = account
         total = held + size
-        if total < 0:  # never below nothing (a conditional: ``max`` parses keyword arguments, some 500 instructions)
-            total = 0
+        total = total if total > 0 else 0  # not ``max``: it parses keyword arguments (some 500 instructions)
         self._sessions[session_id] = (principal, total)
         self._count(principal, total - held)
 
