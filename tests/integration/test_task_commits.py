@@ -1,6 +1,7 @@
 """What a task costs the SQLite store's writer thread: each trip to it (a batch, one transaction) is a thread hand-over
 both ways and a commit, the dearest part of a task on that store. The task's record is queued with its event
-stream's session, so a task is stored in two batches (record and session; stream record and first event), not four.
+stream's session, so a task is stored in two batches (record and session; stream record and first event), not four;
+a poll reads the task and notes its owner's poll (the TTL restarts) in one, not two.
 
 The tool holds until the test releases it, so nothing of its run is written while the trips are counted; the
 batches are counted on the real store, by wrapping the writer thread's own step.
@@ -62,3 +63,15 @@ async def test_a_task_is_stored_in_two_trips_to_the_writer(served: tuple[InProce
     for task_id in (first, second):
         result = await polled_until(peer, task_id, "working")
         assert result["status"] == "completed" and result["result"]["content"][0]["text"] == "released"
+
+
+async def test_a_poll_is_one_trip_to_the_writer(served: tuple[InProcess, Counted, asyncio.Event]) -> None:
+    server, store, _ = served
+    owner, stranger = server.peer(), server.peer(server.mallory)
+    task_id = await create_task(owner, "quiet_task")
+    for peer in (owner, stranger, owner):  # the owner's poll reads and restarts the TTL in one write
+        before = store.batches
+        await peer.task("tasks/get", task_id)
+        assert store.batches - before == 1
+    seen = await server.tasks.get(task_id)
+    assert seen is not None and seen.seen_at > seen.created_at

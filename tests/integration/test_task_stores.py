@@ -30,6 +30,7 @@ pytestmark = pytest.mark.anyio
 
 ALICE = Principal("https://issuer.example", "alice", "client-1")
 FETCH = Requirement(frozenset({"https://mcp.example/mcp/tools/fetch"}), frozenset({"read"}))
+MALLORY = Principal("https://issuer.example", "mallory", "client-2")
 T0 = 1_800_000_000.0
 
 
@@ -103,21 +104,32 @@ async def test_the_first_terminal_outcome_wins(store: TaskStore) -> None:
 async def test_a_poll_only_moves_seen_forward_and_restarts_the_ttl(store: TaskStore) -> None:
     record = task(ttl=30)
     await store.create(record)
-    await store.touch("t-1", T0 + 20)
-    await store.touch("t-1", T0 + 5)
+    await store.poll("t-1", ALICE, T0 + 20)
+    await store.poll("t-1", ALICE, T0 + 5)
     found = await store.get("t-1")
     assert found is not None and found.seen_at == T0 + 20 and found.expires_at == T0 + 50
     stale = advance(record, TaskStatus.COMPLETED, T0 + 10, result={"content": []})  # built from an older read
     stored = await store.update(stale)
     assert stored is not None and stored.seen_at == T0 + 20, "an update built from an older read keeps the poll"
-    await store.touch("t-404", T0)  # a poll of a purged task is no error
+    await store.poll("t-404", ALICE, T0)  # a poll of a purged task is no error
+
+
+async def test_a_poll_is_noted_only_for_its_owners_live_task(store: TaskStore) -> None:
+    record = task(ttl=30)
+    await store.create(record)
+    assert await store.poll("t-1", MALLORY, T0 + 20) == record, "another principal's poll reads, and notes nothing"
+    assert await store.poll("t-1", ALICE, T0 + 31) == record, "a poll after the TTL ran out restarts nothing"
+    assert await store.get("t-1") == record
+    polled = await store.poll("t-1", ALICE, T0 + 20)
+    assert polled == replace(record, seen_at=T0 + 20) == await store.get("t-1"), "returned as stored: seen_at moved"
+    assert await store.poll("t-404", ALICE, T0) is None
 
 
 async def test_expired_tasks_are_purged_alike_in_every_store(store: TaskStore, request: pytest.FixtureRequest) -> None:
     await store.create(task("short", ttl=10))
     await store.create(task("polled", ttl=10))
     await store.create(task("forever", ttl=None))
-    await store.touch("polled", T0 + 8)  # its TTL restarts: it expires at T0 + 18
+    await store.poll("polled", ALICE, T0 + 8)  # its TTL restarts: it expires at T0 + 18
     assert await store.purge_expired(T0 + 5) == 0
     assert await store.purge_expired(T0 + 11) == 1
     assert await store.get("short") is None and await store.get("polled") is not None
@@ -158,7 +170,7 @@ async def test_sqlite_tasks_share_the_event_store_file_and_survive_a_restart(tmp
     first = task_store_beside(events)
     await first.open()
     await first.create(task())
-    await first.touch("t-1", T0 + 7)
+    await first.poll("t-1", ALICE, T0 + 7)
     await first.close()
     await events.close()
     events = SqliteStore(str(path))

@@ -213,8 +213,10 @@ def described(record: TaskRecord, message: str, now: float) -> TaskRecord:
 
 
 def seen(record: TaskRecord, now: float) -> TaskRecord:
-    """The task after its owner polled it (an :class:`Deliver` or :class:`Denied` verdict): its TTL restarts."""
-    return replace(record, seen_at=max(record.seen_at, now))
+    """The task after its owner polled it at ``now`` (an :class:`Deliver` or :class:`Denied` verdict): its TTL
+    restarts. ``seen_at`` only moves forward, and a record it would not move is returned as it is (a record is
+    16 fields: a copy is the dearest step of a poll)."""
+    return record if record.seen_at >= now else replace(record, seen_at=now)
 
 
 def execution_lost_error(task_id: str) -> dict[str, Any]:
@@ -285,7 +287,8 @@ class Denied:
     requirement: Requirement
     """All the task's tool requires: what the challenge asks a new token to hold."""
     touch_at: float | None
-    """Restart the TTL from here (:meth:`~mcp_lossless.stores.tasks.TaskStore.touch`); ``None``: write nothing."""
+    """Restart the TTL from here (an owner's poll, written with the adapter's read:
+    :meth:`~mcp_lossless.stores.tasks.TaskStore.poll`); ``None``: write nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,10 +305,19 @@ class Deliver:
 
     record: TaskRecord
     touch_at: float | None
-    """Restart the TTL from here (:meth:`~mcp_lossless.stores.tasks.TaskStore.touch`); ``None``: write nothing."""
+    """Restart the TTL from here (an owner's poll, written with the adapter's read:
+    :meth:`~mcp_lossless.stores.tasks.TaskStore.poll`); ``None``: write nothing."""
 
 
 PollOutcome = Unknown | Denied | SettleLost | Deliver
+
+
+def owned(record: TaskRecord, task_id: str, principal: Principal, now: float) -> bool:
+    """Whether ``record``, stored under ``task_id``, is ``principal``'s live task at ``now``: the first question of
+    :func:`decide_poll` (else the task is unknown), and what decides whether a poll restarts its TTL, denied or not
+    (a store asked to note the poll in the same write as its read, :meth:`~mcp_lossless.stores.tasks.TaskStore.poll`,
+    asks it too)."""
+    return record.task_id == task_id and record.principal == principal and not record.expired(now)
 
 
 def decide_poll(facts: PollFacts, grant: Grant, policy: AudiencePolicy, now: float) -> NeedRunner | PollOutcome:
@@ -320,7 +332,7 @@ def decide_poll(facts: PollFacts, grant: Grant, policy: AudiencePolicy, now: flo
     """
     record = facts.record
     task_id = facts.task_id
-    if record is None or record.task_id != task_id or record.principal != grant.principal or record.expired(now):
+    if record is None or not owned(record, task_id, grant.principal, now):
         return Unknown(task_id)
     touch_at = now if facts.purpose is Purpose.POLL else None
     needed = requirement(record.requirement.resources, record.requirement.scopes)

@@ -53,13 +53,16 @@ FOLLOW_POLL_SECONDS = 1.0
 
 
 class _Produced:
-    """A running task's stream as its producer holds it: the next seq, what is not stored yet, its lock."""
+    """A running task's stream as its producer holds it: the next seq, what is not stored yet, its lock, and what
+    every event of it carries (its stream, its tool's tags), worked out once."""
 
-    __slots__ = ("broken", "last_status", "lock", "next_seq", "pending", "record")
+    __slots__ = ("broken", "last_status", "lock", "next_seq", "pending", "record", "stream", "tags")
 
-    def __init__(self, record: TaskRecord, next_seq: int) -> None:
+    def __init__(self, record: TaskRecord, next_seq: int, stream: str, tags: frozenset[str]) -> None:
         self.record = record
         self.next_seq = next_seq
+        self.stream = stream
+        self.tags = tags
         self.pending: list[tuple[StoredEvent, bool]] = []
         """Events given a seq but not stored yet (the store was down): stored first, in order, at the next emit."""
         self.lock = asyncio.Lock()
@@ -88,7 +91,7 @@ class TaskEvents:
         # The record queued, not awaited, before the first event: one write stores both (enqueue_open), and the
         # event's future resolves only after the record's.
         opened = self.store.enqueue_open(StreamRecord(sid, sid, StreamKind.POST, self.instance, (pending,)))
-        self._produced[record.task_id] = _Produced(record, 0)
+        self._produced[record.task_id] = _Produced(record, 0, sid, resources)
         try:
             await self.emit(record.task_id, EventType.STATUS, {"status": record.status.value})
         finally:
@@ -109,13 +112,13 @@ class TaskEvents:
         if produced is None or produced.broken:
             return
         async with produced.lock:
-            record = produced.record
-            sid = stream_of(task_id)
+            sid = produced.stream
             seq = produced.next_seq
             produced.next_seq += 1
-            tags = frozenset(requirement(record.requirement.resources, record.requirement.scopes))
             data = event_message(task_id, seq, kind, payload)
-            event = StoredEvent(sid, sid, seq, f"{sid}.{seq:x}.t", data, task_id, record.tool, tags, terminal)
+            event = StoredEvent(
+                sid, sid, seq, f"{sid}.{seq:x}.t", data, task_id, produced.record.tool, produced.tags, terminal
+            )
             produced.pending.append((event, terminal))
             await self._flush(produced)
 

@@ -194,6 +194,11 @@ class RegisteredTool:
     """Whether, now, the tool's work passes the call's idempotency key on to something that dedups it itself (a
     gateway's HTTP upstream declaring ``tools.idempotency``): then a key whose first run was lost is run again
     under it, unrecorded, and that upstream answers it from its own record (ADR 0033)."""
+    plain: PlainArguments | None = field(init=False, repr=False, compare=False)
+    """The shortcut of :meth:`bind` for arguments its model would take as they are (:func:`plain_arguments`)."""
+
+    def __post_init__(self) -> None:
+        self.plain = None if self.arguments is None else plain_arguments(self.arguments)
 
     def input_schema(self) -> dict[str, Any]:
         if self.schema is not None:
@@ -211,12 +216,69 @@ class RegisteredTool:
             raise ToolInputError("arguments must be an object")
         if self.arguments is None:
             return {"arguments": raw}
+        plain = self.plain
+        if plain is not None:
+            kinds, defaults, required = plain
+            for name, value in raw.items():
+                if type(value) is not kinds.get(name):  # an unknown name gets None: not a value's type
+                    break
+            else:
+                if raw.keys() >= required:
+                    return {**defaults, **raw}
         try:  # the model's own validator: ``model_validate`` around it costs as much again per call
             model: pydantic.BaseModel = self.arguments.__pydantic_validator__.validate_python(raw)
         except pydantic.ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors())
             raise ToolInputError(problems) from None
         return model.__dict__.copy()  # the fields, and only them (``extra="forbid"``)
+
+
+PlainArguments = tuple[dict[str, type], dict[str, Any], frozenset[str]]
+"""A model's fields by name with their one type, the defaults of the optional ones, the names of the required ones."""
+_PLAIN_TYPES: tuple[type, ...] = (str, int, float, bool)
+"""The field types whose model takes a value of exactly that type as it is (``bool`` is not an ``int`` here)."""
+
+
+def plain_arguments(model: type[pydantic.BaseModel]) -> PlainArguments | None:
+    """What lets :meth:`RegisteredTool.bind` skip the model's validation of arguments it would take unchanged: each
+    field's type when every field is a bare ``str``, ``int``, ``float`` or ``bool`` (no constraint, alias or
+    validator) with no default or an immutable one, and the model forbids extra fields and has no other setting
+    (``None`` otherwise, and the model validates every call). For such a model, arguments that name only its fields,
+    each a value of exactly its type, and every required one, validate to themselves over the defaults; anything
+    else (a missing or unknown name, a value to coerce or refuse) goes to the model, which decides and words the
+    error. ``tests/unit/test_tool_arguments.py`` holds the shortcut to the model's answer."""
+    decorators = model.__pydantic_decorators__
+    if dict(model.model_config) != {"extra": "forbid"} or any(
+        (
+            decorators.validators,
+            decorators.field_validators,
+            decorators.root_validators,
+            decorators.model_validators,
+        )
+    ):
+        return None
+    kinds: dict[str, type] = {}
+    defaults: dict[str, Any] = {}
+    required: set[str] = set()
+    for name, info in model.model_fields.items():
+        annotation: object = info.annotation
+        plain = [kind for kind in _PLAIN_TYPES if kind is annotation]
+        if (
+            not plain
+            or info.metadata
+            or info.alias is not None
+            or info.validation_alias is not None
+            or info.default_factory is not None
+        ):
+            return None
+        kinds[name] = plain[0]
+        if info.is_required():
+            required.add(name)
+        elif info.default is None or type(info.default) in _PLAIN_TYPES:
+            defaults[name] = info.default
+        else:
+            return None
+    return kinds, defaults, frozenset(required)
 
 
 def scope_tokens(owner: str, scopes: tuple[str, ...]) -> tuple[str, ...]:

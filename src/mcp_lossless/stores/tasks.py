@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Protocol
 
+from ..core.principal import Principal
 from ..core.tasks import TaskRecord
 
 DEFAULT_MAX_TASKS = 100_000
@@ -48,15 +49,18 @@ class TaskStore(Protocol):
 
     async def get(self, task_id: str) -> TaskRecord | None: ...
 
+    async def poll(self, task_id: str, principal: Principal, now: float) -> TaskRecord | None:
+        """:meth:`get` for ``principal``'s poll at ``now``, noting it in the same write: when the task is that
+        principal's live task (:func:`~mcp_lossless.core.tasks.owned`), its ``seen_at`` becomes ``now`` unless it is
+        later already (the TTL restarts, denied poll or not) before it is returned, with ``seen_at`` moved. Any
+        other task (unknown, expired, another principal's) is returned as :meth:`get` returns it, untouched."""
+        ...
+
     async def update(self, record: TaskRecord) -> TaskRecord | None:
         """Replace the task's state unless the stored task is terminal; return what is stored now.
 
         ``None`` if the task is gone (expired and purged). ``seen_at`` is never moved back.
         """
-        ...
-
-    async def touch(self, task_id: str, now: float) -> None:
-        """Its owner polled it: ``seen_at`` becomes ``now`` unless it is later already (the TTL restarts)."""
         ...
 
     async def purge_expired(self, now: float) -> int:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from ..core.tasks import TaskRecord
+from ..core.principal import Principal
+from ..core.tasks import TaskRecord, owned, seen
 from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
 
 
@@ -31,18 +30,20 @@ class MemoryTaskStore:
     async def get(self, task_id: str) -> TaskRecord | None:
         return self._tasks.get(task_id)
 
+    async def poll(self, task_id: str, principal: Principal, now: float) -> TaskRecord | None:
+        stored = self._tasks.get(task_id)
+        if stored is None or not owned(stored, task_id, principal, now):
+            return stored
+        fresh = self._tasks[task_id] = seen(stored, now)
+        return fresh
+
     async def update(self, record: TaskRecord) -> TaskRecord | None:
         stored = self._tasks.get(record.task_id)
         if stored is None or stored.status.terminal:
             return stored
-        fresh = replace(record, seen_at=max(record.seen_at, stored.seen_at))
+        fresh = seen(record, stored.seen_at)
         self._tasks[record.task_id] = fresh
         return fresh
-
-    async def touch(self, task_id: str, now: float) -> None:
-        stored = self._tasks.get(task_id)
-        if stored is not None and now > stored.seen_at:
-            self._tasks[task_id] = replace(stored, seen_at=now)
 
     async def purge_expired(self, now: float) -> int:
         gone = [task_id for task_id, record in self._tasks.items() if record.expired(now)]

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any, cast
 
 from redis import exceptions as rx
 
-from ..core.tasks import TaskRecord, decode_task, encode_task
+from ..core.principal import Principal
+from ..core.tasks import TaskRecord, decode_task, encode_task, owned, seen
 from .base import StoreUnavailable
 from .redis import RedisClient, RedisStore, is_outage
 from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
@@ -144,11 +144,18 @@ class RedisTaskStore:
 
     async def get(self, task_id: str) -> TaskRecord | None:
         with self._guard() as r:
-            body, seen = cast(list[bytes | None], await r.hmget(self._key(task_id), ["record", "seen"]))
-        if body is None or seen is None:
+            body, polled = cast(list[bytes | None], await r.hmget(self._key(task_id), ["record", "seen"]))
+        if body is None or polled is None:
             return None
         record = decode_task(body)
-        return replace(record, seen_at=max(record.seen_at, float(seen)))
+        return seen(record, float(polled))
+
+    async def poll(self, task_id: str, principal: Principal, now: float) -> TaskRecord | None:
+        record = await self.get(task_id)
+        if record is None or not owned(record, task_id, principal, now):
+            return record
+        await self._touch(task_id, now)  # its script only moves seen_at forward, whatever another replica wrote
+        return seen(record, now)
 
     async def update(self, record: TaskRecord) -> TaskRecord | None:
         with self._guard():
@@ -158,7 +165,7 @@ class RedisTaskStore:
             await writes.execute()
         return await self.get(record.task_id)
 
-    async def touch(self, task_id: str, now: float) -> None:
+    async def _touch(self, task_id: str, now: float) -> None:
         with self._guard() as r:
             await r.eval(_TOUCH, 1, self._key(task_id), repr(now), repr(EXPIRY_GRACE_SECONDS))
 

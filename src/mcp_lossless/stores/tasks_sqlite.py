@@ -15,15 +15,21 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Awaitable
-from dataclasses import replace
 
-from ..core.tasks import TaskRecord, decode_task, encode_task
+from ..core.principal import Principal
+from ..core.tasks import TaskRecord, decode_task, encode_task, owned, seen
 from .sqlite import SqliteStore
 from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
 
 _COUNT = "SELECT count(*) FROM tasks"
 _PURGE = "DELETE FROM tasks WHERE expires_at IS NOT NULL AND expires_at < ?"
 _RECORD = "SELECT record, seen_at FROM tasks WHERE task_id = ?"
+_TOUCH = (
+    "UPDATE tasks SET seen_at = max(seen_at, ?1), "
+    "expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE max(expires_at, ?2 + ttl) END WHERE task_id = ?3"
+)
+"""An owner's poll: the TTL counts from the later of the last change and the last poll, so expiry moves to
+``now + ttl`` at least."""
 
 
 def _stored(row: tuple[bytes, float] | None) -> TaskRecord | None:
@@ -31,7 +37,7 @@ def _stored(row: tuple[bytes, float] | None) -> TaskRecord | None:
     if row is None:
         return None
     record = decode_task(row[0])
-    return replace(record, seen_at=max(record.seen_at, row[1]))
+    return seen(record, row[1])
 
 
 def _row(record: TaskRecord) -> tuple[str, int, bytes, float, float | None, float | None]:
@@ -89,6 +95,17 @@ class SqliteTaskStore:
         )
         return _stored(found)
 
+    async def poll(self, task_id: str, principal: Principal, now: float) -> TaskRecord | None:
+        def read_and_touch(db: sqlite3.Connection) -> TaskRecord | None:
+            record = _stored(db.execute(_RECORD, (task_id,)).fetchone())
+            if record is None or not owned(record, task_id, principal, now):
+                return record
+            db.execute(_TOUCH, (now, now, task_id))
+            return seen(record, now)
+
+        # One trip to the writer and one transaction for the read and the poll's touch (durable before the answer).
+        return await self.events.run_write(read_and_touch)
+
     async def update(self, record: TaskRecord) -> TaskRecord | None:
         def write(db: sqlite3.Connection) -> TaskRecord | None:
             row = db.execute("SELECT terminal, seen_at FROM tasks WHERE task_id = ?", (record.task_id,)).fetchone()
@@ -96,7 +113,7 @@ class SqliteTaskStore:
                 return None
             if row[0]:  # terminal: the first outcome stays, and is what is stored now
                 return _stored(db.execute(_RECORD, (record.task_id,)).fetchone())
-            fresh = replace(record, seen_at=max(record.seen_at, row[1]))
+            fresh = seen(record, row[1])
             db.execute(
                 "UPDATE tasks SET terminal = ?, record = ?, seen_at = ?, ttl = ?, expires_at = ? WHERE task_id = ?",
                 (*_row(fresh)[1:], record.task_id),
@@ -106,16 +123,6 @@ class SqliteTaskStore:
         # Inside the writer's transaction, the read and the write are one; what it stored is what it returns (no
         # second trip to the writer thread to read it back).
         return await self.events.run_write(write)
-
-    async def touch(self, task_id: str, now: float) -> None:
-        # The TTL counts from the later of the last change and the last poll: expiry moves to now + ttl at least.
-        await self.events.run_write(
-            lambda db: db.execute(
-                "UPDATE tasks SET seen_at = max(seen_at, ?), "
-                "expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE max(expires_at, ? + ttl) END WHERE task_id = ?",
-                (now, now, task_id),
-            )
-        )
 
     async def purge_expired(self, now: float) -> int:
         def purge(db: sqlite3.Connection) -> int:

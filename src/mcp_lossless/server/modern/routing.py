@@ -41,6 +41,25 @@ CACHE_HINTS = {"ttlMs": 0, "cacheScope": "private"}
 """Never reuse without asking again, never share: what a principal may see depends on its token."""
 SHUTDOWN_SECONDS = 5.0
 """How long a drain or a shutdown waits for the cancelled calls and tasks to record their outcome."""
+HEADER_TEXTS = (256, 128)
+"""Decoded ``Mcp-Method`` and ``Mcp-Name`` values :class:`HeaderTexts` remembers at most, and the longest."""
+
+
+class HeaderTexts(dict[bytes, str]):
+    """:func:`.param_headers.header_value` of the ``Mcp-Method`` and ``Mcp-Name`` values seen, by their bytes: a
+    client sends the same few on every request, and decoding one (strip, the sentinel test, a regex search) costs
+    ten times a look-up. A value that does not decode raises as :func:`~.param_headers.header_value` does and is not
+    remembered; full, the table starts afresh, so values that vary do not grow it."""
+
+    __slots__ = ()
+
+    def __missing__(self, raw: bytes) -> str:
+        text = param_headers.header_value(raw)
+        if len(raw) <= HEADER_TEXTS[1]:
+            if len(self) >= HEADER_TEXTS[0]:
+                self.clear()
+            self[raw] = text
+        return text
 
 
 class ModernLeg:
@@ -69,6 +88,7 @@ class ModernLeg:
         """Idempotency keys between their decision and their record (ADR 0029), shared with the legacy leg."""
         self.keyed = KeyedCalls(state, self.keys, self.tasks, self.inline)
         self._mirrors: dict[str, tuple[RegisteredTool, tuple[HeaderMirror, ...]]] = {}
+        self._header_text = HeaderTexts().__getitem__
 
     async def open(self) -> None:
         await self.tasks.store.open()
@@ -214,13 +234,14 @@ class ModernLeg:
             )
         try:  # one handler for both headers' decoding: no call between the request and each decoder
             named = index.get(b"mcp-method")
-            if named is None or param_headers.header_value(named) != method:
+            header_text = self._header_text
+            if named is None or header_text(named) != method:
                 raise refused(400, errors.HEADER_MISMATCH, f"Mcp-Method header must be present and equal {method!r}")
             field = protocol.NAME_PARAMS.get(method)
             if field is not None:
                 name = index.get(b"mcp-name")
                 value = params.get(field)
-                if name is None or not isinstance(value, str) or param_headers.header_value(name) != value:
+                if name is None or not isinstance(value, str) or header_text(name) != value:
                     raise refused(
                         400, errors.HEADER_MISMATCH, f"Mcp-Name header must be present and equal params.{field}"
                     )
@@ -256,10 +277,12 @@ class ModernLeg:
         if tool is None:
             await invalid_params(send, rid, f"unknown tool {name!r}")
             return
-        try:
-            param_headers.check_mirrored(index, params.get("arguments"), self._mirrored(tool))
-        except param_headers.HeaderMismatch as exc:
-            raise refused(400, errors.HEADER_MISMATCH, str(exc)) from None
+        mirrored = self._mirrored(tool)
+        if mirrored:  # most tools mirror no argument: nothing to check
+            try:
+                param_headers.check_mirrored(index, params.get("arguments"), mirrored)
+            except param_headers.HeaderMismatch as exc:
+                raise refused(400, errors.HEADER_MISMATCH, str(exc)) from None
         self._require(grant, s.tool_tags[tool.name])
         if tool.task == "required" and not declared:
             raise missing_extension()

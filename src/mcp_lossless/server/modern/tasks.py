@@ -379,9 +379,16 @@ class Tasks:
 
     async def look(self, grant: Grant, task_id: str, purpose: Purpose) -> Unknown | Denied | Deliver:
         """Answer what :func:`~mcp_lossless.core.tasks.decide_poll` asks about ``task_id`` and write what its
-        outcome says (a lost task settled, the owner's poll noted): the store's part of every look at a task."""
+        outcome says (a lost task settled, the owner's poll noted): the store's part of every look at a task.
+
+        The poll is noted in the read's own write (:meth:`.TaskStore.poll`, which asks the decision's first question,
+        :func:`~mcp_lossless.core.tasks.owned`): on SQLite one trip to the writer thread per poll, not two."""
         at = now()
-        facts = PollFacts(task_id, await self.store.get(task_id), purpose)
+        if purpose is Purpose.POLL:  # the owner's poll noted with the read (one store write): the outcome's touch
+            record = await self.store.poll(task_id, grant.principal, at)
+        else:
+            record = await self.store.get(task_id)
+        facts = PollFacts(task_id, record, purpose)
         while True:
             match decide_poll(facts, grant, self.state.policy, at):
                 case NeedRunner(owner=owner):
@@ -395,10 +402,8 @@ class Tasks:
                     log_decision("task_lost", task=task_id[:8])
                 case Unknown() as unknown:
                     return unknown
-                case Denied(touch_at=touch_at) | Deliver(touch_at=touch_at) as outcome:
-                    if touch_at is not None:
-                        await self.store.touch(task_id, touch_at)
-                    return outcome
+                case Denied() | Deliver() as outcome:
+                    return outcome  # its touch_at, an owner's poll, was written by store.poll with the read
                 case unreachable:
                     assert_never(unreachable)
 
