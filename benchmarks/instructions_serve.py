@@ -15,12 +15,16 @@ for both checkouts) opens the sessions and warms the path up while nothing is co
 
 - ``echo16``, ``echo64``: ``tools/call`` of ``search`` with ``steps=0`` from 16 / 64 sessions, each on its own
   keep-alive connection, all in flight at once; unit: one call.
+- ``keyed16``: ``echo16`` with a fresh ``idempotencyKey`` (SEP-3182, a first use) on every call: beside ``echo16``
+  on ``--store sqlite``, what a key costs a call (issue 28 acceptance 5, ADR 0029); unit: one call.
 - ``stream``: one call of ``search`` with 1000 progress steps (1001 SSE events, the result included), twice;
   unit: one event.
 - ``replay``: a resume (GET + ``Last-Event-ID``) after message 2000 of a finished 5000-step call, twice;
   unit: one replayed event.
 - ``modern16``: stateless 2026-07-28 ``tools/call`` of ``search`` (``benchmarks/modern.py``'s ``call``) from 16
   keep-alive connections, 50 calls each, all in flight at once; unit: one call.
+- ``modernkeyed16``: ``modern16`` with a fresh ``idempotencyKey`` on every call (the 2026-07-28 keyed path,
+  ``server/modern/keyed.py``); unit: one call.
 - ``tasks16``: 2026-07-28 task create + poll to completion (``benchmarks/modern.py``'s ``tasks``: ``tools/call``
   of ``fetch`` with ``steps=0`` declaring the tasks extension, answered ``CreateTaskResult`` once the task is stored,
   then ``tasks/get`` until ``completed``) from 16 keep-alive connections, 25 tasks each, all in flight at once;
@@ -50,10 +54,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 import loadgen
 import modern
@@ -73,13 +80,27 @@ class Workload:
     drive: Callable[[loadgen.Target, Callable[[bool], None]], Awaitable[int]]
 
 
-def _echo(sessions: int, calls_each: int) -> Callable[[loadgen.Target, Callable[[bool], None]], Awaitable[int]]:
+async def _keyed_call(session: loadgen.Session) -> dict[str, Any]:
+    """``session.call("search", ARGUMENTS)`` with a fresh idempotency key in its params (a UUID 4, as a client
+    makes one)."""
+    request_id = session.take_id()
+    params = {"name": "search", "arguments": ARGUMENTS, "idempotencyKey": str(uuid.uuid4())}
+    body = orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+    response = await session.connection.request("POST", session.connection.target.path, session.post_head, body)
+    return loadgen.final_message(response, request_id)
+
+
+def _echo(
+    sessions: int, calls_each: int, keyed: bool = False
+) -> Callable[[loadgen.Target, Callable[[bool], None]], Awaitable[int]]:
+    """``keyed``: each call carries a fresh idempotency key (:func:`_keyed_call`)."""
+
     async def drive(target: loadgen.Target, counting: Callable[[bool], None]) -> int:
         opened = await loadgen.open_sessions(target, sessions, parallel=sessions)
 
         async def worker(session: loadgen.Session, calls: int) -> None:
             for _ in range(calls):
-                answer = await session.call("search", ARGUMENTS)
+                answer = await (_keyed_call(session) if keyed else session.call("search", ARGUMENTS))
                 if "result" not in answer:
                     raise loadgen.BenchError(f"tools/call answered {answer}")
 
@@ -125,16 +146,19 @@ async def _replay(target: loadgen.Target, counting: Callable[[bool], None]) -> i
     return replayed
 
 
-def _stateless(connections: int, calls_each: int) -> Callable[[loadgen.Target, Callable[[bool], None]], Awaitable[int]]:
+def _stateless(
+    connections: int, calls_each: int, keyed: bool = False
+) -> Callable[[loadgen.Target, Callable[[bool], None]], Awaitable[int]]:
     """2026-07-28 stateless ``tools/call`` (``benchmarks/modern.py``'s request: no session, ``_meta`` and mirrored
-    headers on every POST), one keep-alive connection per client, all in flight at once."""
+    headers on every POST), one keep-alive connection per client, all in flight at once; ``keyed``: each with a
+    fresh idempotency key."""
 
     async def drive(target: loadgen.Target, counting: Callable[[bool], None]) -> int:
         clients = [modern.ModernClient(await loadgen.Connection.open(target), False) for _ in range(connections)]
 
         async def worker(client: modern.ModernClient, calls: int) -> None:
             for _ in range(calls):
-                await modern.one_call(client)
+                await (_modern_keyed_call(client) if keyed else modern.one_call(client))
 
         await asyncio.gather(*(worker(c, 5) for c in clients))
         counting(True)
@@ -145,6 +169,13 @@ def _stateless(connections: int, calls_each: int) -> Callable[[loadgen.Target, C
         return connections * calls_each
 
     return drive
+
+
+async def _modern_keyed_call(client: modern.ModernClient) -> None:
+    result = await client.request("tools/call", "search", {**modern.SEARCH, "idempotencyKey": str(uuid.uuid4())})
+    content = result.get("content")
+    if result.get("resultType") != "complete" or not content or modern.EXPECTED not in str(content[0].get("text")):
+        raise loadgen.BenchError(f"unexpected keyed tools/call result: {str(result)[:300]}")
 
 
 def _tasks(connections: int, tasks_each: int) -> Callable[[loadgen.Target, Callable[[bool], None]], Awaitable[int]]:
@@ -173,9 +204,11 @@ def _tasks(connections: int, tasks_each: int) -> Callable[[loadgen.Target, Calla
 WORKLOADS = {
     "echo16": Workload("call", _echo(16, 50)),
     "echo64": Workload("call", _echo(64, 25)),
+    "keyed16": Workload("call", _echo(16, 50, keyed=True)),
     "stream": Workload("event", _stream),
     "replay": Workload("event", _replay),
     "modern16": Workload("call", _stateless(16, 50)),
+    "modernkeyed16": Workload("call", _stateless(16, 50, keyed=True)),
     "tasks16": Workload("task", _tasks(16, 25)),
 }
 

@@ -1,14 +1,20 @@
 """Debian's packages for tests that need a real server binary: installed with apt-get when missing.
 
 The tests never skip: a missing binary is installed (through ``sudo`` when not root), and a failure says exactly
-what to run by hand.
+what to run by hand. ``make test`` runs pytest in two worker processes (pytest-xdist), so two tests may want the
+same package at once: installs take a file lock, and whoever gets it second finds the binary already there.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
+
+LOCK = Path(tempfile.gettempdir()) / "mcp-lossless-apt.lock"
 
 
 def installed_binary(name: str, package: str) -> str:
@@ -17,12 +23,19 @@ def installed_binary(name: str, package: str) -> str:
     found = shutil.which(name, path=search)
     if found:
         return found
+    with LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return shutil.which(name, path=search) or _install(name, package, search)
+
+
+def _install(name: str, package: str, search: str) -> str:
     if shutil.which("apt-get") is None:
         raise RuntimeError(f"{name} is not installed and apt-get is not available: install {package} by hand")
-    install = _as_root(["apt-get", "install", "-y", "--no-install-recommends", package])
+    command = ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "--no-install-recommends", package]
+    install = _as_root(command)
     if install.returncode != 0:
         update = _as_root(["apt-get", "update"])
-        install = _as_root(["apt-get", "install", "-y", "--no-install-recommends", package])
+        install = _as_root(command)
         if install.returncode != 0:
             raise RuntimeError(
                 f"could not install {package} (apt-get update: rc {update.returncode}; install: rc "

@@ -51,6 +51,8 @@ from .sessions import ServerSession
 from .state import ServerState
 
 ClaimKey = tuple[Principal, str]
+_Undecided = tuple[int, str, PendingRequest, str]
+"""A keyed call the store must be asked about: its index in the POST, its key, its request, its argument hash."""
 
 
 class _RunAgain:
@@ -93,16 +95,17 @@ class Keys:
         store = state.store
         for _ in range(_OPEN_ATTEMPTS):
             at = now()
-            answers, keys = await self.judge(session, grant, record.stream, requests, pending, at)
-            if keys:
-                held = store.keys_held(grant.principal, at)
-                exceeded = verdicts.new_keys(state.config.limits, held, len(keys))
-                if exceeded is not None:
-                    self.release(keys)
-                    state.metrics.limit_refusals.labels(exceeded.limit).inc()
-                    raise refuse(exceeded)
+            answers, keys, undecided = self._first_uses(grant, record.stream, requests, pending, at)
+            if undecided:
+                await self._decide_rest(session, grant, record.stream, undecided, answers, keys, at)
             if not keys:
                 return answers, None if alone else store.enqueue_open(record)
+            principal = grant.principal
+            exceeded = verdicts.new_keys(state.config.limits, store.keys_held(principal, at), len(keys))
+            if exceeded is not None:
+                self.release(keys)
+                state.metrics.limit_refusals.labels(exceeded.limit).inc()
+                raise refuse(exceeded)
             try:
                 opening = store.enqueue_open(record, keys)
             except StoreUnavailable:
@@ -111,8 +114,9 @@ class Keys:
             if store.keys_durable_when_queued and not opening.done():
                 # Recorded already (the store's journal): the record commits with the call's answer, as an
                 # unkeyed call's does. The claims hold until then: a duplicate meanwhile is "in progress".
+                recording = self._recording
                 for key in keys:
-                    self._recording[key.principal, key.key] = opening
+                    recording[principal, key.key] = opening
                 opening.add_done_callback(functools.partial(self._release_when_stored, keys))
                 return answers, opening
             try:
@@ -124,22 +128,26 @@ class Keys:
             return answers, opening
         raise StoreUnavailable("idempotency keys changed hands during every decision")
 
-    async def judge(
-        self,
-        session: ServerSession | None,
-        grant: Grant,
-        stream: str,
-        requests: Sequence[dict[str, Any]],
-        pending: Sequence[PendingRequest],
+    def _first_uses(
+        self, grant: Grant, stream: str, requests: Sequence[dict[str, Any]], pending: Sequence[PendingRequest],
         now: float,
-    ) -> tuple[dict[int, bytes], list[KeyRecord]]:
-        """Each keyed call's answer when it is not a first use (by its index in ``requests``), and the keys of the
-        first uses, to store with ``stream``'s record. Claims the first uses: :meth:`release` them once stored."""
+    ) -> tuple[dict[int, bytes], list[KeyRecord], list[_Undecided]]:  # fmt: skip
+        """The first pass over a POST's keyed calls, without I/O: each key's canonical argument hash (computed
+        once), the first uses the store knows in process to be first (:meth:`EventStore.lacks_key`: the common
+        case, decided here, claimed, their records made), and the answers of invalid keys. The others (a claim or a
+        record exists, or only the store can tell) are returned, in order, for
+        :meth:`_decide_rest`. The fast path of :func:`~..core.idempotency.decide_duplicate`: with no record, its
+        verdict is :class:`Run`."""
         answers: dict[int, bytes] = {}
         first: list[KeyRecord] = []
+        undecided: list[_Undecided] = []
+        principal = grant.principal
+        claims, recording, lacks_key = self._claims, self._recording, self.state.store.lacks_key
+        expires = now + self.state.config.idempotency_seconds
         for index, (message, request) in enumerate(zip(requests, pending, strict=True)):
             params = message.get("params")
-            if request.tool is None or not isinstance(params, dict):
+            tool = request.tool
+            if tool is None or not isinstance(params, dict):
                 continue
             try:
                 key = key_of(params)
@@ -149,10 +157,27 @@ class Keys:
             if key is None:
                 continue
             hashed = argument_hash(params.get("arguments") or {})
+            claim = (principal, key)
+            if claim in claims or claim in recording or not lacks_key(principal, key, now):
+                undecided.append((index, key, request, hashed))
+                continue
+            record = KeyRecord(principal, key, tool, hashed, StreamTarget(stream, request.request_id), now, expires)
+            claims[claim] = record
+            first.append(record)
+        return answers, first, undecided
+
+    async def _decide_rest(
+        self, session: ServerSession | None, grant: Grant, stream: str, undecided: list[_Undecided],
+        answers: dict[int, bytes], first: list[KeyRecord], now: float,
+    ) -> None:  # fmt: skip
+        """Decide the keyed calls :meth:`_first_uses` left, in order, each against the store's record: the answers
+        of duplicates into ``answers``, further first uses claimed into ``first``."""
+        for index, key, request, hashed in undecided:
             answer = await self._decide(session, grant, key, request, hashed, now)
             if answer is RUN_AGAIN:
                 continue  # runs as an unkeyed call does; its tool passes the key on (ADR 0033)
             if answer is None:
+                assert request.tool is not None
                 record = KeyRecord(
                     grant.principal, key, request.tool, hashed, StreamTarget(stream, request.request_id), now,
                     now + self.state.config.idempotency_seconds,
@@ -162,7 +187,6 @@ class Keys:
             else:
                 assert isinstance(answer, bytes)
                 answers[index] = answer
-        return answers, first
 
     def _release_when_stored(self, keys: Sequence[KeyRecord], _opened: asyncio.Future[None]) -> None:
         self.release(keys)

@@ -138,6 +138,12 @@ class EventStore(Protocol):
         """The principal's record of ``key``, or ``None`` (never one, expired at ``now``, or another principal's)."""
         ...
 
+    def lacks_key(self, principal: Principal, key: str, now: float) -> bool:
+        """``True`` when the store knows in process, without I/O, that :meth:`get_key` would find no record (one
+        process owns the store: memory, SQLite): a first use, the common case, is decided at once. ``False``
+        when it holds one or cannot tell (a shared store: Redis): ask :meth:`get_key`."""
+        ...
+
     def keys_held(self, principal: Principal, now: float) -> int:
         """The principal's idempotency keys live at ``now`` (what ``idempotency_keys_per_principal`` bounds), read
         from process memory, without a round trip, as :meth:`stored_bytes`; a shared store counts those this process

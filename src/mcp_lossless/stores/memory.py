@@ -211,6 +211,10 @@ class MemoryStore:
         if len(partition.order) > 2 * partition.count + 1024:
             partition.order = deque(entry for entry in partition.order if not entry.gone)
 
+    def lacks_key(self, principal: Principal, key: str, now: float) -> bool:
+        found = self._keys.get((principal, key))
+        return found is None or found.expires <= now
+
     def keys_held(self, principal: Principal, now: float) -> int:
         return self._held_keys.held(principal, now)
 

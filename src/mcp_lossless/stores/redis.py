@@ -1068,6 +1068,9 @@ class RedisStore:
         if self._opening.get(key) is task:
             del self._opening[key]
 
+    def lacks_key(self, principal: Principal, key: str, now: float) -> bool:
+        return False  # another replica may hold it: only Redis can tell
+
     def keys_held(self, principal: Principal, now: float) -> int:
         return self._held_keys.held(principal, now)
 

@@ -307,15 +307,22 @@ class _Open:
     """A queued :meth:`SqliteStore.open_stream`: part of the batch's appends, so a call's stream record and its
     answer arriving in one batch cost one row write and no read."""
 
-    __slots__ = ("future", "keys", "record")
+    __slots__ = ("future", "keys", "record", "requests")
 
     def __init__(
-        self, record: StreamRecord, future: asyncio.Future[None], keys: Sequence[tuple[Any, ...]] = ()
+        self,
+        record: StreamRecord,
+        future: asyncio.Future[None],
+        keys: Sequence[tuple[Any, ...]] = (),
+        requests: str | None = None,
     ) -> None:
         self.record = record
         self.future = future
         self.keys = keys
         """The rows of its idempotency keys (:func:`_key_row`)."""
+        self.requests = requests
+        """The record's requests encoded (:func:`encode_requests`) when the loop did so already, for the key
+        journal: not encoded twice."""
 
 
 class _Call:
@@ -367,6 +374,7 @@ class _StreamState:
         "kept_until",
         "last_seq",
         "opened",
+        "requests",
         "session",
         "stream_id",
         "trimmed",
@@ -379,6 +387,7 @@ class _StreamState:
         last_seq: int,
         answered_text: str,
         opened: StreamRecord | None = None,
+        requests: str | None = None,
     ) -> None:
         self.stream_id = stream_id
         """The row's integer id, which keys its events (schema 3)."""
@@ -388,6 +397,8 @@ class _StreamState:
         self.answered: dict[RequestId, None] | None = None
         """The ids once one is added: insertion-ordered, and a membership test costs no scan."""
         self.opened = opened
+        self.requests = requests
+        """``opened``'s requests encoded, when its :class:`_Open` came with them."""
         self.kept_until = 0.0
         """Opened with idempotency keys: the latest of their expiries (written with the row)."""
         self.completes = False
@@ -487,7 +498,7 @@ class _Batch:
             self.flush()
         stream_id = self.next_id
         self.next_id = stream_id + 1
-        state = self.states[record.stream] = _StreamState(stream_id, 0, record.last_seq, "", record)
+        state = self.states[record.stream] = _StreamState(stream_id, 0, record.last_seq, "", record, op.requests)
         state.answered = dict.fromkeys(record.answered)  # encoded once, when the row is written
         state.completes = record.completed
         if op.keys:
@@ -524,7 +535,7 @@ class _Batch:
                         record.session_id,
                         "post" if record.kind is StreamKind.POST else record.kind.value,  # no enum property call
                         record.owner,
-                        encode_requests(record.requests).decode(),
+                        state.requests or encode_requests(record.requests).decode(),
                         state.last_seq,
                         state.first_seq,
                         completes,
@@ -1216,23 +1227,28 @@ class SqliteStore:
         (a call that answers at once), one transaction writes it and them, the row whole with its last position;
         its idempotency keys' rows go in the same transaction."""
         future = self._future()
+        if not keys:
+            self._submit(_Open(record.copy(), future))
+            return future
         rows = []
         for key in keys:
             row = self._next_key_row
             self._next_key_row = row + 1  # a rolled-back transaction leaves a gap, never a reuse
             rows.append(_key_row(key, row))
         journal = self._journal
-        if rows and journal is not None:
+        requests = None
+        if journal is not None:
             kind = "post" if record.kind is StreamKind.POST else record.kind.value
-            entry = (record.stream, record.session_id, kind, record.owner, encode_requests(record.requests).decode())
+            requests = encode_requests(record.requests).decode()  # once: the writer's row takes it too
             try:
-                segment = journal.write((*entry, rows))
+                segment = journal.write((record.stream, record.session_id, kind, record.owner, requests, rows))
             except OSError as exc:
                 raise StoreUnavailable(f"sqlite store {self.path!r}: cannot journal an idempotency key: {exc}") from exc
             future.add_done_callback(functools.partial(self._journaled, segment, keys))
+        held = self._held_keys
         for key, row_of in zip(keys, rows, strict=True):
-            self._held_keys.add(key.principal, key.key, key.expires, row_of[0])
-        self._submit(_Open(record.copy(), future, rows))
+            held.add(key.principal, key.key, key.expires, row_of[0])
+        self._submit(_Open(record.copy(), future, rows, requests))
         return future
 
     def _journaled(self, segment: Segment, keys: Sequence[KeyRecord], future: asyncio.Future[None]) -> None:
@@ -1243,6 +1259,9 @@ class SqliteStore:
                 self._unstored[key.principal, key.key] = key
         if self._journal is not None:  # else closed first: the segment was kept, and the next open reads it
             self._journal.settled(segment, stored)
+
+    def lacks_key(self, principal: Principal, key: str, now: float) -> bool:
+        return self._held_keys.known(principal, key, now) is None  # one process owns the file: it knows every key
 
     def keys_held(self, principal: Principal, now: float) -> int:
         return self._held_keys.held(principal, now)
