@@ -194,12 +194,16 @@ class SessionRegistry:
 
     def start_call(self, principal: Principal) -> LimitExceeded | None:
         """A sessionless (2026-07-28) call of ``principal`` starts: the verdict past its cap, else it is counted
-        until :meth:`end_call` (the modern leg renders the verdict in its own error shape)."""
-        exceeded = verdicts.new_calls(self._limits, self.running_calls(principal), 1)
+        until :meth:`end_call` (the modern leg renders the verdict in its own error shape). :meth:`running_calls`
+        and :meth:`hold_call` written out on one look-up: this runs once a 2026-07-28 call."""
+        held = self._held.get(principal)
+        exceeded = verdicts.new_calls(self._limits, 0 if held is None else held.running, 1)
         if exceeded is not None:
             self._on_refusal(exceeded.limit)
             return exceeded
-        self.hold_call(principal)
+        if held is None:
+            held = self._held[principal] = Held()
+        held.running += 1
         return None
 
     def hold_call(self, principal: Principal) -> None:

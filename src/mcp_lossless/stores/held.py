@@ -76,8 +76,10 @@ class HeldBytes:
         if account is None or not size:
             return
         principal, held = account
-        self._sessions[session_id] = (principal, max(0, held + size))
-        self._count(principal, max(-held, size))
+        total = held + size
+        total = total if total > 0 else 0  # not ``max``: it parses keyword arguments (some 500 instructions)
+        self._sessions[session_id] = (principal, total)
+        self._count(principal, total - held)
 
     def forget(self, session_id: str) -> None:
         """The session is gone with everything it held (deleted, expired)."""
@@ -107,7 +109,7 @@ class HeldBytes:
             queued = self._queued.get(session_id)
             if queued is None:
                 continue
-            written = min(size, queued.size)
+            written = size if size < queued.size else queued.size  # not ``min``: see :meth:`add`
             queued.size -= written
             if queued.size <= 0:
                 del self._queued[session_id]

@@ -265,16 +265,21 @@ class InlineRuns:
         """Run a request within its response: JSON, or SSE once it sends a notification. A disconnect cancels it."""
         ctx = ToolContext(grant, rid, progress_token(params), channel)
         coro = work(ctx)
-        outcome = RunOutcome()
         try:
             yielded = coro.send(None)  # its first step, here: all that a call answered at once needs
         except BaseException as exc:
+            quiet = channel.quiet()  # no task, no watcher, no stream: nothing else to wait for
+            if quiet and type(exc) is StopIteration:  # answered, nearly every call: framed at once, no outcome kept
+                await respond(send, 200, completed(rid, exc.value), b"application/json")
+                return
+            outcome = RunOutcome()
             outcome.settle(exc)
-            if channel.quiet():  # no task, no watcher, no stream: nothing else to wait for
+            if quiet:
                 await respond(send, *self.outcome(rid, outcome, channel), b"application/json")
                 return
             yielded = None
         else:
+            outcome = RunOutcome()
             outcome.pending = True
         await self._stream_while(receive, send, rid, coro, yielded, outcome, channel)
 
@@ -358,4 +363,9 @@ class InlineRuns:
         except Exception:
             log.exception("request %s failed", rid)
             return 200, frames.error(rid, errors.INTERNAL_ERROR, "request failed")
-        return 200, frames.result(rid, {**value, "resultType": "complete"})
+        return 200, completed(rid, value)
+
+
+def completed(rid: RequestId, value: dict[str, Any]) -> bytes:
+    """The answer of a request whose work returned ``value``."""
+    return frames.result(rid, {**value, "resultType": "complete"})
