@@ -24,6 +24,13 @@ from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
 _COUNT = "SELECT count(*) FROM tasks"
 _PURGE = "DELETE FROM tasks WHERE expires_at IS NOT NULL AND expires_at < ?"
 _RECORD = "SELECT record, seen_at FROM tasks WHERE task_id = ?"
+_UPDATE = (
+    "UPDATE tasks SET terminal = ?1, record = ?2, seen_at = max(seen_at, ?3), ttl = ?4,"
+    " expires_at = CASE WHEN ?4 IS NULL THEN NULL ELSE max(?5, seen_at, ?3) + ?4 END"
+    " WHERE task_id = ?6 AND NOT terminal RETURNING seen_at"
+)
+"""A task's new state, unless the stored one is terminal; ``seen_at`` (the column, which :func:`_stored` merges
+into the record) never moves back, and the expiry counts from the later of the change and the last poll."""
 _TOUCH = (
     "UPDATE tasks SET seen_at = max(seen_at, ?1), "
     "expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE max(expires_at, ?2 + ttl) END WHERE task_id = ?3"
@@ -107,21 +114,17 @@ class SqliteTaskStore:
         return await self.events.run_write(read_and_touch)
 
     async def update(self, record: TaskRecord) -> TaskRecord | None:
-        def write(db: sqlite3.Connection) -> TaskRecord | None:
-            row = db.execute("SELECT terminal, seen_at FROM tasks WHERE task_id = ?", (record.task_id,)).fetchone()
-            if row is None:
-                return None
-            if row[0]:  # terminal: the first outcome stays, and is what is stored now
-                return _stored(db.execute(_RECORD, (record.task_id,)).fetchone())
-            fresh = seen(record, row[1])
-            db.execute(
-                "UPDATE tasks SET terminal = ?, record = ?, seen_at = ?, ttl = ?, expires_at = ? WHERE task_id = ?",
-                (*_row(fresh)[1:], record.task_id),
-            )
-            return fresh
+        task_id, terminal, blob, seen_at, ttl, _expires = _row(record)
+        values = (terminal, blob, seen_at, ttl, record.updated_at, task_id)
 
-        # Inside the writer's transaction, the read and the write are one; what it stored is what it returns (no
-        # second trip to the writer thread to read it back).
+        def write(db: sqlite3.Connection) -> TaskRecord | None:
+            changed = db.execute(_UPDATE, values).fetchall()
+            if changed:
+                return seen(record, changed[0][0])
+            return _stored(db.execute(_RECORD, (task_id,)).fetchone())  # terminal (its first outcome stays), or gone
+
+        # One statement in the writer's transaction: the terminal check, the write and seen_at kept forward are one;
+        # what it stored is what it returns (no second trip to the writer thread to read it back).
         return await self.events.run_write(write)
 
     async def purge_expired(self, now: float) -> int:
