@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -120,7 +120,11 @@ class LosslessApp:
                 await respond_json(send, 503, {"error": "not_started", "error_description": NOT_STARTED})
                 return
             try:
-                await self._http_request(scope, receive, send)
+                path: str = scope["path"]
+                if path in self._endpoint:  # the MCP endpoint, nearly every request: no step between
+                    await self._endpoint_request(scope, receive, send)
+                else:
+                    await self._http_request(path, scope, receive, send)
             except Exception:
                 # Last resort: a bug must not hand the client a traceback; the fuzz tests keep this path cold.
                 log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
@@ -129,16 +133,18 @@ class LosslessApp:
         elif kind == "lifespan":
             await run_lifespan(receive, send, self.startup, self.shutdown, STARTUP_FAILURES)
 
-    async def _http_request(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope["path"]
-        if path in self._endpoint:
-            index = headers(scope)  # once, at the entry: the transport and its checks read this index
-            problem = self._rebinding_problem(index)
-            if problem is None:
-                await self.transport(scope, index, receive, send)
-            else:
-                await respond_json(send, 403, rpc_error(-32600, problem))
-        elif path in self._prm and scope["method"] in ("GET", "HEAD"):
+    def _endpoint_request(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """The MCP endpoint's request: the transport's own coroutine, awaited by the caller (no coroutine of this
+        step in between), or the 403 of a foreign Origin or Host."""
+        index = headers(scope)  # once, at the entry: the transport and its checks read this index
+        problem = self._rebinding_problem(index)
+        if problem is None:
+            return self.transport(scope, index, receive, send)
+        return respond_json(send, 403, rpc_error(-32600, problem))
+
+    async def _http_request(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """Every path but the MCP endpoint's: metadata, metrics, health, the dev AS, else 404."""
+        if path in self._prm and scope["method"] in ("GET", "HEAD"):
             resource = self._prm[path]
             await respond_json(
                 send,
