@@ -79,7 +79,13 @@ class HeldBytes:
         total = held + size
         total = total if total > 0 else 0  # not ``max``: it parses keyword arguments (some 500 instructions)
         self._sessions[session_id] = (principal, total)
-        self._count(principal, total - held)
+        # :meth:`_count` written out: this runs for every session a store transaction wrote to (a call's, each)
+        by_principal = self._held
+        total += by_principal.get(principal, 0) - held
+        if total > 0:
+            by_principal[principal] = total
+        else:
+            by_principal.pop(principal, None)
 
     def forget(self, session_id: str) -> None:
         """The session is gone with everything it held (deleted, expired)."""

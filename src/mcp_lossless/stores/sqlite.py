@@ -920,17 +920,16 @@ class SqliteStore:
                         except Exception as alone:
                             outcomes.append((_future_of(op), None, self._failure(alone)))
                     outcomes = _failures_first(outcomes)
-        for op in batch:
-            if isinstance(op, _Call) and not op.write:
+        landed: dict[str, int] = {}
+        for op in batch:  # one pass: the reads, and what the appends queued (written or failed, it has landed)
+            if type(op) is tuple:
+                event = op[0]
+                landed[event.session_id] = landed.get(event.session_id, 0) + len(event.data) + ROW_BYTES
+            elif isinstance(op, _Call) and not op.write:
                 try:
                     outcomes.append((op.future, op.fn(db), None))
                 except Exception as exc:  # EventsEvicted, sqlite3 errors, bugs: the awaiting task raises them
                     outcomes.append((op.future, None, self._failure(exc)))
-        landed: dict[str, int] = {}
-        for op in batch:
-            if type(op) is tuple:
-                event = op[0]
-                landed[event.session_id] = landed.get(event.session_id, 0) + len(event.data) + ROW_BYTES
         if landed:
             loop.call_soon_threadsafe(self._land, outcomes, landed)
         else:
