@@ -29,6 +29,7 @@ import pytest
 
 from mcp_lossless.core.errors import (
     EXECUTION_LOST,
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     LIMIT_EXCEEDED,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -434,6 +435,21 @@ async def test_a_task_past_the_running_cap_is_503_naming_the_limit(store: EventS
             9, LIMIT_EXCEEDED, "this server runs 1 tasks, the most allowed; retry later",
             {"limit": "running_tasks", "maximum": 1, "retryAfter": 5},
         )  # fmt: skip
+
+
+async def test_a_task_the_store_has_no_room_for_is_503_and_leaves_no_stream(store: EventStore, gates: Gates) -> None:
+    async with serve(store, gates) as server:
+        server.tasks.max_tasks = 1  # type: ignore[attr-defined]  # the memory and SQLite stores' bound
+        peer = server.peer()
+        await create_task(peer, "hold_task")
+        await gates.started.wait()  # its progress event stored: the principal's stored bytes are settled
+        principal = principal_of(server.whole)
+        held = store.stored_bytes(principal)
+        read = await peer.send(peer.message("tools/call", {"name": "fetch", "arguments": {"url": "u"}}, 9))
+        assert (read.status, read.headers["retry-after"]) == (503, "5")
+        assert json_of(read) == rpc_error(9, INTERNAL_ERROR, "the server holds 1 tasks, its limit")
+        # The refused task's event stream was opened beside its record (one write on SQLite), and went with it.
+        assert store.stored_bytes(principal) == held
 
 
 async def test_a_key_is_replayed_and_one_past_the_principals_bound_is_429(store: EventStore, gates: Gates) -> None:

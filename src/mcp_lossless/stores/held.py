@@ -79,7 +79,13 @@ class HeldBytes:
         total = held + size
         total = total if total > 0 else 0  # not ``max``: it parses keyword arguments (some 500 instructions)
         self._sessions[session_id] = (principal, total)
-        self._count(principal, total - held)
+        # :meth:`_count` written out: this runs for every session a store transaction wrote to (a call's, each)
+        by_principal = self._held
+        total += by_principal.get(principal, 0) - held
+        if total > 0:
+            by_principal[principal] = total
+        else:
+            by_principal.pop(principal, None)
 
     def forget(self, session_id: str) -> None:
         """The session is gone with everything it held (deleted, expired)."""
@@ -187,9 +193,12 @@ class HeldKeys:
         """What the principal's live keys count in its stored bytes (``stored_bytes_per_principal``): an expired key
         is released when it is purged, as it is counted no more. The clock is read only for a principal holding
         keys: the stores ask this on every POST and answer, and nearly no principal keys its calls."""
-        if principal not in self._expiries:
+        expiries = self._expiries.get(principal)
+        if expiries is None:
             return 0
-        return KEY_BYTES * self.held(principal, clock())
+        now = clock()
+        # None expired (the earliest is live: a principal's heap is never empty): counted as it is, no purge call.
+        return KEY_BYTES * (len(expiries) if expiries[0][0] > now else self.held(principal, now))
 
     def purge(self, now: float) -> None:
         """Forget every expired key (the store's periodic sweep), not only those of principals that key again."""

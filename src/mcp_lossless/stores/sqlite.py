@@ -920,17 +920,16 @@ class SqliteStore:
                         except Exception as alone:
                             outcomes.append((_future_of(op), None, self._failure(alone)))
                     outcomes = _failures_first(outcomes)
-        for op in batch:
-            if isinstance(op, _Call) and not op.write:
+        landed: dict[str, int] = {}
+        for op in batch:  # one pass: the reads, and what the appends queued (written or failed, it has landed)
+            if type(op) is tuple:
+                event = op[0]
+                landed[event.session_id] = landed.get(event.session_id, 0) + len(event.data) + ROW_BYTES
+            elif isinstance(op, _Call) and not op.write:
                 try:
                     outcomes.append((op.future, op.fn(db), None))
                 except Exception as exc:  # EventsEvicted, sqlite3 errors, bugs: the awaiting task raises them
                     outcomes.append((op.future, None, self._failure(exc)))
-        landed: dict[str, int] = {}
-        for op in batch:
-            if type(op) is tuple:
-                event = op[0]
-                landed[event.session_id] = landed.get(event.session_id, 0) + len(event.data) + ROW_BYTES
         if landed:
             loop.call_soon_threadsafe(self._land, outcomes, landed)
         else:
@@ -1267,7 +1266,10 @@ class SqliteStore:
         return self._held_keys.held(principal, now)
 
     async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
-        """A key this process never recorded (nor found at open) is none: only a duplicate reads the file."""
+        """A key this process never recorded (nor found at open) is none: only a duplicate reads the file. A key
+        journaled whose transaction is still queued is read once it settled: a read runs after the commit of the
+        batch it joins, behind every write queued before it (and :meth:`_journaled`, which keeps a failed one's
+        key in :attr:`_unstored`, runs before the read's result is delivered)."""
         number = self._held_keys.known(principal, key, now)
         if number is None:
             return None
