@@ -116,3 +116,29 @@ async def test_segments_go_once_their_records_are_committed(tmp_path: Path) -> N
     finally:
         await store.close()
     assert journal_files(tmp_path) == [], "all committed: nothing to read back"
+
+
+async def test_a_duplicate_reads_a_journaled_key_once_its_record_committed(tmp_path: Path) -> None:
+    """A key journaled, its transaction held back (another connection holds the write lock): the store knows the key
+    at once (no first use again), and :meth:`get_key` answers only once the record committed, with the record."""
+    path = str(tmp_path / "keys.db")
+    store = SqliteStore(path)
+    await store.open()
+    blocker = sqlite3.connect(path, isolation_level=None)
+    try:
+        await store.put_session(SessionRecord("s1", ALICE, "2025-11-25", created_at=50.0, last_seen=100.0))
+        now = time.time()
+        key = KeyRecord(ALICE, "k-1", "charge", "hash", StreamTarget("keyed", 1), now, now + 3600)
+        blocker.execute("BEGIN IMMEDIATE")
+        opening = store.enqueue_open(StreamRecord("s1", "keyed", StreamKind.POST, "me", (CALL,), 0), [key])
+        assert not store.lacks_key(ALICE, "k-1", now), "known from the journal on: a duplicate is no first use"
+        duplicate = asyncio.ensure_future(store.get_key(ALICE, "k-1", now))
+        await asyncio.sleep(0)  # the duplicate's read is under way (a loop turn, not a wait for time)
+        assert not opening.done() and not duplicate.done()
+        blocker.execute("ROLLBACK")
+        found = await duplicate
+        assert opening.done() and opening.exception() is None, "answered only once the record committed"
+        assert found == key
+    finally:
+        blocker.close()
+        await store.close()

@@ -37,14 +37,31 @@ def require_get_accept(index: HeaderIndex) -> None:
         raise _invalid("Accept must list text/event-stream", 406)
 
 
+MEDIA_MEMO = (64, 256)
+"""(Accept, Content-Type) pairs :func:`require_post_media` remembers as passing at most, and the longest value."""
+_MEDIA_PASSED: set[tuple[bytes | None, bytes | None]] = set()
+
+
 def require_post_media(index: HeaderIndex) -> None:
     """What a POST must say of its media types: it accepts both answers (406), and its body is JSON (415); judged
-    from the request's header ``index`` (taken, not read here: the checks never step back into the ASGI layer)."""
+    from the request's header ``index`` (taken, not read here: the checks never step back into the ASGI layer).
+
+    A client sends the same pair on every POST: a pair that passed is remembered (a set look-up, where the test is
+    a decode and three searches); a refused one is judged again each time, so its refusal is raised afresh. Full,
+    the memory starts afresh; a value longer than :data:`MEDIA_MEMO`'s bound is never remembered."""
+    pair = (index.get(b"accept"), index.get(b"content-type"))
+    if pair in _MEDIA_PASSED:
+        return
     accept = _accept(index)
     if "application/json" not in accept or "text/event-stream" not in accept:
         raise _invalid("Accept must list both application/json and text/event-stream", 406)
     if not index.get(b"content-type", b"").lower().startswith(b"application/json"):
         raise _invalid("Content-Type must be application/json", 415)
+    most, longest = MEDIA_MEMO
+    if len(pair[0] or b"") <= longest and len(pair[1] or b"") <= longest:
+        if len(_MEDIA_PASSED) >= most:
+            _MEDIA_PASSED.clear()
+        _MEDIA_PASSED.add(pair)
 
 
 def parse_body(body: bytes) -> tuple[list[Any], bool]:

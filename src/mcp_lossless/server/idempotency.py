@@ -4,8 +4,9 @@ records (a legacy POST's stream, or the stream of its own that a 2026-07-28 keye
 The decision is :func:`~mcp_lossless.core.idempotency.decide_duplicate`'s; this module finds its facts (the key's
 record, the state of the stream it names) and carries out the verdict: a first use is recorded with the stream's
 record, the rest are answered at once with the recorded outcome or the SEP's errors. A first use is *claimed* in
-process from its decision until its record is stored, so that a duplicate arriving in that window is "in progress"
-rather than a second run (one process owns a SQLite file or a memory store). On a shared store (Redis) the record's
+process from its decision until its record is recorded (queued durably: memory, SQLite's journal; else stored), so
+that a duplicate arriving in that window is "in progress" rather than a second run (one process owns a SQLite file
+or a memory store); from then on the store answers for it. On a shared store (Redis) the record's
 write decides between processes: the store sets each key only if no one holds it, and the loser decides again, now
 finding the winner's record. A lost key of a tool that passes it on to an upstream deduplicating it (a gateway's,
 ADR 0033) is run again unrecorded: that upstream's record answers it.
@@ -14,7 +15,6 @@ ADR 0033) is run again unrecorded: that upstream's record answers it.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,8 +72,6 @@ class Keys:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self._claims: dict[ClaimKey, KeyRecord] = {}
-        self._recording: dict[ClaimKey, asyncio.Future[None]] = {}
-        """Claimed keys whose record is queued durably and not yet committed (their call runs meanwhile)."""
         self.running: set[str] = set()
         """Streams of the 2026-07-28 keyed calls running here (:class:`~.modern.keyed.KeyedCalls`), each added
         before its key is recorded: a stream this process owns is running only if held here (:meth:`_held`)."""
@@ -112,12 +110,9 @@ class Keys:
                 self.release(keys)
                 raise
             if store.keys_durable_when_queued and not opening.done():
-                # Recorded already (the store's journal): the record commits with the call's answer, as an
-                # unkeyed call's does. The claims hold until then: a duplicate meanwhile is "in progress".
-                recording = self._recording
-                for key in keys:
-                    recording[principal, key.key] = opening
-                opening.add_done_callback(functools.partial(self._release_when_stored, keys))
+                # Recorded already (SQLite: its journal, the record committing with the call's answer, as an unkeyed
+                # call's does): the store answers for the keys from here (a duplicate reads them once committed).
+                self.release(keys)
                 return answers, opening
             try:
                 await opening
@@ -142,7 +137,7 @@ class Keys:
         first: list[KeyRecord] = []
         undecided: list[_Undecided] = []
         principal = grant.principal
-        claims, recording, lacks_key = self._claims, self._recording, self.state.store.lacks_key
+        claims, lacks_key = self._claims, self.state.store.lacks_key
         expires = now + self.state.config.idempotency_seconds
         for index, (message, request) in enumerate(zip(requests, pending, strict=True)):
             params = message.get("params")
@@ -158,7 +153,7 @@ class Keys:
                 continue
             hashed = argument_hash(params.get("arguments") or {})
             claim = (principal, key)
-            if claim in claims or claim in recording or not lacks_key(principal, key, now):
+            if claim in claims or not lacks_key(principal, key, now):
                 undecided.append((index, key, request, hashed))
                 continue
             record = KeyRecord(principal, key, tool, hashed, StreamTarget(stream, request.request_id), now, expires)
@@ -188,14 +183,11 @@ class Keys:
                 assert isinstance(answer, bytes)
                 answers[index] = answer
 
-    def _release_when_stored(self, keys: Sequence[KeyRecord], _opened: asyncio.Future[None]) -> None:
-        self.release(keys)
-
     def release(self, keys: Sequence[KeyRecord]) -> None:
-        """The keys are stored (or failed to be): the store answers for them from now on."""
+        """The keys are recorded (or failed to be): the store answers for them from now on."""
+        claims = self._claims
         for key in keys:
-            self._claims.pop((key.principal, key.key), None)
-            self._recording.pop((key.principal, key.key), None)
+            claims.pop((key.principal, key.key), None)
 
     async def _decide(
         self, session: ServerSession | None, grant: Grant, key: str, request: PendingRequest, hashed: str, now: float
@@ -203,9 +195,6 @@ class Keys:
         """``None`` to run it; :data:`RUN_AGAIN` to run it unrecorded; else its one answer."""
         state = self.state
         rid = request.request_id
-        recording = self._recording.get((grant.principal, key))
-        if recording is not None:  # a duplicate (rare) waits for its first use's commit, then is decided on it
-            await asyncio.wait((recording,))
         for _ in range(2):  # a settled dead owner's key is decided once more, as lost
             claimed = self._claims.get((grant.principal, key))
             record = claimed or await state.store.get_key(grant.principal, key, now)

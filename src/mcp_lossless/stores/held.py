@@ -196,9 +196,12 @@ class HeldKeys:
         """What the principal's live keys count in its stored bytes (``stored_bytes_per_principal``): an expired key
         is released when it is purged, as it is counted no more. The clock is read only for a principal holding
         keys: the stores ask this on every POST and answer, and nearly no principal keys its calls."""
-        if principal not in self.holding:
+        expiries = self._expiries.get(principal)
+        if expiries is None:
             return 0
-        return KEY_BYTES * self.held(principal, clock())
+        now = clock()
+        # None expired (the earliest is live: a principal's heap is never empty): counted as it is, no purge call.
+        return KEY_BYTES * (len(expiries) if expiries[0][0] > now else self.held(principal, now))
 
     def purge(self, now: float) -> None:
         """Forget every expired key (the store's periodic sweep), not only those of principals that key again."""

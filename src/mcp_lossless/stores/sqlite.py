@@ -1266,7 +1266,10 @@ class SqliteStore:
         return self._held_keys.held(principal, now)
 
     async def get_key(self, principal: Principal, key: str, now: float) -> KeyRecord | None:
-        """A key this process never recorded (nor found at open) is none: only a duplicate reads the file."""
+        """A key this process never recorded (nor found at open) is none: only a duplicate reads the file. A key
+        journaled whose transaction is still queued is read once it settled: a read runs after the commit of the
+        batch it joins, behind every write queued before it (and :meth:`_journaled`, which keeps a failed one's
+        key in :attr:`_unstored`, runs before the read's result is delivered)."""
         number = self._held_keys.known(principal, key, now)
         if number is None:
             return None

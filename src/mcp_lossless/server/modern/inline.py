@@ -67,7 +67,8 @@ class RequestChannel:
         binding: Callable[[], mrtr.Binding] | None = None,
     ) -> None:
         self.capabilities = capabilities
-        self.min_level = protocol.LOGGING_LEVELS.index(log_level) if log_level in protocol.LOGGING_LEVELS else None
+        levels = protocol.LOGGING_LEVELS
+        self.min_level = None if log_level is None or log_level not in levels else levels.index(log_level)
         self._queue: asyncio.Queue[bytes] | None = None
         self.answers = answers
         self.binding = binding
