@@ -16,9 +16,8 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-
 import orjson
+import pytest
 
 from mcp_lossless.core.task_stream import stream_of
 from mcp_lossless.core.tasks import TaskStatus, advance
