@@ -75,11 +75,14 @@ class StreamChannel:
             self._refuse(len(data))
         await self._live.progress(data, self._request)
 
-    async def notify(self, method: str, params: dict[str, Any]) -> None:
+    def notify(self, method: str, params: dict[str, Any]) -> Coroutine[Any, Any, object]:
+        """Not a coroutine itself: it hands back the stream's append (never an answer, so :meth:`.LiveStream.progress`
+        itself), so a progress event pays for one coroutine, not two; a refusal past the bound is raised here, before
+        the caller awaits."""
         data = frames.notification(method, params)  # not via _emit: a frame per event
         if self._stored(self._session.principal) + len(data) > self._cap:
             self._refuse(len(data))
-        await self._live.progress(data, self._request)  # never an answer: not via ``append``, a frame per event
+        return self._live.progress(data, self._request)
 
     async def ask(self, requests: InputRequests) -> dict[str, dict[str, Any]]:
         """Each request goes out on the stream at once; the answers are awaited together."""

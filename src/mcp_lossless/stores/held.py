@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from ..core.principal import Principal
 
@@ -134,7 +134,7 @@ class HeldBytes:
         answer and progress event, in one Python call where :meth:`held` and :meth:`HeldKeys.bytes` took three."""
         held = self._held
         queued_held = self._queued_held
-        keyed = keys._expiries
+        keyed = keys.holding
 
         def stored_bytes(principal: Principal) -> int:
             queued = queued_held.get(principal)
@@ -158,11 +158,14 @@ class HeldKeys:
     owns (SQLite) knows every key, so :meth:`known` tells a first use, the common case, without reading the file, and
     names a duplicate's row (``row``: the store's own number for it)."""
 
-    __slots__ = ("_expiries", "_live")
+    __slots__ = ("_expiries", "_live", "holding")
 
     def __init__(self) -> None:
         self._expiries: dict[Principal, list[tuple[float, str]]] = {}
         """Per principal, a heap of its keys' expiry times, with the key."""
+        self.holding: Mapping[Principal, object] = self._expiries
+        """The principals that may hold live keys (read only): ``principal not in holding`` is :meth:`bytes`'s own
+        first test, which a store's ``stored_bytes`` makes itself, without the call, on every event."""
         self._live: dict[tuple[Principal, str], tuple[float, int]] = {}
         """Each key's expiry time and row (a key recorded again, once expired, has its new ones)."""
 
