@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
@@ -11,12 +12,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
+import anyio.lowlevel
 import pytest
 from redis.asyncio import Redis
 
 from mcp_lossless.core.principal import Principal
 from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, advance, encode_task, lost, new_task
-from mcp_lossless.stores.base import EventStore
+from mcp_lossless.stores.base import EventStore, StoreUnavailable
 from mcp_lossless.stores.memory import MemoryStore
 from mcp_lossless.stores.open import task_store_beside
 from mcp_lossless.stores.redis import RedisStore
@@ -237,3 +239,36 @@ def test_a_sqlite_server_does_not_load_the_redis_client_for_its_tasks(tmp_path: 
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.split() == ["SqliteTaskStore", "False"]
+
+
+async def test_sqlite_reads_the_files_record_when_it_differs_from_what_this_process_wrote(tmp_path: Path) -> None:
+    """The SQLite store keeps the records it wrote to spare a poll the decoding; the file's bytes decide whether a
+    kept one stands for the row: a row rewritten by another path (here an update that never went through the store) or
+    a write rolled back is decoded from the file."""
+    events = SqliteStore(str(tmp_path / "decoded.db"))
+    await events.open()
+    tasks = SqliteTaskStore(events)
+    try:
+        record = task()
+        await tasks.create(record)
+        elsewhere = advance(record, TaskStatus.CANCELLED, T0 + 1, message="cancelled by another path")
+        blob = encode_task(elsewhere)
+        await events.run_write(lambda db: db.execute("UPDATE tasks SET record = ?, terminal = 1", (blob,)))
+        assert await tasks.get(record.task_id) == elsewhere
+        polled = await tasks.poll(record.task_id, ALICE, T0 + 2)
+        assert polled == replace(elsewhere, seen_at=T0 + 2)
+
+        def rolled_back(db: sqlite3.Connection) -> None:
+            db.execute("SELECT * FROM no_such_table")  # fails: its transaction, the update's write included, rolls back
+
+        working = task("t-2")
+        await tasks.create(working)
+        updating = asyncio.create_task(tasks.update(advance(working, TaskStatus.COMPLETED, T0 + 3, result={})))
+        await anyio.lowlevel.checkpoint()  # the update queued; the failing write joins its batch, after it
+        with pytest.raises(StoreUnavailable):
+            await events.run_write(rolled_back)
+        with pytest.raises(StoreUnavailable):
+            await updating
+        assert await tasks.get(working.task_id) == working
+    finally:
+        await events.close()

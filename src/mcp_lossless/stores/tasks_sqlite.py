@@ -30,7 +30,7 @@ _UPDATE = (
     " expires_at = CASE WHEN ?4 IS NULL THEN NULL ELSE max(?5, seen_at, ?3) + ?4 END"
     " WHERE task_id = ?6 AND NOT terminal RETURNING seen_at"
 )
-"""A task's new state, unless the stored one is terminal; ``seen_at`` (the column, which :func:`_stored` merges
+"""A task's new state, unless the stored one is terminal; ``seen_at`` (the column, which :meth:`_Decoded.stored` merges
 into the record) never moves back, and the expiry counts from the later of the change and the last poll."""
 _TOUCH = (
     "UPDATE tasks SET seen_at = max(seen_at, ?1), "
@@ -40,12 +40,40 @@ _TOUCH = (
 ``now + ttl`` at least."""
 
 
-def _stored(row: tuple[bytes, float] | None) -> TaskRecord | None:
-    """A task as its row holds it: the record, with ``seen_at`` from its column (a poll moves only that)."""
-    if row is None:
-        return None
-    record = decode_task(row[0])
-    return seen(record, row[1])
+_DECODED_LIMIT = 4096
+"""Records :class:`_Decoded` keeps before it starts afresh (a bound, not a tuning knob)."""
+_DECODED_BYTES = 16 * 1024
+"""The largest encoded record it keeps: a bound on its memory (a large result is decoded each time)."""
+
+
+class _Decoded:
+    """The records this process wrote last, by task id, each with the bytes it was stored as (writer thread only).
+
+    A poll reads the row and, when its bytes are the ones written here, takes the record written instead of
+    decoding it again (some 10 µs a poll). The bytes decide, not what the cache believes: a write rolled back, a
+    task purged or rewritten by another path leaves bytes that differ (or no row), and those are decoded as before."""
+
+    __slots__ = ("_records",)
+
+    def __init__(self) -> None:
+        self._records: dict[str, tuple[bytes, TaskRecord]] = {}
+
+    def wrote(self, record: TaskRecord, blob: bytes) -> None:
+        if len(blob) > _DECODED_BYTES:
+            return
+        records = self._records
+        if len(records) >= _DECODED_LIMIT:
+            records.clear()
+        records[record.task_id] = (blob, record)
+
+    def stored(self, task_id: str, row: tuple[bytes, float] | None) -> TaskRecord | None:
+        """A task as its row holds it: the record, with ``seen_at`` from its column (a poll moves only that)."""
+        if row is None:
+            return None
+        blob, seen_at = row
+        known = self._records.get(task_id)
+        record = known[1] if known is not None and known[0] == blob else decode_task(blob)
+        return seen(record, seen_at)
 
 
 def _row(record: TaskRecord) -> tuple[str, int, bytes, float, float | None, float | None]:
@@ -54,7 +82,7 @@ def _row(record: TaskRecord) -> tuple[str, int, bytes, float, float | None, floa
     return (record.task_id, terminal, encode_task(record), record.seen_at, record.ttl, record.expires_at)
 
 
-def _updating(record: TaskRecord) -> Callable[[sqlite3.Connection], tuple[TaskRecord | None, bool]]:
+def _updating(record: TaskRecord, decoded: _Decoded) -> Callable[[sqlite3.Connection], tuple[TaskRecord | None, bool]]:
     """The writer's job for :meth:`SqliteTaskStore.update`: what is stored now, and whether it is ``record``."""
     task_id, terminal, blob, seen_at, ttl, _expires = _row(record)
     values = (terminal, blob, seen_at, ttl, record.updated_at, task_id)
@@ -62,8 +90,9 @@ def _updating(record: TaskRecord) -> Callable[[sqlite3.Connection], tuple[TaskRe
     def write(db: sqlite3.Connection) -> tuple[TaskRecord | None, bool]:
         changed = db.execute(_UPDATE, values).fetchall()
         if changed:
+            decoded.wrote(record, blob)
             return seen(record, changed[0][0]), True
-        return _stored(db.execute(_RECORD, (task_id,)).fetchone()), False  # terminal (its first outcome stays), or gone
+        return decoded.stored(task_id, db.execute(_RECORD, (task_id,)).fetchone()), False  # terminal, or gone
 
     return write
 
@@ -76,6 +105,7 @@ class SqliteTaskStore:
             raise ValueError("max_tasks must be at least 1")
         self.events = events
         self.max_tasks = max_tasks
+        self._decoded = _Decoded()
         self._count: int | None = None
         """How many tasks the file holds, at most (writer thread only; ``None``: count again). One process owns the
         file, so the count need not be read per task created: a create adds one (a rolled-back one leaves it one
@@ -102,6 +132,7 @@ class SqliteTaskStore:
                 if count >= self.max_tasks:
                     return False
             db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?)", row)
+            self._decoded.wrote(record, row[2])
             self._count = count + 1
             return True
 
@@ -112,14 +143,13 @@ class SqliteTaskStore:
             raise TaskLimitReached(limit_message(self.max_tasks))
 
     async def get(self, task_id: str) -> TaskRecord | None:
-        found: tuple[bytes, float] | None = await self.events.run_read(
-            lambda db: db.execute(_RECORD, (task_id,)).fetchone()
+        return await self.events.run_read(
+            lambda db: self._decoded.stored(task_id, db.execute(_RECORD, (task_id,)).fetchone())
         )
-        return _stored(found)
 
     async def poll(self, task_id: str, principal: Principal, now: float) -> TaskRecord | None:
         def read_and_touch(db: sqlite3.Connection) -> TaskRecord | None:
-            record = _stored(db.execute(_RECORD, (task_id,)).fetchone())
+            record = self._decoded.stored(task_id, db.execute(_RECORD, (task_id,)).fetchone())
             if record is None or not owned(record, task_id, principal, now):
                 return record
             db.execute(_TOUCH, (now, now, task_id))
@@ -131,14 +161,14 @@ class SqliteTaskStore:
     async def update(self, record: TaskRecord) -> TaskRecord | None:
         # One statement in the writer's transaction: the terminal check, the write and seen_at kept forward are one;
         # what it stored is what it returns (no second trip to the writer thread to read it back).
-        stored, _changed = await self.events.run_write(_updating(record))
+        stored, _changed = await self.events.run_write(_updating(record, self._decoded))
         return stored
 
     def update_appending(self, record: TaskRecord, event: StoredEvent) -> Awaitable[Settled]:
         """:meth:`update`, and ``event`` (the outcome's, completing its stream) appended in the same transaction if
         the update stored ``record``: one trip to the writer and one commit for both, and a task found terminal
         (its first outcome stays) gets no event of ``record``'s."""
-        return self.events.run_write_appending(_updating(record), event, True)
+        return self.events.run_write_appending(_updating(record, self._decoded), event, True)
 
     async def purge_expired(self, now: float) -> int:
         def purge(db: sqlite3.Connection) -> int:
