@@ -1,7 +1,8 @@
 """What a task costs the SQLite store's writer thread: each trip to it (a batch, one transaction) is a thread hand-over
 both ways and a commit, the dearest part of a task on that store. The task's record is queued with its event
 stream's session, so a task is stored in two batches (record and session; stream record and first event), not four;
-a poll reads the task and notes its owner's poll (the TTL restarts) in one, not two.
+a poll reads the task and notes its owner's poll (the TTL restarts) in one, not two; the outcome is stored with its
+event in one (ADR 0037), not two, and a task found terminal keeps its first outcome and gets that one's event.
 
 The tool holds until the test releases it, so nothing of its run is written while the trips are counted; the
 batches are counted on the real store, by wrapping the writer thread's own step.
@@ -11,15 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import orjson
 import pytest
 
+from mcp_lossless.core.task_stream import stream_of
+from mcp_lossless.core.tasks import TaskStatus, advance
 from mcp_lossless.server.demo import demo_tools
 from mcp_lossless.server.tools import ToolContext, ToolRegistry
 from mcp_lossless.stores.sqlite import SqliteStore
-from tests.integration.test_modern_asgi_tasks import create_task, polled_until
+from tests.integration.test_modern_asgi_tasks import answer, create_task, polled_until
 from tests.support.in_process import InProcess, in_process
 
 pytestmark = pytest.mark.anyio
@@ -75,3 +80,46 @@ async def test_a_poll_is_one_trip_to_the_writer(served: tuple[InProcess, Counted
         assert store.batches - before == 1
     seen = await server.tasks.get(task_id)
     assert seen is not None and seen.seen_at > seen.created_at
+
+
+async def _outcome_events(store: Counted, task_id: str) -> list[dict[str, object]]:
+    """The payloads of the task's stream's terminal events (its outcome, exactly one when all is well)."""
+    events = await store.read_after(stream_of(task_id), -1)
+    assert events and events[-1].terminal
+    return [orjson.loads(event.data)["params"]["payload"] for event in events if event.terminal]
+
+
+async def test_an_outcome_and_its_event_are_one_trip_to_the_writer(
+    served: tuple[InProcess, Counted, asyncio.Event],
+) -> None:
+    server, store, release = served
+    peer = server.peer()
+    task_id = await create_task(peer, "quiet_task")
+    run = server.app.modern.tasks.running[task_id]
+    before = store.batches
+    release.set()
+    await asyncio.wait({run})  # the tool returned and its outcome was stored, event included
+    assert store.batches - before == 1  # the record's update and the outcome event, one transaction
+    result = await polled_until(peer, task_id, "working")
+    assert result["status"] == "completed" and result["result"]["content"][0]["text"] == "released"
+    [outcome] = await _outcome_events(store, task_id)
+    assert outcome["status"] == "completed" and outcome["result"] == result["result"]
+
+
+async def test_a_task_found_terminal_keeps_its_first_outcome_and_its_event(
+    served: tuple[InProcess, Counted, asyncio.Event],
+) -> None:
+    server, store, release = served
+    peer = server.peer()
+    task_id = await create_task(peer, "quiet_task")
+    run = server.app.modern.tasks.running[task_id]
+    record = await server.tasks.get(task_id)
+    assert record is not None
+    cancelled = advance(record, TaskStatus.CANCELLED, time.time(), message="cancelled on another replica")
+    assert await server.tasks.update(cancelled) is not None  # as another replica would, before the tool returns
+    release.set()
+    await asyncio.wait({run})
+    result = answer(await peer.task("tasks/get", task_id))["result"]
+    assert result["status"] == "cancelled" and "result" not in result
+    [outcome] = await _outcome_events(store, task_id)  # the stored outcome's event, none of the tool's result
+    assert outcome == {"status": "cancelled"}

@@ -43,6 +43,7 @@ from ..core.task_stream import (
 )
 from ..core.tasks import UNKNOWN_MESSAGE, Deliver, Denied, TaskRecord, TaskStatus, Unknown
 from ..stores.base import EventsEvicted, EventsLost, EventStore, SessionRecord, StoreUnavailable, StreamTakenOver
+from ..stores.tasks import AppendingTaskStore
 from .observability import log_decision, now
 from .writer import SSE_HEADERS
 
@@ -69,6 +70,23 @@ class _Produced:
         self.last_status = record.status
         self.broken = False
         """The store lost the stream or another instance ended it: this producer writes nothing more."""
+
+
+def _event(produced: _Produced, seq: int, kind: EventType, payload: dict[str, Any], terminal: bool) -> StoredEvent:
+    """Event ``seq`` of ``produced``'s stream, as stored."""
+    task_id, sid = produced.record.task_id, produced.stream
+    data = event_message(task_id, seq, kind, payload)
+    return StoredEvent(sid, sid, seq, f"{sid}.{seq:x}.t", data, task_id, produced.record.tool, produced.tags, terminal)
+
+
+def _outcome(stored: TaskRecord) -> dict[str, Any]:
+    """The payload of a terminal task's outcome event."""
+    outcome: dict[str, Any] = {"status": stored.status.value}
+    if stored.result is not None:
+        outcome["result"] = stored.result
+    if stored.error is not None:
+        outcome["error"] = stored.error
+    return outcome
 
 
 class TaskEvents:
@@ -112,15 +130,40 @@ class TaskEvents:
         if produced is None or produced.broken:
             return
         async with produced.lock:
-            sid = produced.stream
             seq = produced.next_seq
             produced.next_seq += 1
-            data = event_message(task_id, seq, kind, payload)
-            event = StoredEvent(
-                sid, sid, seq, f"{sid}.{seq:x}.t", data, task_id, produced.record.tool, produced.tags, terminal
-            )
-            produced.pending.append((event, terminal))
+            produced.pending.append((_event(produced, seq, kind, payload, terminal), terminal))
             await self._flush(produced)
+
+    async def settle(self, settled: TaskRecord, store: AppendingTaskStore) -> TaskRecord | None:
+        """Store the outcome of a task this process runs with its outcome event in one write of ``store``
+        (SQLite: one transaction, one trip to its writer), the event appended only if ``settled`` is what got
+        stored. A task found terminal keeps its first outcome and gets that one's event (:meth:`observe`), as does
+        a stream with events still pending or broken (the outcome alone, then its event as before)."""
+        produced = self._produced.get(settled.task_id)
+        if produced is None or produced.broken or produced.pending or produced.last_status.terminal:
+            stored = await store.update(settled)
+            if stored is not None:
+                await self.observe(stored)
+            return stored
+        async with produced.lock:
+            seq = produced.next_seq
+            event = _event(produced, seq, EventType.OUTCOME, _outcome(settled), True)
+            stored, appending, refused = await store.update_appending(settled, event)
+            if appending:  # the outcome stored: its seq is given, and the stream ends with it
+                produced.next_seq = seq + 1
+                produced.last_status = settled.status
+                if refused is not None:  # handled as any refused append is (stored again: EventsLost, a bug)
+                    produced.pending.append((event, True))
+                    await self._flush(produced)
+                else:
+                    self.wake(settled.task_id)
+        if not appending:
+            if stored is not None:
+                await self.observe(stored)
+            return stored
+        self._produced.pop(settled.task_id, None)
+        return stored
 
     async def _flush(self, produced: _Produced) -> None:
         task_id = produced.record.task_id
@@ -167,12 +210,7 @@ class TaskEvents:
         if not stored.status.terminal:
             await self.emit(stored.task_id, EventType.STATUS, status)
             return
-        outcome: dict[str, Any] = {"status": stored.status.value}
-        if stored.result is not None:
-            outcome["result"] = stored.result
-        if stored.error is not None:
-            outcome["error"] = stored.error
-        await self.emit(stored.task_id, EventType.OUTCOME, outcome, terminal=True)
+        await self.emit(stored.task_id, EventType.OUTCOME, _outcome(stored), terminal=True)
         self._produced.pop(stored.task_id, None)
 
     async def lost(self, task_id: str, owner: str) -> None:

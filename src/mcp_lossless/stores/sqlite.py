@@ -336,6 +336,25 @@ class _Call:
         self.future = future
 
 
+class _Settle(_Call):
+    """A queued write whose event is appended in the same transaction when the write says so (the second value of
+    what it returns): a task's outcome and its outcome event in one commit, the event only if the outcome was the
+    one stored (:meth:`SqliteStore.run_write_appending`)."""
+
+    __slots__ = ("completes", "event")
+
+    def __init__(
+        self,
+        fn: Callable[[sqlite3.Connection], tuple[Any, bool]],
+        future: asyncio.Future[Any],
+        event: StoredEvent,
+        completes: bool,
+    ) -> None:
+        super().__init__(fn, True, future)
+        self.event = event
+        self.completes = completes
+
+
 _Op = _Append | _Open | _Call
 _RECOVER_KEY = "INSERT OR IGNORE INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 """A journaled key's row (:func:`_key_row`), unless its transaction committed it after all. (A key is otherwise
@@ -930,6 +949,9 @@ class SqliteStore:
                     outcomes.append((op.future, op.fn(db), None))
                 except Exception as exc:  # EventsEvicted, sqlite3 errors, bugs: the awaiting task raises them
                     outcomes.append((op.future, None, self._failure(exc)))
+            elif type(op) is _Settle:
+                event = op.event
+                landed[event.session_id] = landed.get(event.session_id, 0) + len(event.data) + ROW_BYTES
         if landed:
             loop.call_soon_threadsafe(self._land, outcomes, landed)
         else:
@@ -965,7 +987,11 @@ class SqliteStore:
                     outcome((op.future, None, None))
                 else:
                     batch.flush()
-                    outcome((op.future, op.fn(db), None))
+                    result = op.fn(db)
+                    if type(op) is _Settle:  # its event only if the write says so; a refusal is its own outcome
+                        value, appending = result
+                        result = (value, appending, add(op.event, op.completes) if appending else None)
+                    outcome((op.future, result, None))
             batch.flush()
             db.execute("COMMIT")
         except BaseException:
@@ -1120,6 +1146,18 @@ class SqliteStore:
         """Run ``fn`` on the writer thread inside its next transaction; resolves after the commit. For the facets
         that keep their rows in this file (:mod:`.tasks_sqlite`): one connection, one writer, one schema."""
         return self._write(fn)
+
+    def run_write_appending(
+        self, fn: Callable[[sqlite3.Connection], tuple[T, bool]], event: StoredEvent, completes: bool
+    ) -> asyncio.Future[tuple[T, bool, BaseException | None]]:
+        """:meth:`run_write`, and ``event`` appended in the same transaction if ``fn`` says so (its second value): a
+        task's outcome and its outcome event in one trip to the writer and one commit, the event only if the outcome
+        was stored. Resolves to ``fn``'s value, whether the event was to be appended, and why the store refused it
+        (``None``: appended, or not asked)."""
+        self._counts.queue(event.session_id, len(event.data) + ROW_BYTES)
+        future: asyncio.Future[tuple[T, bool, BaseException | None]] = self._future()
+        self._submit(_Settle(fn, future, event, completes))
+        return future
 
     def run_read(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Run ``fn`` on the writer thread after the batch queued before it committed (it sees those writes)."""

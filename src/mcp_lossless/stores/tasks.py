@@ -16,8 +16,9 @@ says how many.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from ..core.events import StoredEvent
 from ..core.principal import Principal
 from ..core.tasks import TaskRecord
 
@@ -66,3 +67,16 @@ class TaskStore(Protocol):
     async def purge_expired(self, now: float) -> int:
         """Delete the tasks whose TTL ran out before ``now``; return how many."""
         ...
+
+
+Settled = tuple[TaskRecord | None, bool, BaseException | None]
+"""What :meth:`AppendingTaskStore.update_appending` did: the task as stored now, whether that is the record given
+(its event was to be appended), and why the event store refused the event (``None``: appended, or not asked)."""
+
+
+@runtime_checkable
+class AppendingTaskStore(TaskStore, Protocol):
+    """A task store that shares its event store's transactions (SQLite): a task's outcome and its outcome event are
+    one write there, the event appended only if the outcome was stored (ADR 0037)."""
+
+    def update_appending(self, record: TaskRecord, event: StoredEvent) -> Awaitable[Settled]: ...

@@ -14,12 +14,13 @@ closes it after).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
+from ..core.events import StoredEvent
 from ..core.principal import Principal
 from ..core.tasks import TaskRecord, decode_task, encode_task, owned, seen
 from .sqlite import SqliteStore
-from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
+from .tasks import DEFAULT_MAX_TASKS, Settled, TaskLimitReached, limit_message
 
 _COUNT = "SELECT count(*) FROM tasks"
 _PURGE = "DELETE FROM tasks WHERE expires_at IS NOT NULL AND expires_at < ?"
@@ -51,6 +52,20 @@ def _row(record: TaskRecord) -> tuple[str, int, bytes, float, float | None, floa
     """``seen_at``, ``ttl`` and ``expires_at`` live beside the record so a poll and the purge need not decode it."""
     terminal = int(record.status.terminal)
     return (record.task_id, terminal, encode_task(record), record.seen_at, record.ttl, record.expires_at)
+
+
+def _updating(record: TaskRecord) -> Callable[[sqlite3.Connection], tuple[TaskRecord | None, bool]]:
+    """The writer's job for :meth:`SqliteTaskStore.update`: what is stored now, and whether it is ``record``."""
+    task_id, terminal, blob, seen_at, ttl, _expires = _row(record)
+    values = (terminal, blob, seen_at, ttl, record.updated_at, task_id)
+
+    def write(db: sqlite3.Connection) -> tuple[TaskRecord | None, bool]:
+        changed = db.execute(_UPDATE, values).fetchall()
+        if changed:
+            return seen(record, changed[0][0]), True
+        return _stored(db.execute(_RECORD, (task_id,)).fetchone()), False  # terminal (its first outcome stays), or gone
+
+    return write
 
 
 class SqliteTaskStore:
@@ -114,18 +129,16 @@ class SqliteTaskStore:
         return await self.events.run_write(read_and_touch)
 
     async def update(self, record: TaskRecord) -> TaskRecord | None:
-        task_id, terminal, blob, seen_at, ttl, _expires = _row(record)
-        values = (terminal, blob, seen_at, ttl, record.updated_at, task_id)
-
-        def write(db: sqlite3.Connection) -> TaskRecord | None:
-            changed = db.execute(_UPDATE, values).fetchall()
-            if changed:
-                return seen(record, changed[0][0])
-            return _stored(db.execute(_RECORD, (task_id,)).fetchone())  # terminal (its first outcome stays), or gone
-
         # One statement in the writer's transaction: the terminal check, the write and seen_at kept forward are one;
         # what it stored is what it returns (no second trip to the writer thread to read it back).
-        return await self.events.run_write(write)
+        stored, _changed = await self.events.run_write(_updating(record))
+        return stored
+
+    def update_appending(self, record: TaskRecord, event: StoredEvent) -> Awaitable[Settled]:
+        """:meth:`update`, and ``event`` (the outcome's, completing its stream) appended in the same transaction if
+        the update stored ``record``: one trip to the writer and one commit for both, and a task found terminal
+        (its first outcome stays) gets no event of ``record``'s."""
+        return self.events.run_write_appending(_updating(record), event, True)
 
     async def purge_expired(self, now: float) -> int:
         def purge(db: sqlite3.Connection) -> int:

@@ -153,10 +153,25 @@ class KeyedCalls:
         request while that runs, then (once it outlives it) in the request's place until it ends."""
         s = self.state
         loop = s.loop
-        job = loop.create_task(self._answer(record, work))
+        answered: list[bytes] = []
+        job = loop.create_task(self._answer(record, work, answered))
         self.running.add(job)
         job.add_done_callback(self.running.discard)
         job.add_done_callback(lambda _job: self.keys.running.discard(record.stream))
+        # One loop turn runs the job's first step: a call answered at once (nearly every one) has its answer then,
+        # and is only storing it. Its response waits for that commit, with no watcher of the client and no relay
+        # (they cost three tasks and an ``asyncio.wait`` a call): there is nothing left to cancel or to relay, and
+        # a client that left meanwhile misses nothing it could still get. ``asyncio.wait``: never cancels the job.
+        await asyncio.sleep(0)
+        if answered and channel.quiet():
+            try:
+                await asyncio.wait((job,))
+            finally:
+                if not job.done():  # the request's count is released when it returns: the call takes its place
+                    s.sessions.hold_call(grant.principal)
+                    job.add_done_callback(lambda _job: s.sessions.end_call(grant.principal))
+            await respond(send, 200, job.result(), b"application/json")
+            return
         gone = loop.create_task(disconnected(receive))
         streaming = False
         try:
@@ -191,13 +206,15 @@ class KeyedCalls:
                 s.sessions.hold_call(grant.principal)
                 job.add_done_callback(lambda _job: s.sessions.end_call(grant.principal))
 
-    async def _answer(self, record: StreamRecord, work: Coroutine[Any, Any, bytes]) -> bytes:
-        """The keyed call's answer, stored as its stream's one event (the key's outcome) before it is returned. A
-        call cut short by shutdown stores nothing: its stream stays open under this instance, which a later
-        duplicate finds dead and settles as lost (execution lost naming the key)."""
+    async def _answer(self, record: StreamRecord, work: Coroutine[Any, Any, bytes], answered: list[bytes]) -> bytes:
+        """The keyed call's answer, stored as its stream's one event (the key's outcome) before it is returned (and
+        put in ``answered`` as soon as the work gave it: :meth:`_run` then only waits for its commit). A call cut
+        short by shutdown stores nothing: its stream stays open under this instance, which a later duplicate finds
+        dead and settles as lost (execution lost naming the key)."""
         s = self.state
         request = record.requests[0]
         answer = await work
+        answered.append(answer)
         mac = s.codec.stream_mac(record.session_id, record.stream)
         event = StoredEvent(
             record.session_id, record.stream, 1, EventIdCodec.encode(record.stream, 1, mac), answer,

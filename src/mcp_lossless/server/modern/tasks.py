@@ -50,7 +50,7 @@ from ...core.tasks import (
     task_view,
 )
 from ...stores.base import EventStore, StoreUnavailable
-from ...stores.tasks import TaskLimitReached, TaskStore
+from ...stores.tasks import AppendingTaskStore, TaskLimitReached, TaskStore
 from ..config import ServerConfig
 from ..errors import Refused
 from ..observability import Metrics, log_decision, now
@@ -180,12 +180,18 @@ class Tasks:
         self.events = TaskEvents(state.store, state.instance)
         """Each running task's events, kept as a stream of the event store (SEP-2694, ADR 0031)."""
         self.streams = TaskStreams(self.events, state.policy)
+        self._appending = store if isinstance(store, AppendingTaskStore) else None
+        """The store, when it stores an outcome and its event in one write (SQLite): asked once, not per task."""
 
     async def _update(self, record: TaskRecord) -> TaskRecord | None:
         """Store a task's new state (:meth:`.TaskStore.update`) and wake the listen streams watching it here."""
-        stored = await self.store.update(record)
-        if stored is not None and record.task_id in self.running:  # this process produces the task's events
-            await self.events.observe(stored)
+        appending = self._appending
+        if appending is not None and record.status.terminal and record.task_id in self.running:
+            stored = await self.events.settle(record, appending)  # the outcome and its event in one write
+        else:
+            stored = await self.store.update(record)
+            if stored is not None and record.task_id in self.running:  # this process produces the task's events
+                await self.events.observe(stored)
         for watcher in self.watchers.get(record.task_id, ()):
             watcher.set()
         return stored
