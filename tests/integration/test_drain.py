@@ -23,6 +23,7 @@ from mcp_lossless.client.errors import CallMayHaveRun
 from mcp_lossless.client.modern import ModernClient
 from mcp_lossless.core.errors import EXECUTION_LOST, TASK_EXECUTION_LOST
 from tests.support.mcp_http import Peer, StreamRead, call, dev_token, parse_sse
+from tests.support.modern_http import ModernPeer
 from tests.support.processes import free_port, started_cli_server
 
 pytestmark = pytest.mark.anyio
@@ -131,3 +132,44 @@ async def test_sigterm_drains_running_calls_and_tasks_and_every_client_gets_its_
                             await client.resume_task("fetch", task_id, timeout=30)
                         assert lost.value.error is not None and lost.value.error["code"] == TASK_EXECUTION_LOST
     assert sorted(tasks) == [0, 1, 2, 3, 4]
+
+
+async def test_a_keyed_2026_call_past_the_drain_ends_as_execution_lost_on_its_open_request(tmp_path: Path) -> None:
+    """Every ``ModernClient`` call to our server is keyed (SEP-3182), and a keyed call runs detached from its
+    request: the drain's deadline must end it too, its waiting client answered execution lost on the stream it
+    reads. Before, only unkeyed calls and tasks were ended: the keyed one ran on, uvicorn's own shutdown timeout
+    cut the response with a traceback in the log, and the client got no outcome (a cut stream)."""
+    port = free_port()
+    drain = 1.0
+    args = ["--port", str(port), "--store", f"sqlite:{tmp_path / 'keyed.db'}", "--drain-seconds", str(drain)]
+    base = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(timeout=60) as http:
+        with started_cli_server(args) as (proc, _):
+            peer = ModernPeer(http, base, await dev_token(http, base, f"{base}/mcp"))
+            message = peer.message(
+                "tools/call",
+                {
+                    "name": "search",
+                    "arguments": {"query": "q", **LONG},
+                    "idempotencyKey": "drained-key",
+                    "_meta": {"progressToken": "p"},
+                },
+            )
+            read = StreamRead(0)
+            terminated = False
+            content = orjson.dumps(message)
+            async with http.stream("POST", peer.url, headers=peer.headers(message), content=content) as response:
+                read.status = response.status_code
+                buffer = ""
+                async for chunk in response.aiter_text():
+                    buffer += chunk
+                    while "\n\n" in buffer:
+                        block, buffer = buffer.split("\n\n", 1)
+                        read.events.extend(parse_sse(block + "\n\n"))
+                        if not terminated and any(m.get("method") for m in read.messages):
+                            proc.send_signal(signal.SIGTERM)  # at its first progress: running, keyed, waited for
+                            terminated = True
+            status = await anyio.to_thread.run_sync(proc.wait, drain + EXIT_SLACK)
+        assert status == -signal.SIGTERM
+    answer = answer_of(read, message["id"])
+    assert answer["error"]["code"] == EXECUTION_LOST, answer  # type: ignore[index]

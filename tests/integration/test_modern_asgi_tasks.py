@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from time import time
 from typing import Any
@@ -40,6 +41,7 @@ from mcp_lossless.core.errors import (
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, new_task
 from mcp_lossless.server.demo import demo_tools
+from mcp_lossless.server.modern import tasks as modern_tasks
 from mcp_lossless.server.tools import ToolContext, ToolRegistry
 from mcp_lossless.stores.base import EventStore
 from tests.support.in_process import BASE, MCP, InProcess, in_process, principal_of, raw_post, tool_resource
@@ -229,6 +231,27 @@ async def test_a_task_is_created_then_delivered_whole_to_its_owner(server: InPro
         },
         "resultType": "complete",
     }
+
+
+async def test_a_completed_task_was_last_updated_when_it_completed(
+    server: InProcess, gates: Gates, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lastUpdatedAt`` of a completed task is when it completed, not when its tool started: the completion's
+    time was read before the tool's result was awaited, so a task that ran an hour said it ended as it began
+    (and its retention counted from its start). The task module's clock is the test's, moved while the tool runs."""
+    clock = [time()]
+    monkeypatch.setattr(modern_tasks, "now", lambda: clock[0])
+    peer = server.peer()
+    task_id = await create_task(peer, "hold_task")
+    await gates.started.wait()
+    clock[0] += 100.0
+    gates.release.set()
+    result = await polled_until(peer, task_id, "working")
+    assert result["status"] == "completed", result
+    created, updated = (
+        datetime.fromisoformat(result[k].replace("Z", "+00:00")) for k in ("createdAt", "lastUpdatedAt")
+    )
+    assert (updated - created).total_seconds() == pytest.approx(100.0, abs=0.01), result
 
 
 # -- who may look at a task ----------------------------------------------------------------------------------

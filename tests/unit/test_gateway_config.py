@@ -56,6 +56,11 @@ def test_a_full_upstream_parses() -> None:
         ({"name": "a", "url": "http://x", "timeout": 0}, "timeout must be"),
         ({"name": "a", "url": "http://x", "prefix": "a/b"}, "prefix may hold"),
         ({"name": "a", "url": "http://x", "typo": 1}, "unknown keys typo"),
+        ({"nmae": "a", "url": "http://x"}, "unknown keys nmae (did you mean name"),
+        (
+            {"name": "a", "url": "http://x", "timout": 5, "alow": ["t"]},
+            "alow (did you mean allow.), timout (did you mean timeout",
+        ),
         ({"name": "a", "url": "http://x", "sessions": 0}, "sessions must be"),
         ({"name": "a", "url": "http://x", "scopes": ["docs:read"]}, "scopes must be a table"),
         ({"name": "a", "url": "http://x", "scopes": {"t": "docs:read"}}, "scopes.t must be a list"),

@@ -109,3 +109,25 @@ def test_a_model_with_any_other_setting_is_not_shortcut() -> None:
     assert plain_arguments(aliased) is None
     assert plain_arguments(constrained) is None
     assert plain_arguments(plain) == ({"a": str}, {}, frozenset({"a"}))
+
+
+def test_a_constraint_in_the_signature_is_enforced_and_published() -> None:
+    """``Annotated[int, Field(ge=1)]`` reaches the model: type hints read without their extras dropped it silently."""
+    registry = ToolRegistry()
+
+    @registry.tool()
+    async def bounded(count: Annotated[int, pydantic.Field(ge=1, le=10)], label: Annotated[str, "a note"] = "x") -> str:
+        return ""
+
+    tool = registry.tools["bounded"]
+    assert tool.plain is None  # a constrained field is never shortcut
+    assert tool.bind({"count": 3}) == {"count": 3, "label": "x"}
+    for wrong in (0, 11):
+        with pytest.raises(ToolInputError, match="count: Input should be"):
+            tool.bind({"count": wrong})
+    assert tool.input_schema()["properties"]["count"] == {
+        "maximum": 10,
+        "minimum": 1,
+        "title": "Count",
+        "type": "integer",
+    }

@@ -22,6 +22,7 @@ The credentials of an upstream are its own: a client's token never travels on (n
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shutil
@@ -229,13 +230,21 @@ def _catalog_rule(where: str, key: str, value: object) -> CatalogRule:
     )
 
 
+def _meant(key: str) -> str:
+    """The upstream key an unknown one probably meant, as the server's settings name theirs: a typo of ``name``
+    or ``timeout`` is otherwise read as a key the operator never wrote."""
+    close = difflib.get_close_matches(key, sorted(_KNOWN), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def parse_upstream(raw: Mapping[str, Any], index: int = 0) -> UpstreamConfig:
     where = f"upstream #{index + 1}"
     if not isinstance(raw, Mapping):
         raise GatewayConfigError(f"{where} must be a table")
     unknown = set(raw) - _KNOWN
     if unknown:
-        raise GatewayConfigError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
+        named = ", ".join(key + _meant(key) for key in sorted(unknown))
+        raise GatewayConfigError(f"{where}: unknown keys {named}")
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise GatewayConfigError(f"{where}: name must be 1-64 letters, digits, '_', '.', '-' (got {name!r})")

@@ -294,7 +294,7 @@ def scope_tokens(owner: str, scopes: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _arguments_model(name: str, fn: Callable[..., Any]) -> tuple[type[pydantic.BaseModel], str | None]:
-    hints = get_type_hints(fn)
+    hints = get_type_hints(fn, include_extras=True)  # keeps `Annotated` constraints (`Field(ge=0)`) on the field
     fields: dict[str, Any] = {}
     context_param = None
     for param in inspect.signature(fn).parameters.values():

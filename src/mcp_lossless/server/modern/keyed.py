@@ -170,7 +170,7 @@ class KeyedCalls:
                 if not job.done():  # the request's count is released when it returns: the call takes its place
                     s.sessions.hold_call(grant.principal)
                     job.add_done_callback(lambda _job: s.sessions.end_call(grant.principal))
-            await respond(send, 200, job.result(), b"application/json")
+            await respond(send, 200, self._answer_of(job, record), b"application/json")
             return
         gone = loop.create_task(disconnected(receive))
         streaming = False
@@ -195,7 +195,7 @@ class KeyedCalls:
             while not channel.quiet():  # every notification is on the stream before the answer
                 body = frames.sse(None, channel.queue.get_nowait())
                 await send({"type": "http.response.body", "body": body, "more_body": True})
-            answer = job.result()
+            answer = self._answer_of(job, record)
             if streaming:
                 await send({"type": "http.response.body", "body": frames.sse(None, answer)})
             else:
@@ -205,6 +205,15 @@ class KeyedCalls:
             if not job.done():  # the request's count is released when it returns: the call takes its place
                 s.sessions.hold_call(grant.principal)
                 job.add_done_callback(lambda _job: s.sessions.end_call(grant.principal))
+
+    @staticmethod
+    def _answer_of(job: asyncio.Task[bytes], record: StreamRecord) -> bytes:
+        """What the waiting client gets of a finished job: its answer, or execution lost when the drain's deadline
+        cancelled it (:meth:`.ModernLeg.end_running`): one outcome on the open request, never a cut response. The
+        key records nothing then (:meth:`_answer`); a retry finds its stream's owner gone and hears it lost."""
+        if job.cancelled():
+            return frames.execution_lost(record.requests[0].request_id)
+        return job.result()
 
     async def _answer(self, record: StreamRecord, work: Coroutine[Any, Any, bytes], answered: list[bytes]) -> bytes:
         """The keyed call's answer, stored as its stream's one event (the key's outcome) before it is returned (and

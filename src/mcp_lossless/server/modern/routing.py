@@ -95,9 +95,10 @@ class ModernLeg:
         self.inline.state_key = mrtr.state_key(await self.state.store.secret())
 
     async def end_running(self) -> None:
-        """A drain's deadline: each call running in its request answers execution lost on its stream, each task
-        records itself lost (the process goes); waited for, so every outcome is out before connections close."""
-        ending = [*self.in_request, *self.tasks.running.values()]
+        """A drain's deadline: each call running in its request answers execution lost on its stream (a keyed one
+        too, while its client waits), each task records itself lost (the process goes); waited for, so every
+        outcome is out before connections close."""
+        ending = [*self.in_request, *self.keyed.running, *self.tasks.running.values()]
         for task in ending:
             task.cancel("server shutdown")
         if ending:

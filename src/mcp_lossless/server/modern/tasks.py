@@ -250,7 +250,8 @@ class Tasks:
         task_id = record.task_id
         try:
             try:
-                settled = advance(record, TaskStatus.COMPLETED, now(), result=await run_tool(tool, params, ctx))
+                result = await run_tool(tool, params, ctx)  # awaited first: the clock is read when it ends
+                settled = advance(record, TaskStatus.COMPLETED, now(), result=result)
             except MethodError as exc:
                 error = frames.error_message(None, exc.code, exc.message, exc.data)["error"]
                 settled = advance(record, TaskStatus.FAILED, now(), message=exc.message, error=error)
