@@ -11,6 +11,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+import orjson
+
 from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +60,7 @@ def test_every_block_is_run_or_known_not_to_be() -> None:
     runnable = {body.splitlines()[0] for lang, body in blocks() if lang == "sh" and "SERVER=$!" in body}
     python = {body.splitlines()[0] for lang, body in blocks() if lang == "python"}
     assert firsts - runnable - python == NOT_RUN
-    assert len(runnable) == 3 and len(python) == 2
+    assert len(runnable) == 4 and len(python) == 2
 
 
 def test_the_library_example_is_the_shipped_files() -> None:
@@ -110,6 +112,20 @@ def test_call_from_the_shell_shows_progress_then_a_task_polled_to_its_result() -
     assert len({task_id for _, task_id, _ in tasks}) == 1, "one task, named on each line"
     states = [state for _, _, state in tasks]
     assert states[0].startswith("working") and states[-1] == "completed"
+
+
+def test_a_2026_07_28_call_with_curl_is_answered_replayed_then_polled_as_a_task() -> None:
+    """The stateless walkthrough: the headers and ``_meta`` it shows are what the server asks; a repeated key is
+    replayed, not run again; a task is polled with ``tasks/get`` to its result."""
+    done = run_bash(script("tasks/get"))
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    first, again, polled = (orjson.loads(line) for line in done.stdout.splitlines())
+    text = {"type": "text", "text": "search results for 'x': 3 documents"}
+    assert first["result"]["content"] == [text] and "_meta" not in first["result"], first
+    assert again["result"]["content"] == [text], again
+    assert again["result"]["_meta"] == {"io.github.mcp-lossless/replayed": True}, again
+    assert polled["result"]["status"] == "completed", polled
+    assert polled["result"]["result"]["content"][0]["text"] == "contents of https://example.com: 19 bytes", polled
 
 
 def test_make_run_passes_its_args_to_serve() -> None:
