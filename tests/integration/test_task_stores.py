@@ -258,6 +258,13 @@ async def test_sqlite_reads_the_files_record_when_it_differs_from_what_this_proc
         polled = await tasks.poll(record.task_id, ALICE, T0 + 2)
         assert polled == replace(elsewhere, seen_at=T0 + 2)
 
+        theirs = replace(task("t-3"), principal=MALLORY)  # the row another principal's now, the kept record alice's
+        await tasks.create(task("t-3"))
+        taken = encode_task(theirs)
+        await events.run_write(lambda db: db.execute("UPDATE tasks SET record = ? WHERE task_id = 't-3'", (taken,)))
+        assert await tasks.poll("t-3", ALICE, T0 + 2) == theirs, "not alice's task in the file: nothing noted"
+        assert await tasks.get("t-3") == theirs
+
         def rolled_back(db: sqlite3.Connection) -> None:
             db.execute("SELECT * FROM no_such_table")  # fails: its transaction, the update's write included, rolls back
 
