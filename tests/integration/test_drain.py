@@ -22,7 +22,7 @@ from mcp_lossless.client import OAuth
 from mcp_lossless.client.errors import CallMayHaveRun
 from mcp_lossless.client.modern import ModernClient
 from mcp_lossless.core.errors import EXECUTION_LOST, TASK_EXECUTION_LOST
-from tests.support.mcp_http import Peer, StreamRead, call, dev_token, parse_sse
+from tests.support.mcp_http import Peer, StreamRead, call, dev_token, read_events
 from tests.support.modern_http import ModernPeer
 from tests.support.processes import free_port, started_cli_server
 
@@ -43,15 +43,12 @@ async def stream_call(peer: Peer, request_id: int, arguments: dict[str, object],
     payload = call(request_id, "fetch", progress=f"p{request_id}", url=f"https://example.com/{request_id}", **arguments)
     async with peer.http.stream("POST", peer.url, headers=peer.headers(), content=orjson.dumps(payload)) as response:
         read.status = response.status_code
-        buffer = ""
-        async for chunk in response.aiter_text():
-            buffer += chunk
-            while "\n\n" in buffer:
-                block, buffer = buffer.split("\n\n", 1)
-                read.events.extend(parse_sse(block + "\n\n"))
-                if any(m.get("method") == "notifications/progress" for m in read.messages):
-                    started.set()
+        await read_events(response, read, lambda read: _progressed(read) and started.set())
     return read
+
+
+def _progressed(read: StreamRead) -> bool:
+    return any(m.get("method") == "notifications/progress" for m in read.messages)
 
 
 async def start_task(
@@ -157,18 +154,17 @@ async def test_a_keyed_2026_call_past_the_drain_ends_as_execution_lost_on_its_op
             )
             read = StreamRead(0)
             terminated = False
+
+            def terminate_at_first_progress(read: StreamRead) -> None:
+                nonlocal terminated
+                if not terminated and any(m.get("method") for m in read.messages):
+                    proc.send_signal(signal.SIGTERM)  # at its first progress: running, keyed, waited for
+                    terminated = True
+
             content = orjson.dumps(message)
             async with http.stream("POST", peer.url, headers=peer.headers(message), content=content) as response:
                 read.status = response.status_code
-                buffer = ""
-                async for chunk in response.aiter_text():
-                    buffer += chunk
-                    while "\n\n" in buffer:
-                        block, buffer = buffer.split("\n\n", 1)
-                        read.events.extend(parse_sse(block + "\n\n"))
-                        if not terminated and any(m.get("method") for m in read.messages):
-                            proc.send_signal(signal.SIGTERM)  # at its first progress: running, keyed, waited for
-                            terminated = True
+                await read_events(response, read, terminate_at_first_progress)
             status = await anyio.to_thread.run_sync(proc.wait, drain + EXIT_SLACK)
         assert status == -signal.SIGTERM
     answer = answer_of(read, message["id"])

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from mcp_lossless.core.errors import DELIVERY_REFUSED, EXECUTION_LOST
-from tests.support.mcp_http import Peer, StreamRead, call, dev_token, parse_sse
+from tests.support.mcp_http import Peer, StreamRead, call, dev_token, read_events
 from tests.support.processes import ServerProcess, free_port
 from tests.support.redis_server import RedisServer, redis_server_binary
 
@@ -100,14 +100,7 @@ async def read_while(
     async with peer.http.stream("GET", peer.url, headers=headers) as response:
         read = StreamRead(response.status_code, headers=response.headers)
         out.append(read)
-        buffer = ""
-        async for chunk in response.aiter_text():
-            buffer += chunk
-            while "\n\n" in buffer:
-                block, buffer = buffer.split("\n\n", 1)
-                read.events.extend(parse_sse(block + "\n\n"))
-                if len(read.ids) >= ids_needed:
-                    reached.set()
+        await read_events(response, read, lambda read: len(read.ids) >= ids_needed and reached.set())
     reached.set()
 
 

@@ -30,7 +30,7 @@ from mcp_lossless.core.protocol import RESOURCE_META_KEY, SCOPES_META_KEY
 from mcp_lossless.gateway import UpstreamConfig
 from tests.interop.peers.fastmcp_upstream import build_fastmcp_app
 from tests.support.gateway_deployment import Deployment, sdk_upstream, serve_gateway
-from tests.support.mcp_http import Peer, StreamRead, call, dev_token, parse_sse
+from tests.support.mcp_http import Peer, StreamRead, call, dev_token, read_events
 from tests.support.node import everything_server, node_binary
 from tests.support.uvicorn_server import base_url, loopback_socket, serve_app
 
@@ -466,15 +466,14 @@ async def read_with(
         peer.http.stream("POST", peer.url, headers=peer.headers(), content=orjson.dumps(payload)) as response,
     ):
         read.status = response.status_code
-        buffer = ""
-        async for chunk in response.aiter_text():
-            buffer += chunk
-            while "\n\n" in buffer:
-                block, buffer = buffer.split("\n\n", 1)
-                read.events.extend(parse_sse(block + "\n\n"))
-                if not fired and any(m.get("method") == "notifications/progress" for m in read.messages):
-                    fired = True
-                    tg.start_soon(at_first_progress, read)
+
+        def fire_at_first_progress(read: StreamRead) -> None:
+            nonlocal fired
+            if not fired and any(m.get("method") == "notifications/progress" for m in read.messages):
+                fired = True
+                tg.start_soon(at_first_progress, read)
+
+        await read_events(response, read, fire_at_first_progress)
     assert fired, "the call reported progress before it ended"
     return read
 

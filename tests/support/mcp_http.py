@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -121,15 +122,26 @@ class Peer:
             if not response.headers.get("content-type", "").startswith("text/event-stream"):
                 read.body = await response.aread()
                 return read
-            buffer = ""
-            async for chunk in response.aiter_text():
-                buffer += chunk
-                while "\n\n" in buffer:
-                    block, buffer = buffer.split("\n\n", 1)
-                    read.events.extend(parse_sse(block + "\n\n"))
-                    if stop_after is not None and len(read.ids) >= stop_after:
-                        return read  # leaving the block closes the connection mid-stream
-            return read
+            if stop_after is not None:
+                await read_events(response, read, lambda read: len(read.ids) >= stop_after)
+            else:
+                await read_events(response, read)
+            return read  # leaving the block before the stream's end closes the connection mid-stream
+
+
+async def read_events(
+    response: httpx.Response, read: StreamRead, after_block: Callable[[StreamRead], bool | None] = lambda _read: None
+) -> None:
+    """``response``'s SSE events into ``read.events`` as each block arrives, to the stream's end; ``after_block``
+    looks at ``read`` after each block (to act at a given event), and stops the reading when it returns true."""
+    buffer = ""
+    async for chunk in response.aiter_text():
+        buffer += chunk
+        while "\n\n" in buffer:
+            block, buffer = buffer.split("\n\n", 1)
+            read.events.extend(parse_sse(block + "\n\n"))
+            if after_block(read):
+                return
 
 
 async def dev_token(
