@@ -74,3 +74,51 @@ async def test_a_modern_call_with_malformed_params_is_invalid_params(
     read = await peer.send(sent)
     assert read.status == (400 if message == UNNAMED else 200)
     assert answer(read) == rpc_error(7, INVALID_PARAMS, message)
+
+
+# -- arguments held to the published schema -------------------------------------------------------------------
+
+NOT_INTEGER = "invalid arguments for search: steps: Input should be a valid integer"
+STEPS: list[tuple[object, str | None]] = [
+    ("0", NOT_INTEGER),
+    (True, NOT_INTEGER),
+    (False, NOT_INTEGER),
+    (0.5, NOT_INTEGER),
+    (None, NOT_INTEGER),
+    (0, None),
+    (0.0, None),  # JSON Schema's integer: a number with no fractional part
+]
+STEP_IDS = ["string", "true", "false", "fraction", "null", "int", "integral-float"]
+
+
+async def test_search_publishes_steps_as_an_integer(server_url: str, http: httpx.AsyncClient) -> None:
+    peer = ModernPeer(http, server_url, await dev_token(http, server_url, f"{server_url}/mcp"), tasks=False)
+    (search,) = [t for t in answer(await peer.request("tools/list"))["result"]["tools"] if t["name"] == "search"]
+    assert search["inputSchema"]["properties"]["steps"]["type"] == "integer"
+
+
+@pytest.mark.parametrize(("steps", "message"), STEPS, ids=STEP_IDS)
+async def test_a_legacy_call_is_held_to_the_published_schema(
+    server_url: str, http: httpx.AsyncClient, steps: object, message: str | None
+) -> None:
+    peer = Peer(http, server_url, await dev_token(http, server_url, f"{server_url}/mcp"))
+    await peer.initialize()
+    read = await peer.post(call(7, "search", query="q", steps=steps))
+    assert read.status == 200
+    if message is None:
+        assert read.messages[-1]["result"]["isError"] is False
+    else:
+        assert read.messages == [rpc_error(7, INVALID_PARAMS, message)]
+
+
+@pytest.mark.parametrize(("steps", "message"), STEPS, ids=STEP_IDS)
+async def test_a_modern_call_is_held_to_the_published_schema(
+    server_url: str, http: httpx.AsyncClient, steps: object, message: str | None
+) -> None:
+    peer = ModernPeer(http, server_url, await dev_token(http, server_url, f"{server_url}/mcp"), tasks=False)
+    read = await peer.call("search", query="q", steps=steps)
+    assert read.status == 200
+    if message is None:
+        assert answer(read)["result"]["isError"] is False
+    else:
+        assert answer(read)["error"] == {"code": INVALID_PARAMS, "message": message}
