@@ -26,7 +26,7 @@ from ...stores.tasks import TaskStore
 from ..errors import Refused
 from ..idempotency import Keys
 from ..observability import now
-from ..requests import STATELESS_METHODS, extra, uncovered
+from ..requests import STATELESS_METHODS, extra, uncovered, unknown_tool, unnamed
 from ..state import ServerState
 from ..tools import MethodError, RegisteredTool, ToolContext
 from .inline import InlineRuns, RequestChannel, input_before_task, run_tool
@@ -242,7 +242,9 @@ class ModernLeg:
             if field is not None:
                 name = index.get(b"mcp-name")
                 value = params.get(field)
-                if name is None or not isinstance(value, str) or header_text(name) != value:
+                if not isinstance(value, str):  # the body is wrong, whatever its header says
+                    raise refused(400, errors.INVALID_PARAMS, unnamed(method, field))
+                if name is None or header_text(name) != value:
                     raise refused(
                         400, errors.HEADER_MISMATCH, f"Mcp-Name header must be present and equal params.{field}"
                     )
@@ -276,7 +278,7 @@ class ModernLeg:
         name = params.get("name")
         tool = s.tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            await invalid_params(send, rid, f"unknown tool {name!r}")
+            await invalid_params(send, rid, unknown_tool(params))
             return
         mirrored = self._mirrored(tool)
         if mirrored:  # most tools mirror no argument: nothing to check
