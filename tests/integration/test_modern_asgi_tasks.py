@@ -266,7 +266,7 @@ async def test_a_completed_task_was_last_updated_when_it_completed(
 
 
 async def test_task_ids_begin_with_the_time_they_were_made(server: InProcess) -> None:
-    """ADR 0038: a task id is a stream key (its time in milliseconds, then 144 random bits), so the SQLite file's
+    """ADR 0039: a task id is a stream key (its time in milliseconds, then 144 random bits), so the SQLite file's
     task rows and its streams' go at the end of their B-trees, not on a random page each."""
     peer = server.peer()
     ids = []

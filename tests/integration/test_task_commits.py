@@ -79,7 +79,7 @@ async def test_a_poll_is_one_trip_to_the_writer(
     monkeypatch.setattr(modern_tasks, "now", lambda: clock[0])
     owner, stranger = server.peer(), server.peer(server.mallory)
     task_id = await create_task(owner, "quiet_task")
-    clock[0] += 2 * POLL_NOTED_WITHIN  # late enough for the owner's poll to restart the TTL (ADR 0038)
+    clock[0] += 2 * POLL_NOTED_WITHIN  # late enough for the owner's poll to restart the TTL (ADR 0039)
     for peer in (owner, stranger, owner):  # the owner's poll reads and restarts the TTL in one write
         before = store.batches
         await peer.task("tasks/get", task_id)

@@ -55,7 +55,7 @@ class Server:
 
     async def put(self, task_id: str, owner: str | None = None, status: TaskStatus = TaskStatus.WORKING) -> TaskRecord:
         """A task of the dev client's for the fetch tool, owned by ``owner`` (default: this process), made and settled
-        long enough ago for its owner's poll to restart its TTL (ADR 0038: not within ``POLL_NOTED_WITHIN``)."""
+        long enough ago for its owner's poll to restart its TTL (ADR 0039: not within ``POLL_NOTED_WITHIN``)."""
         modern = self.app.modern
         at = now() - 2 * POLL_NOTED_WITHIN
         record = new_task(

@@ -137,7 +137,7 @@ async def test_a_poll_is_noted_only_for_its_owners_live_task(store: TaskStore) -
 
 
 async def test_a_poll_that_would_move_the_expiry_by_less_than_the_grain_is_not_written(store: TaskStore) -> None:
-    """ADR 0038: a poll within ``min(POLL_NOTED_WITHIN, ttl / 100)`` of the task's last change or noted poll writes
+    """ADR 0039: a poll within ``min(POLL_NOTED_WITHIN, ttl / 100)`` of the task's last change or noted poll writes
     nothing (its TTL restarts up to that much early); later ones are written; an unlimited task's never are."""
     short, long, unlimited = task("short", ttl=30), task("long", ttl=3600), task("unlimited", ttl=None)
     for record in (short, long, unlimited):

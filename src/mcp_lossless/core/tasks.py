@@ -214,7 +214,7 @@ def described(record: TaskRecord, message: str, now: float) -> TaskRecord:
 
 POLL_NOTED_WITHIN = 1.0
 """Seconds by which an owner's poll may restart a task's TTL late, at most (and never by more than a hundredth of
-the TTL): a poll that would move the TTL's start by no more is not written (:func:`noted`, ADR 0038)."""
+the TTL): a poll that would move the TTL's start by no more is not written (:func:`noted`, ADR 0039)."""
 
 
 def noted(record: TaskRecord, now: float) -> bool:

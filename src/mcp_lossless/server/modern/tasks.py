@@ -210,7 +210,7 @@ class Tasks:
         requirement = Requirement(frozenset(resources_in(tags)), frozenset(scopes_in(tags)))
         # The id begins with its time (a stream key, 144 random bits after it): the task's rows and its stream's go at
         # the end of the SQLite file's B-trees, so the tasks created, settled and polled in one commit share a few
-        # pages instead of each dirtying a random one (ADR 0038).
+        # pages instead of each dirtying a random one (ADR 0039).
         record = new_task(stream_key(), grant.principal, tool.name, requirement, s.instance, at, self.ttl)
         try:
             await self._store_new(record)  # durable before the client hears of it
