@@ -97,10 +97,14 @@ class ModernLeg:
     async def end_running(self) -> None:
         """A drain's deadline: each call running in its request answers execution lost on its stream (a keyed one
         too, while its client waits), each task records itself lost (the process goes); waited for, so every
-        outcome is out before connections close."""
+        outcome is out before connections close. A keyed call whose answer is being stored is waited for, not
+        cancelled: its write goes on regardless (SQLite's writer commits what was queued), so its commit, not the
+        deadline, decides the key's outcome, and its client gets what a re-issue of the key gets."""
         ending = [*self.in_request, *self.keyed.running, *self.tasks.running.values()]
+        storing = self.keyed.storing
         for task in ending:
-            task.cancel("server shutdown")
+            if task not in storing:
+                task.cancel("server shutdown")
         if ending:
             await asyncio.wait(ending, timeout=SHUTDOWN_SECONDS)
 
