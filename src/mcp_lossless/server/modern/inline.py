@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Protocol
 
-from ...asgi import Receive, Send, disconnected, respond
+from ...asgi import Receive, Send, disconnected, respond, sent_whole
 from ...core import errors, frames, mrtr, protocol
 from ...core.events import RequestId
 from ...core.principal import Grant
@@ -275,7 +275,9 @@ class InlineRuns:
             queue = channel._queue  # RequestChannel.quiet written out: this runs once a request
             quiet = queue is None or queue.empty()  # no task, no watcher, no stream: nothing else to wait for
             if quiet and type(exc) is StopIteration:  # answered, nearly every call: framed at once, no outcome kept
-                await respond(send, 200, frames.result(rid, {**exc.value, **COMPLETE}), b"application/json")
+                body = frames.result(rid, {**exc.value, **COMPLETE})
+                if not sent_whole(send, 200, body, b"application/json"):
+                    await respond(send, 200, body, b"application/json")
                 return
             outcome = RunOutcome()
             outcome.settle(exc)
