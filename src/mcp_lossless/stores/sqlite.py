@@ -307,7 +307,7 @@ class _Open:
     """A queued :meth:`SqliteStore.open_stream`: part of the batch's appends, so a call's stream record and its
     answer arriving in one batch cost one row write and no read."""
 
-    __slots__ = ("future", "keys", "record", "requests")
+    __slots__ = ("future", "keys", "record", "requests", "session")
 
     def __init__(
         self,
@@ -315,6 +315,7 @@ class _Open:
         future: asyncio.Future[None],
         keys: Sequence[tuple[Any, ...]] = (),
         requests: str | None = None,
+        session: SessionRecord | None = None,
     ) -> None:
         self.record = record
         self.future = future
@@ -323,6 +324,8 @@ class _Open:
         self.requests = requests
         """The record's requests encoded (:func:`encode_requests`) when the loop did so already, for the key
         journal: not encoded twice."""
+        self.session = session
+        """The stream's session, stored in the same transaction (a task's stream, its own session)."""
 
 
 class _Call:
@@ -980,6 +983,8 @@ class SqliteStore:
                         continue
                     outcome((future, None, error))
                 elif isinstance(op, _Open):
+                    if op.session is not None:
+                        self._put_session(db, op.session)
                     batch.open(op)
                     if op.keys:  # a 2026-07-28 keyed call's own stream (its own session id): its key's principal's
                         _row, issuer, subject, client_id, *_rest = op.keys[0]
@@ -1171,22 +1176,15 @@ class SqliteStore:
         return self._secret
 
     async def put_session(self, record: SessionRecord) -> None:
+        await self._write(lambda db: self._put_session(db, record))
+
+    def _put_session(self, db: sqlite3.Connection, record: SessionRecord) -> None:
+        """The session's row, and its principal's count (writer thread, inside the caller's transaction)."""
         p = record.principal
-        row = (
-            record.session_id,
-            p.issuer,
-            p.subject,
-            p.client_id,
-            record.protocol_version,
-            record.created_at,
-            record.last_seen,
-        )
-
-        def put(db: sqlite3.Connection) -> None:
-            db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", row)
-            self._counts.bind(record.session_id, p)
-
-        await self._write(put)
+        row = (record.session_id, p.issuer, p.subject, p.client_id, record.protocol_version, record.created_at,
+               record.last_seen)  # fmt: skip
+        db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+        self._counts.bind(record.session_id, p)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         rows = await self._read(
@@ -1259,13 +1257,15 @@ class SqliteStore:
 
     idempotency_keys = True
 
-    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
+    def enqueue_open(
+        self, record: StreamRecord, keys: Sequence[KeyRecord] = (), session: SessionRecord | None = None
+    ) -> asyncio.Future[None]:
         """Queue the stream's row for the next transaction: with the events enqueued after it in the same loop turn
         (a call that answers at once), one transaction writes it and them, the row whole with its last position;
-        its idempotency keys' rows go in the same transaction."""
+        its idempotency keys' rows, and its session's, go in the same transaction."""
         future = self._future()
         if not keys:
-            self._submit(_Open(record.copy(), future))
+            self._submit(_Open(record.copy(), future, session=session))
             return future
         rows = []
         for key in keys:
@@ -1285,7 +1285,7 @@ class SqliteStore:
         held = self._held_keys
         for key, row_of in zip(keys, rows, strict=True):
             held.add(key.principal, key.key, key.expires, row_of[0])
-        self._submit(_Open(record.copy(), future, rows, requests))
+        self._submit(_Open(record.copy(), future, rows, requests, session))
         return future
 
     def _journaled(self, segment: Segment, keys: Sequence[KeyRecord], future: asyncio.Future[None]) -> None:
