@@ -19,7 +19,7 @@ import httpx
 import orjson
 import pytest
 
-from mcp_lossless.asgi import respond
+from mcp_lossless.asgi import respond, sent_whole
 from mcp_lossless.asgi.send import WHOLE
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.server.app import create_app
@@ -379,6 +379,9 @@ async def _whole(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await respond(send, 204)
     elif path == "/framed":  # a framing header of the app's own: uvicorn's send decides
         await respond(send, 200, b"abc", b"text/plain", [(b"connection", b"close")])
+    elif path == "/at-once":  # sent_whole, else (uvicorn's own protocol) the messages
+        if not sent_whole(send, 200, b"[1]", b"application/json"):
+            await respond(send, 200, b"[1]", b"application/json")
     else:
         await respond(send, 200, path.encode() * 3, b"application/json", [(b"X-Shown", b"a b"), (b"www-a", b"c=d")])
 
@@ -387,15 +390,16 @@ WHOLE_REQUESTS = [
     b"GET /a HTTP/1.1\r\nHost: h\r\n\r\nGET /none HTTP/1.1\r\nHost: h\r\n\r\nHEAD /h HTTP/1.1\r\nHost: h\r\n\r\n"
     b"POST /framed HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}",
     b"POST /b HTTP/1.0\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}",
+    b"POST /at-once HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nconnection: close\r\n\r\n{}",
     b"POST /c HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 3\r\nconnection: close\r\n\r\nabc",
 ]
 
 
 def test_a_whole_response_is_written_as_uvicorns_own_protocol_writes_its_two_messages() -> None:
-    """:func:`..asgi.respond` through the guarded protocol writes a response whole (``WholeCycle.send_whole``):
-    byte for byte what uvicorn's own protocol writes from the two messages (the date aside), a 204, a ``HEAD``
-    (no body), a framing header of the app's (left to uvicorn), HTTP/1.0 (closed) and ``Expect: 100-continue``
-    included, pipelined requests one after another."""
+    """:func:`..asgi.respond` (and :func:`..asgi.sent_whole`) through the guarded protocol writes a response whole
+    (``WholeCycle.send_whole``): byte for byte what uvicorn's own protocol writes from the two messages (the date
+    aside), a 204, a ``HEAD`` (no body), a framing header of the app's (left to uvicorn), HTTP/1.0 (closed) and
+    ``Expect: 100-continue`` included, pipelined requests one after another."""
 
     def answers(url: str) -> list[bytes]:
         out = []
@@ -412,7 +416,7 @@ def test_a_whole_response_is_written_as_uvicorns_own_protocol_writes_its_two_mes
     WHOLE_TAKEN.clear()
     with serve_guarded(_whole, ConnectionGuard(Limits(), cap=16)) as guarded:
         got = answers(guarded)
-    assert WHOLE_TAKEN == ["WholeCycle"] * 6
+    assert WHOLE_TAKEN == ["WholeCycle"] * 7
     assert b"x-shown: a b\r\n" in expected[0] and expected[0].count(b"HTTP/1.1 ") == 4
     assert got == expected
 

@@ -18,6 +18,13 @@ cost two coroutines, two dicts and a general header walk, some 8,000 instruction
 takes the messages."""
 
 
+def sent_whole(send: Send, status: int, body: bytes, content_type: bytes) -> bool:
+    """Whether the response went out whole at once (:data:`WHOLE`), with no coroutine of :func:`respond`'s: for the
+    answer nearly every request ends with; ``False``: nothing was sent, await :func:`respond`."""
+    whole = getattr(getattr(send, "__self__", None), WHOLE, None)
+    return whole is not None and bool(whole(status, [(b"content-type", content_type)], body))
+
+
 async def respond(
     send: Send,
     status: int,
