@@ -31,6 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl
 
@@ -1510,7 +1511,7 @@ def _insert_rows(db: sqlite3.Connection, table: str, rows: list[tuple[Any, ...]]
         if sql is None:
             row = "(" + ", ".join(["?"] * width) + ")"
             sql = _INSERTS[shape] = f"INSERT INTO {table} VALUES " + ", ".join([row] * len(chunk))
-        db.execute(sql, [value for one in chunk for value in one])
+        db.execute(sql, list(chain.from_iterable(chunk)))  # in C: a comprehension ran ~2 opcodes a value
 
 
 def _failures_first(outcomes: list[_Outcome]) -> list[_Outcome]:
