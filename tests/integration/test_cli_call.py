@@ -36,7 +36,7 @@ from mcp_lossless.client.errors import (
     SessionLost,
     ToolFailed,
 )
-from mcp_lossless.core.arguments import ArgumentError, parse_tool_arguments
+from mcp_lossless.core.arguments import ArgumentError, parse_tool_arguments, text_that_looks_like_json
 from mcp_lossless.core.errors import UPSTREAM_FAILED
 from tests.interop.peers.sdk_modern_server import MODERN, modern_only_sdk_server
 from tests.support.processes import CLI, ServerProcess, call_killed_midway, cli_server, free_port
@@ -149,6 +149,17 @@ def test_arguments_follow_httpie_text_and_raw_json(open_server: ServerProcess) -
         "progress 1/2 search step 1/2",
         "progress 2/2 search step 2/2",
     ]
+
+
+def test_a_number_sent_as_text_is_refused_with_the_json_form_named(open_server: ServerProcess) -> None:
+    """``steps=2`` sends the text "2", which the tool's published schema (an integer) refuses: the refusal says
+    which ``KEY:=JSON`` sends the number; a text argument that only looks like text gets no such hint."""
+    done = call(f"{open_server.base}/mcp", "search", "query=5", "steps=2", "delay_ms:=0")
+    assert done.returncode == EXIT_SERVER
+    assert "steps" in done.stderr and "for JSON write steps:=2" in done.stderr
+    assert "query:=5" not in done.stderr  # query=5 is the string the tool wants, and the server said nothing of it
+    refused = call(f"{open_server.base}/mcp", "search", "query:=5", "steps:=2")
+    assert refused.returncode == EXIT_SERVER and "for JSON write" not in refused.stderr
 
 
 def test_options_may_come_between_the_tools_arguments(open_server: ServerProcess) -> None:
@@ -462,6 +473,9 @@ def test_argument_values() -> None:
     for bad in (["novalue"], ["n:=nope"], [":=1"], ["a=1", "a:=1"]):
         with pytest.raises(ArgumentError):
             parse_tool_arguments(bad)
+    looks = ["n=5", "b=true", "z=null", "l=[1]", "s=hello", 'q="5"', "j:=5", "novalue", "e=", "nn=7"]
+    refusal = "invalid arguments: n, b, z, l, s, q, j, novalue, e: wrong type"
+    assert text_that_looks_like_json(looks, refusal) == ["n:=5", "b:=true", "z:=null", "l:=[1]"]
 
 
 def test_exit_status_per_outcome() -> None:

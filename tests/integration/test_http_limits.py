@@ -19,6 +19,8 @@ import httpx
 import orjson
 import pytest
 
+from mcp_lossless.asgi import respond, sent_whole
+from mcp_lossless.asgi.send import WHOLE
 from mcp_lossless.core.limits import Limits
 from mcp_lossless.server.app import create_app
 from mcp_lossless.server.config import ServerConfig
@@ -360,6 +362,62 @@ def test_the_guarded_protocol_gives_the_app_what_uvicorns_own_gives_it() -> None
     with serve_guarded(_scope_echo, ConnectionGuard(Limits(), cap=16)) as guarded:
         got = answers(guarded)
     assert all(b'"scope"' in answer for answer in expected), expected
+    assert got == expected
+
+
+WHOLE_TAKEN: list[str] = []
+"""What :func:`_whole` found behind its ``send``: the cycle's class when it offers a whole response."""
+
+
+async def _whole(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answers through :func:`..asgi.respond`: the status, headers and body a request's path names."""
+    await read_body(receive)
+    owner = getattr(send, "__self__", None)
+    WHOLE_TAKEN.append(type(owner).__name__ if hasattr(owner, WHOLE) else "")
+    path = scope["path"]
+    if path == "/none":
+        await respond(send, 204)
+    elif path == "/framed":  # a framing header of the app's own: uvicorn's send decides
+        await respond(send, 200, b"abc", b"text/plain", [(b"connection", b"close")])
+    elif path == "/at-once":  # sent_whole, else (uvicorn's own protocol) the messages
+        if not sent_whole(send, 200, b"[1]", b"application/json"):
+            await respond(send, 200, b"[1]", b"application/json")
+    else:
+        await respond(send, 200, path.encode() * 3, b"application/json", [(b"X-Shown", b"a b"), (b"www-a", b"c=d")])
+
+
+WHOLE_REQUESTS = [
+    b"GET /a HTTP/1.1\r\nHost: h\r\n\r\nGET /none HTTP/1.1\r\nHost: h\r\n\r\nHEAD /h HTTP/1.1\r\nHost: h\r\n\r\n"
+    b"POST /framed HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}",
+    b"POST /b HTTP/1.0\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}",
+    b"POST /at-once HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nconnection: close\r\n\r\n{}",
+    b"POST /c HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 3\r\nconnection: close\r\n\r\nabc",
+]
+
+
+def test_a_whole_response_is_written_as_uvicorns_own_protocol_writes_its_two_messages() -> None:
+    """:func:`..asgi.respond` (and :func:`..asgi.sent_whole`) through the guarded protocol writes a response whole
+    (``WholeCycle.send_whole``): byte for byte what uvicorn's own protocol writes from the two messages (the date
+    aside), a 204, a ``HEAD`` (no body), a framing header of the app's (left to uvicorn), HTTP/1.0 (closed) and
+    ``Expect: 100-continue`` included, pipelined requests one after another."""
+
+    def answers(url: str) -> list[bytes]:
+        out = []
+        for request in WHOLE_REQUESTS:
+            with _connect(url) as sock:
+                sock.sendall(request)
+                raw = _read_all(sock)
+            out.append(b"".join(line for line in raw.splitlines(True) if not line.startswith(b"date: ")))
+        return out
+
+    with serve_app(_whole, lifespan="off") as plain:
+        expected = answers(plain)
+    assert set(WHOLE_TAKEN) == {""}
+    WHOLE_TAKEN.clear()
+    with serve_guarded(_whole, ConnectionGuard(Limits(), cap=16)) as guarded:
+        got = answers(guarded)
+    assert WHOLE_TAKEN == ["WholeCycle"] * 7
+    assert b"x-shown: a b\r\n" in expected[0] and expected[0].count(b"HTTP/1.1 ") == 4
     assert got == expected
 
 

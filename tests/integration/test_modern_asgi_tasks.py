@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from time import time
+from time import time, time_ns
 from typing import Any
 
 import anyio
@@ -39,8 +39,9 @@ from mcp_lossless.core.errors import (
     TOOL_FORBIDDEN,
 )
 from mcp_lossless.core.limits import Limits
-from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, new_task
+from mcp_lossless.core.tasks import POLL_NOTED_WITHIN, Requirement, TaskRecord, TaskStatus, new_task
 from mcp_lossless.server.demo import demo_tools
+from mcp_lossless.server.keys import stamp
 from mcp_lossless.server.modern import tasks as modern_tasks
 from mcp_lossless.server.tools import ToolContext, ToolRegistry
 from mcp_lossless.stores.base import EventStore
@@ -211,15 +212,25 @@ async def put(server: InProcess, task_id: str, owner: str, at: float | None = No
 # -- delivered to its owner -------------------------------------------------------------------------------------
 
 
-async def test_a_task_is_created_then_delivered_whole_to_its_owner(server: InProcess) -> None:
+async def test_a_task_is_created_then_delivered_whole_to_its_owner(
+    server: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner's poll restarts the TTL, but only once it would move it by more than ``POLL_NOTED_WITHIN`` (the
+    task module's clock is the test's): a poll right after the task settled writes nothing."""
+    clock = [time()]
+    monkeypatch.setattr(modern_tasks, "now", lambda: clock[0])
     peer = server.peer()
     task_id = await create_task(peer, url="https://example.com/a", steps=0)
     result = await polled_until(peer, task_id, "working")
     seen = await server.tasks.get(task_id)
     assert seen is not None
+    clock[0] += POLL_NOTED_WITHIN / 2
+    await peer.task("tasks/get", task_id)
+    assert await server.tasks.get(task_id) == seen, "a poll within POLL_NOTED_WITHIN of the last change writes nothing"
+    clock[0] += POLL_NOTED_WITHIN
     await peer.task("tasks/get", task_id)
     polled = await server.tasks.get(task_id)
-    assert polled is not None and polled.seen_at > seen.seen_at, "the owner's poll restarts the TTL"
+    assert polled is not None and polled.seen_at == clock[0], "the owner's poll restarts the TTL"
     assert result.pop("ttlMs") >= 3_600_000 and result.pop("createdAt") <= result.pop("lastUpdatedAt")
     assert result == {
         "taskId": task_id,
@@ -254,6 +265,19 @@ async def test_a_completed_task_was_last_updated_when_it_completed(
     assert (updated - created).total_seconds() == pytest.approx(100.0, abs=0.01), result
 
 
+async def test_task_ids_begin_with_the_time_they_were_made(server: InProcess) -> None:
+    """ADR 0039: a task id is a stream key (its time in milliseconds, then 144 random bits), so the SQLite file's
+    task rows and its streams' go at the end of their B-trees, not on a random page each."""
+    peer = server.peer()
+    ids = []
+    for _ in range(3):
+        before = time_ns() // 1_000_000
+        ids.append(await create_task(peer, url="https://example.com/a", steps=0))
+        after = time_ns() // 1_000_000
+        assert stamp(before) <= ids[-1][:8] <= stamp(after) and len(ids[-1]) == 32, ids[-1]
+    assert len(set(ids)) == 3
+
+
 # -- who may look at a task ----------------------------------------------------------------------------------
 
 
@@ -284,13 +308,16 @@ async def test_another_principals_task_is_answered_byte_for_byte_as_an_unknown_o
 
 @pytest.mark.parametrize("method", TASK_METHODS)
 async def test_a_narrowed_token_is_denied_naming_what_is_missing_and_the_task_is_kept(
-    server: InProcess, gates: Gates, method: str
+    server: InProcess, gates: Gates, method: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = [time()]
+    monkeypatch.setattr(modern_tasks, "now", lambda: clock[0])
     peer = server.peer()
     task_id = await create_task(peer, "hold_task")
     await gates.started.wait()
     before = await server.tasks.get(task_id)
     assert before is not None
+    clock[0] += 2 * POLL_NOTED_WITHIN  # the denied look comes late enough to restart the TTL
     update = {"inputResponses": {"k": {"action": "accept"}}} if method == "tasks/update" else {}
     denied = await peer.send(peer.message(method, {"taskId": task_id, **update}, request_id=3), token=server.narrowed)
     assert_task_denied(

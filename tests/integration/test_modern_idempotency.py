@@ -7,6 +7,7 @@ counted; our ModernClient re-issues under the same key after a broken request st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -264,3 +265,55 @@ async def test_a_key_left_owned_by_this_live_server_with_nothing_running_is_exec
         assert lost["error"]["code"] == EXECUTION_LOST, lost
         assert lost["error"]["data"] == {"reason": "execution_lost", KEY_PARAM: KEY, "resumable": False}
     assert served_any.ledger.runs == []
+
+
+async def test_a_keyed_answer_committed_as_the_drain_ends_its_call_is_the_keys_outcome(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    """The drain's deadline ends each keyed call still running (``ModernLeg.end_running``). One whose answer was
+    being stored then: the write went on (SQLite's writer commits what was queued), so its key held the answer and
+    a re-issue got it, while the waiting client had been told execution lost. The drain is injected at the one point
+    that shows it, with no sleep: the answer's write has committed, its waiter has not resumed (the drain's first
+    step is queued before the waiter hears of the write: the loop runs callbacks in the order they were queued).
+    Now the commit decides: both get the answer, and the tool ran once. (A call ended before it answered is still
+    execution lost: ``test_drain.py``.) SQLite: the memory store's write resolves at once, leaving no such point."""
+    with contextlib.contextmanager(serve)(f"sqlite:{tmp_path / 'keys.db'}") as served:
+        await _drained_while_stored(served, http)
+
+
+async def _drained_while_stored(served: Served, http: httpx.AsyncClient) -> None:
+    alice = await peer(http, served)
+    app = served.app
+    store = app.state.store
+    enqueue = store.enqueue
+    drains: list[asyncio.Task[None]] = []
+
+    def enqueue_then_drain(event: Any, completes: bool = False) -> asyncio.Future[None]:
+        stored = enqueue(event, completes)
+        if not completes:
+            return stored
+        loop = asyncio.get_running_loop()
+        heard: asyncio.Future[None] = loop.create_future()  # what the keyed answer's waiter awaits
+
+        def relay(_stored: asyncio.Future[None]) -> None:
+            if not heard.done():  # (cancelled with its waiter)
+                heard.set_result(stored.result())
+
+        def committed(_stored: asyncio.Future[None]) -> None:
+            drains.append(loop.create_task(app.drain(0)))  # its deadline passed: its first step ends what runs
+            loop.call_soon(relay, stored)  # then the waiter hears its write committed
+
+        stored.add_done_callback(committed)
+        return heard
+
+    store.enqueue = enqueue_then_drain  # type: ignore[method-assign]
+    try:
+        first = answer(await keyed(alice, "charge", amount=7))
+    finally:
+        store.enqueue = enqueue  # type: ignore[method-assign]
+    assert len(drains) == 1, "the server drained as the answer's write committed"
+    assert "error" not in first, first  # was execution lost, for an answer its key held
+    assert first["result"]["content"][0]["text"] == "charged 7 (run 1)"
+    again = answer(await keyed(alice, "charge", amount=7))["result"]
+    assert again["content"] == first["result"]["content"] and again["_meta"][REPLAYED_META_KEY] is True
+    assert served.ledger.runs == ["charge 7"]

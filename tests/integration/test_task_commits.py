@@ -20,8 +20,9 @@ import orjson
 import pytest
 
 from mcp_lossless.core.task_stream import stream_of
-from mcp_lossless.core.tasks import TaskStatus, advance
+from mcp_lossless.core.tasks import POLL_NOTED_WITHIN, TaskStatus, advance
 from mcp_lossless.server.demo import demo_tools
+from mcp_lossless.server.modern import tasks as modern_tasks
 from mcp_lossless.server.tools import ToolContext, ToolRegistry
 from mcp_lossless.stores.sqlite import SqliteStore
 from tests.integration.test_modern_asgi_tasks import answer, create_task, polled_until
@@ -70,10 +71,15 @@ async def test_a_task_is_stored_in_two_trips_to_the_writer(served: tuple[InProce
         assert result["status"] == "completed" and result["result"]["content"][0]["text"] == "released"
 
 
-async def test_a_poll_is_one_trip_to_the_writer(served: tuple[InProcess, Counted, asyncio.Event]) -> None:
+async def test_a_poll_is_one_trip_to_the_writer(
+    served: tuple[InProcess, Counted, asyncio.Event], monkeypatch: pytest.MonkeyPatch
+) -> None:
     server, store, _ = served
+    clock = [time.time()]
+    monkeypatch.setattr(modern_tasks, "now", lambda: clock[0])
     owner, stranger = server.peer(), server.peer(server.mallory)
     task_id = await create_task(owner, "quiet_task")
+    clock[0] += 2 * POLL_NOTED_WITHIN  # late enough for the owner's poll to restart the TTL (ADR 0039)
     for peer in (owner, stranger, owner):  # the owner's poll reads and restarts the TTL in one write
         before = store.batches
         await peer.task("tasks/get", task_id)

@@ -18,7 +18,15 @@ import pytest
 
 from mcp_lossless.core.errors import INVALID_PARAMS, TASK_DENIED, TASK_EXECUTION_LOST
 from mcp_lossless.core.principal import Principal
-from mcp_lossless.core.tasks import UNKNOWN_MESSAGE, Requirement, TaskRecord, TaskStatus, advance, new_task
+from mcp_lossless.core.tasks import (
+    POLL_NOTED_WITHIN,
+    UNKNOWN_MESSAGE,
+    Requirement,
+    TaskRecord,
+    TaskStatus,
+    advance,
+    new_task,
+)
 from mcp_lossless.server.app import LosslessApp, create_app
 from mcp_lossless.server.config import ServerConfig
 from mcp_lossless.server.observability import now
@@ -46,13 +54,15 @@ class Server:
     """The dev client's principal (whose tasks these are)."""
 
     async def put(self, task_id: str, owner: str | None = None, status: TaskStatus = TaskStatus.WORKING) -> TaskRecord:
-        """A task of the dev client's for the fetch tool, owned by ``owner`` (default: this process)."""
+        """A task of the dev client's for the fetch tool, owned by ``owner`` (default: this process), made and settled
+        long enough ago for its owner's poll to restart its TTL (ADR 0039: not within ``POLL_NOTED_WITHIN``)."""
         modern = self.app.modern
+        at = now() - 2 * POLL_NOTED_WITHIN
         record = new_task(
-            task_id, self.principal, "fetch", Requirement(frozenset({FETCH})), owner or modern.state.instance, now(), 60
+            task_id, self.principal, "fetch", Requirement(frozenset({FETCH})), owner or modern.state.instance, at, 60
         )
         if status is TaskStatus.COMPLETED:
-            record = advance(record, status, now(), result={"content": [{"type": "text", "text": "the result"}]})
+            record = advance(record, status, at, result={"content": [{"type": "text", "text": "the result"}]})
         await modern.tasks.store.create(record)
         return record
 

@@ -17,7 +17,16 @@ import pytest
 from redis.asyncio import Redis
 
 from mcp_lossless.core.principal import Principal
-from mcp_lossless.core.tasks import Requirement, TaskRecord, TaskStatus, advance, encode_task, lost, new_task
+from mcp_lossless.core.tasks import (
+    POLL_NOTED_WITHIN,
+    Requirement,
+    TaskRecord,
+    TaskStatus,
+    advance,
+    encode_task,
+    lost,
+    new_task,
+)
 from mcp_lossless.stores.base import EventStore, StoreUnavailable
 from mcp_lossless.stores.memory import MemoryStore
 from mcp_lossless.stores.open import task_store_beside
@@ -125,6 +134,25 @@ async def test_a_poll_is_noted_only_for_its_owners_live_task(store: TaskStore) -
     polled = await store.poll("t-1", ALICE, T0 + 20)
     assert polled == replace(record, seen_at=T0 + 20) == await store.get("t-1"), "returned as stored: seen_at moved"
     assert await store.poll("t-404", ALICE, T0) is None
+
+
+async def test_a_poll_that_would_move_the_expiry_by_less_than_the_grain_is_not_written(store: TaskStore) -> None:
+    """ADR 0039: a poll within ``min(POLL_NOTED_WITHIN, ttl / 100)`` of the task's last change or noted poll writes
+    nothing (its TTL restarts up to that much early); later ones are written; an unlimited task's never are."""
+    short, long, unlimited = task("short", ttl=30), task("long", ttl=3600), task("unlimited", ttl=None)
+    for record in (short, long, unlimited):
+        await store.create(record)
+    assert await store.poll("short", ALICE, T0 + 0.2) == short == await store.get("short"), "0.2 s < 30 s / 100"
+    polled = await store.poll("short", ALICE, T0 + 0.4)
+    assert polled == replace(short, seen_at=T0 + 0.4) == await store.get("short")
+    assert await store.poll("short", ALICE, T0 + 0.6) == polled == await store.get("short"), "0.2 s after a poll"
+    settled = await store.update(advance(short, TaskStatus.COMPLETED, T0 + 5, result={"content": []}))
+    assert settled is not None and await store.poll("short", ALICE, T0 + 5.1) == settled, "0.1 s after its change"
+    assert await store.poll("long", ALICE, T0 + POLL_NOTED_WITHIN * 0.9) == long, "the grain is at most a second"
+    assert await store.poll("long", ALICE, T0 + POLL_NOTED_WITHIN * 1.1) == replace(
+        long, seen_at=T0 + POLL_NOTED_WITHIN * 1.1
+    )
+    assert await store.poll("unlimited", ALICE, T0 + 100) == unlimited == await store.get("unlimited")
 
 
 async def test_expired_tasks_are_purged_alike_in_every_store(store: TaskStore, request: pytest.FixtureRequest) -> None:

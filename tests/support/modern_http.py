@@ -53,7 +53,7 @@ class ModernPeer:
         out = {"accept": ACCEPT_BOTH, "content-type": "application/json", "mcp-protocol-version": MODERN}
         out["mcp-method"] = message["method"]
         field = NAMED.get(message["method"])
-        if field is not None:
+        if field is not None and field in message["params"]:  # a test of a request without it sends neither
             out["mcp-name"] = str(message["params"][field])
         tok = token or self.token
         if tok:

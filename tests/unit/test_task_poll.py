@@ -134,8 +134,10 @@ def expected(world: World, grant: Grant) -> Outcome:
     lacking_scopes = sorted(record.requirement.scopes - grant.scopes)
     if lacking or lacking_scopes:
         return Denied(TASK, tuple(lacking), tuple(lacking_scopes), record.requirement, touch)
-    if touch is not None:
-        record = replace(record, seen_at=max(record.seen_at, touch))
+    if touch is not None and record.ttl is not None:  # noted only when it moves the expiry by more than the grain
+        grain = min(1.0, record.ttl / 100)
+        if touch > max(record.updated_at, record.seen_at) + grain:
+            record = replace(record, seen_at=touch)
     dead = record.owner not in world.runs
     if world.purpose is not Purpose.WATCH and record.status in {TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED} and dead:
         error = {

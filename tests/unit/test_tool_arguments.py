@@ -3,6 +3,8 @@ exactly what the model gives: the same values, or the same error, for every kind
 
 from __future__ import annotations
 
+import datetime
+import enum
 import itertools
 from typing import Annotated, Any
 
@@ -131,3 +133,49 @@ def test_a_constraint_in_the_signature_is_enforced_and_published() -> None:
         "title": "Count",
         "type": "integer",
     }
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+def test_arguments_are_held_to_the_published_schema() -> None:
+    """Lax pydantic took ``"3"`` and ``true`` for ``{"type": "integer"}``: each JSON primitive now takes what its
+    JSON Schema type takes, at any depth; other types keep the strings their schema asks for."""
+    registry = ToolRegistry()
+
+    @registry.tool()
+    async def kinds(
+        count: int = 0,
+        ratio: float = 0.0,
+        flag: bool = False,
+        text: str = "",
+        items: list[int] = [],  # noqa: B006 - never called
+        maybe: int | None = None,
+        bounded: Annotated[int, pydantic.Field(ge=1)] = 1,
+        colour: Colour = Colour.RED,
+        when: datetime.date = datetime.date(2026, 1, 1),
+    ) -> str:
+        return ""
+
+    tool = registry.tools["kinds"]
+    refused: list[tuple[str, object]] = [
+        ("count", "3"), ("count", True), ("count", 2.5), ("count", None), ("ratio", "1.5"), ("ratio", True),
+        ("flag", 1), ("flag", "true"), ("text", 3), ("items", ["1"]), ("items", [True]), ("maybe", "1"),
+        ("maybe", False), ("bounded", "2"), ("bounded", 0),
+    ]  # fmt: skip
+    for name, value in refused:
+        with pytest.raises(ToolInputError, match=f"^{name}"):
+            tool.bind({name: value})
+    bound: list[tuple[str, object, object]] = [
+        ("count", 3, 3), ("count", 3.0, 3), ("ratio", 2, 2.0), ("flag", True, True), ("text", "3", "3"),
+        ("items", [1, 2.0], [1, 2]), ("maybe", None, None), ("maybe", 4.0, 4), ("bounded", 2.0, 2),
+        ("colour", "red", Colour.RED), ("when", "2026-12-08", datetime.date(2026, 12, 8)),
+    ]  # fmt: skip
+    for name, value, expected in bound:
+        got = tool.bind({name: value})[name]
+        assert got == expected and type(got) is type(expected), (name, value, got)
+    properties = tool.input_schema()["properties"]
+    assert properties["count"] == {"default": 0, "title": "Count", "type": "integer"}
+    assert properties["items"]["items"] == {"type": "integer"}
+    assert properties["bounded"] == {"default": 1, "minimum": 1, "title": "Bounded", "type": "integer"}

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from .receive import BodyTooLarge, ClientGone, disconnected, read_body
-from .send import respond, respond_json
+from .send import respond, respond_json, sent_whole
 from .types import ASGIApp, HeaderIndex, Headers, Message, Receive, Scope, Send
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "respond",
     "respond_json",
     "run_lifespan",
+    "sent_whole",
 ]
 
 

@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from ..core import idempotency
-from ..core.arguments import ArgumentError, parse_tool_arguments
-from ..core.errors import UPSTREAM_FAILED
+from ..core.arguments import ArgumentError, parse_tool_arguments, text_that_looks_like_json
+from ..core.errors import INVALID_PARAMS, UPSTREAM_FAILED
 from .cli_input import Ask, input_handlers
 from .client import Client, ToolResult
 from .errors import (
@@ -313,6 +313,12 @@ def _failed(args: argparse.Namespace, error: BaseException, err: Console) -> int
             hint = "; give --client-id (and --client-secret)"
         elif isinstance(error, TokenEndpointError) and error.secretless is not None and args.client_secret is None:
             hint = "; give --client-secret (client_credentials, no browser), or the id of a public client"
+        elif (
+            isinstance(error, RemoteError)
+            and error.code == INVALID_PARAMS
+            and (meant := text_that_looks_like_json(args.arguments, reason))
+        ):
+            hint = f"; KEY=TEXT sends text: for JSON write {' '.join(meant)}"
         err.print(f"mcp-lossless call: {_headline(status)} ({kind}): {reason}{hint}", markup=False)
     return status
 

@@ -8,6 +8,7 @@ tool receives.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,3 +40,21 @@ def parse_tool_arguments(pairs: Sequence[str]) -> dict[str, Any]:
         except orjson.JSONDecodeError as exc:
             raise ArgumentError(f"argument {key!r}: {raw!r} is not JSON ({exc}); for a string write {key}=…") from None
     return out
+
+
+def text_that_looks_like_json(pairs: Sequence[str], refusal: str) -> list[str]:
+    """The ``KEY=TEXT`` pairs whose text is JSON of another type (``steps=3``, ``on=true``) and whose key the
+    server's ``refusal`` names, each as the ``KEY:=JSON`` a user probably meant: said beside an invalid-arguments
+    refusal, since a tool holds its arguments to its published schema and the text ``"3"`` is not an integer."""
+    meant: list[str] = []
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key or key.endswith(":") or not re.search(rf"\b{re.escape(key)}\b", refusal):
+            continue
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(value, str):
+            meant.append(f"{key}:={raw}")
+    return meant

@@ -212,6 +212,21 @@ def described(record: TaskRecord, message: str, now: float) -> TaskRecord:
     return replace(record, message=message, updated_at=max(record.updated_at, now))
 
 
+POLL_NOTED_WITHIN = 1.0
+"""Seconds by which an owner's poll may restart a task's TTL late, at most (and never by more than a hundredth of
+the TTL): a poll that would move the TTL's start by no more is not written (:func:`noted`, ADR 0039)."""
+
+
+def noted(record: TaskRecord, now: float) -> bool:
+    """Whether an owner's poll at ``now`` restarts ``record``'s TTL, so that the store writes it. Not when the TTL's
+    start (the later of the last change and the last poll) is within ``min(POLL_NOTED_WITHIN, ttl / 100)`` of
+    ``now``: the expiry then stays up to that much earlier than ``now + ttl``, and a poll right after the task was
+    created or settled (a quick tool's one poll) costs the store no write. Nor for an unlimited task, whose expiry a
+    poll cannot move. The one rule of every store and of the answer (:func:`decide_poll`)."""
+    ttl = record.ttl
+    return ttl is not None and now - max(record.updated_at, record.seen_at) > min(POLL_NOTED_WITHIN, ttl / 100)
+
+
 def seen(record: TaskRecord, now: float) -> TaskRecord:
     """The task after its owner polled it at ``now`` (an :class:`Deliver` or :class:`Denied` verdict): its TTL
     restarts. ``seen_at`` only moves forward, and a record it would not move is returned as it is (a record is
@@ -339,7 +354,7 @@ def decide_poll(facts: PollFacts, grant: Grant, policy: AudiencePolicy, now: flo
     gap = policy.missing(grant.audience, needed, grant.scopes)
     if gap:
         return Denied(task_id, resources_in(gap), scopes_in(gap), record.requirement, touch_at)
-    if touch_at is not None:
+    if touch_at is not None and noted(record, touch_at):
         record = seen(record, touch_at)
     if facts.purpose is not Purpose.WATCH and not record.status.terminal:
         if facts.runs is None:

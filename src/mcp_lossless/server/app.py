@@ -80,6 +80,8 @@ class LosslessApp:
         self.config = state.config
         self.modern = modern
         self.transport = Transport(state, modern)
+        self._serve_endpoint = self.transport.__call__
+        """The transport's entry, bound once: calling the instance looks ``__call__`` up and binds it each time."""
         self.dev_as = dev_as
         self._endpoint = (self.config.path, self.config.path + "/")
         """The MCP endpoint's paths, with and without a trailing slash."""
@@ -139,7 +141,7 @@ class LosslessApp:
         index = headers(scope)  # once, at the entry: the transport and its checks read this index
         problem = self._rebinding_problem(index)
         if problem is None:
-            return self.transport(scope, index, receive, send)
+            return self._serve_endpoint(scope, index, receive, send)
         return respond_json(send, 403, rpc_error(-32600, problem))
 
     async def _http_request(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:

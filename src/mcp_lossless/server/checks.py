@@ -21,6 +21,10 @@ def is_request_id(value: object) -> bool:
     return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
+_ID_TYPES = (str, int)
+"""The types of nearly every request id, passed on a type test (a subclass of either is asked :func:`is_request_id`)."""
+
+
 def _invalid(message: str, status: int = 400) -> Refused:
     return Refused.rpc(status, errors.INVALID_REQUEST, message)
 
@@ -85,7 +89,8 @@ def check_messages(messages: list[Any]) -> list[dict[str, Any]]:
         if "method" in message:
             if not isinstance(message["method"], str):
                 raise _invalid("method must be a string")
-            if "id" in message and not is_request_id(message["id"]):
+            # is_request_id written out: this runs for every message
+            if "id" in message and (type(rid := message["id"]) not in _ID_TYPES and not is_request_id(rid)):
                 raise _invalid("request id must be a string or an integer")
             if "params" in message and not isinstance(message["params"], (dict, list)):
                 raise _invalid("params must be an object")

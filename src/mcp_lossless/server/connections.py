@@ -10,7 +10,8 @@ request costs a few dict operations, not a timer of its own. The sweep stays arm
 (only an open connection has an entry), so a request does not arm it. The same sweep closes a keep-alive
 connection left idle for ``keep_alive`` seconds after its answer, in place of the timer uvicorn arms and cancels
 for each response. uvicorn's response-header checks are remembered per header text (:class:`KnownHeaders`), and a
-response's head goes out in one write with its first body bytes (:class:`HeldHead`).
+response's head goes out in one write with its first body bytes (:class:`HeldHead`), and a response given whole
+(:func:`..asgi.respond`) is written at once (:class:`WholeCycle`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from ..asgi.types import Headers
 from ..core import limits as verdicts
 from ..core.limits import LimitExceeded, Limits
 
@@ -205,6 +207,10 @@ class HeldHead:
         else:
             self._transport.write(data)
 
+    def write_whole(self, response: bytes) -> None:
+        """A complete response (head and body): nothing to hold, written at once."""
+        self._transport.write(response)
+
     def flush(self) -> None:
         head = self._head
         if head is not None:
@@ -218,6 +224,75 @@ class HeldHead:
 
     def is_closing(self) -> bool:
         return self._transport.is_closing()
+
+
+_FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection"})
+"""Response headers that change how uvicorn frames or ends a response: one given leaves it to uvicorn's ``send``."""
+
+
+class WholeCycle(RequestResponseCycle):
+    """uvicorn's request cycle that also takes a whole response at once (:data:`..asgi.send.WHOLE`): the head (the
+    server's default headers encoded once per list, as uvicorn replaces it each second) and the body in one write,
+    with uvicorn's checks of every header and its end of a response (the request's event, a close when not kept
+    alive, the protocol's ``on_response``). Whatever uvicorn's ``send`` would treat otherwise (a paused write, a
+    ``HEAD``, an access log, a framing header, a header its checks refuse) is left to the messages."""
+
+    __slots__ = ()
+
+    def send_whole(self, status: int, headers: Headers, body: bytes) -> bool:
+        if self.response_started or self.flow.write_paused or self.access_log or self.scope["method"] == "HEAD":
+            return False
+        if self.disconnected:
+            return True  # uvicorn's send drops what comes after a disconnect
+        defaults = _default_head(self.default_headers)
+        if defaults is None:
+            return False
+        content = [httptools_impl.STATUS_LINE[status], defaults]
+        name_check, value_check = httptools_impl.HEADER_RE.search, httptools_impl.HEADER_VALUE_RE.search
+        for raw, value in headers:
+            if name_check(raw) or value_check(value):
+                return False  # uvicorn's send raises its own error for it
+            name = raw.lower()
+            if name in _FRAMING:
+                return False
+            content += (name, b": ", value, b"\r\n")
+        content.append(b"content-length: %d\r\n" % len(body))
+        if not self.keep_alive:
+            content.append(b"connection: close\r\n")
+        content += (b"\r\n", body)
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        self.chunked_encoding = False
+        self.transport.write_whole(b"".join(content))  # type: ignore[attr-defined]  # the connection's HeldHead
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+        return True
+
+
+_DEFAULT_HEADS: list[tuple[list[tuple[bytes, bytes]], bytes | None]] = [([], b"")]
+"""The last default-header list :func:`_default_head` encoded (kept, so its identity is not reused), and its text."""
+
+
+def _default_head(defaults: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The server's default headers (``date``, ``server``, ``--header``) as uvicorn's ``send`` writes them; ``None``
+    when one of them frames the response or fails uvicorn's checks (its ``send`` then decides)."""
+    last, known = _DEFAULT_HEADS[0]
+    if last is defaults:
+        return known
+    lines: list[bytes] = []
+    text = None
+    for raw, value in defaults:
+        name = raw.lower()
+        if httptools_impl.HEADER_RE.search(raw) or httptools_impl.HEADER_VALUE_RE.search(value) or name in _FRAMING:
+            break
+        lines += (name, b": ", value, b"\r\n")
+    else:
+        text = b"".join(lines)
+    _DEFAULT_HEADS[0] = (defaults, text)
+    return text
 
 
 def _write_held(held: list[HeldHead]) -> None:
@@ -234,7 +309,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     call). Three are this guard's own rather than extensions of uvicorn's: ``data_received`` (counts the head's
     bytes and stops at a refused head), ``on_response_complete`` (an idle connection waits for the sweep, not for a
     keep-alive timer armed per response) and ``_start_asgi_task`` (the request's task made directly); each request
-    cycle writes through the connection's :class:`HeldHead`; the rest is
+    cycle is a :class:`WholeCycle` and writes through the connection's :class:`HeldHead`; the rest is
     uvicorn's, called, not copied. ``test_the_guarded_protocol_gives_the_app_what_uvicorns_own_gives_it``
     (tests/integration/test_http_limits.py) compares what the app gets and what the client receives with uvicorn's
     own protocol, so an upgrade of uvicorn that these overrides no longer match fails there. The guard's own fields
@@ -328,6 +403,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         HttpToolsProtocol.on_headers_complete(self)
         cycle = self.cycle
         if cycle is not None:  # None: the first request asked for an upgrade, which has no cycle
+            cycle.__class__ = WholeCycle
             cycle.transport = self._held_head  # type: ignore[assignment]
         guard.bodies[self] = self.loop.time()
 

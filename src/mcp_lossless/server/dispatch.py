@@ -21,7 +21,7 @@ from ..core.events import PendingRequest
 from ..core.principal import Grant
 from ..stores.base import StoreUnavailable
 from .checks import is_request_id
-from .requests import LEGACY_METHODS, call_tool, extra, tool_failed
+from .requests import LEGACY_METHODS, call_tool, extra, tool_failed, unknown_tool
 from .sessions import ServerSession, SessionRegistry
 from .state import ServerState
 from .streams import LiveStream
@@ -185,7 +185,7 @@ class Dispatcher:
         kind = LEGACY_METHODS.get(method) or extra(method, False, state.methods)
         if kind == "call":
             if request.tool is None:
-                return frames.error(rid, errors.INVALID_PARAMS, f"unknown tool {params.get('name')!r}")
+                return frames.error(rid, errors.INVALID_PARAMS, unknown_tool(message.get("params")))
             work = functools.partial(call_tool, state.tools[request.tool], params)
         elif kind == "list_tools":
             return frames.result(rid, {"tools": state.tools_list})

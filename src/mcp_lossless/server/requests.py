@@ -147,6 +147,24 @@ def uncovered(missing: Sequence[str], needed: Iterable[str], prm_url: str, metri
 # -- running a tool --------------------------------------------------------------------------------------------
 
 
+def unnamed(method: str, field: str) -> str:
+    """The ``-32602`` of a request of ``method`` whose params are not an object with a string ``field`` (the tool's
+    name, the task's id: what the request is about), in both eras."""
+    return f"{method} params must be an object with a string {field}"
+
+
+CALL_PARAMS: Final = unnamed("tools/call", "name")
+
+
+def unknown_tool(params: object) -> str:
+    """Why a ``tools/call`` names no tool of the server, in either era's ``-32602``: its params are not an object
+    with a string ``name`` (a malformed request, said as such), or the name is no tool's."""
+    name = params.get("name") if isinstance(params, dict) else None
+    if not isinstance(name, str):
+        return CALL_PARAMS
+    return f"unknown tool {name!r}"
+
+
 async def call_tool(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """Run ``tool`` for a ``tools/call`` with ``params`` and shape its ``CallToolResult``, in either era: its
     return value as content, a :class:`.ToolError` as an ``isError`` result, arguments that do not bind as a

@@ -217,7 +217,8 @@ class SessionRegistry:
         held = self._held.get(principal)
         if held is not None:
             held.running -= 1
-            self._drop_if_idle(principal, held)
+            if not held.sessions and held.running <= 0:  # _drop_if_idle written out: once a 2026-07-28 call
+                del self._held[principal]
 
     def _drop_if_idle(self, principal: Principal, held: Held) -> None:
         if not held.sessions and held.running <= 0:

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, get_type_hints
 import pydantic
 
 from ..core.principal import Grant, Principal
+from .arguments_schema import JSON_STRICT, json_typed
 from .errors import ServerError
 
 ToolReturn = str | dict[str, Any]
@@ -246,7 +247,8 @@ _PLAIN_TYPES: tuple[type, ...] = (str, int, float, bool)
 def plain_arguments(model: type[pydantic.BaseModel]) -> PlainArguments | None:
     """What lets :meth:`RegisteredTool.bind` skip the model's validation of arguments it would take unchanged: each
     field's type when every field is a bare ``str``, ``int``, ``float`` or ``bool`` (no constraint, alias or
-    validator) with no default or an immutable one, and the model forbids extra fields and has no other setting
+    validator; :data:`.arguments_schema.JSON_STRICT`'s strictness, which takes a value of exactly its type as it is,
+    allowed) with no default or an immutable one, and the model forbids extra fields and has no other setting
     (``None`` otherwise, and the model validates every call). For such a model, arguments that name only its fields,
     each a value of exactly its type, and every required one, validate to themselves over the defaults; anything
     else (a missing or unknown name, a value to coerce or refuse) goes to the model, which decides and words the
@@ -269,7 +271,7 @@ def plain_arguments(model: type[pydantic.BaseModel]) -> PlainArguments | None:
         plain = [kind for kind in _PLAIN_TYPES if kind is annotation]
         if (
             not plain
-            or info.metadata
+            or (info.metadata and info.metadata != list(JSON_STRICT[plain[0]]))
             or info.alias is not None
             or info.validation_alias is not None
             or info.default_factory is not None
@@ -303,7 +305,7 @@ def _arguments_model(name: str, fn: Callable[..., Any]) -> tuple[type[pydantic.B
             context_param = param.name
             continue
         default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[param.name] = (hint, default)
+        fields[param.name] = (json_typed(hint), default)  # held to the schema it publishes
     config = pydantic.ConfigDict(extra="forbid")
     model = pydantic.create_model(f"{name}_arguments", __config__=config, **fields)
     return model, context_param

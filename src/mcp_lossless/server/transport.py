@@ -156,15 +156,17 @@ class Transport:
     async def post(self, scope: Scope, index: Index, receive: Receive, send: Send) -> None:
         """The protocol's order: token, Accept, Content-Type, body, JSON-RPC shape; then ``initialize`` (which
         makes the session) or the revision, the session and its batch rule; then each tool call's audience."""
-        config = self.state.config
-        grant = await self._authenticate(scope, index)
+        state = self.state
+        config = state.config
+        # Without a verifier every request is anonymous: no coroutine of _authenticate's to get that answer
+        grant = state.anonymous if state.verifier is None else await self._authenticate(scope, index)
         checks.require_post_media(index)
         try:
             body = await read_body(receive, config.max_body_bytes)
         except BodyTooLarge:
             raise self._over(verdicts.body_too_large(config.max_body_bytes)) from None
         values, batch = checks.parse_body(body)
-        too_long = verdicts.batch(config.max_batch, len(values))
+        too_long = verdicts.batch(config.max_batch, len(values)) if batch else None  # one message: no batch
         if too_long is not None:  # before any of its messages is looked at
             raise self._over(too_long)
         messages = checks.check_messages(values)

@@ -52,9 +52,11 @@ class TaskStore(Protocol):
 
     async def poll(self, task_id: str, principal: Principal, now: float) -> TaskRecord | None:
         """:meth:`get` for ``principal``'s poll at ``now``, noting it in the same write: when the task is that
-        principal's live task (:func:`~mcp_lossless.core.tasks.owned`), its ``seen_at`` becomes ``now`` unless it is
-        later already (the TTL restarts, denied poll or not) before it is returned, with ``seen_at`` moved. Any
-        other task (unknown, expired, another principal's) is returned as :meth:`get` returns it, untouched."""
+        principal's live task (:func:`~mcp_lossless.core.tasks.owned`) and the poll restarts its TTL
+        (:func:`~mcp_lossless.core.tasks.noted`: not within a second of its last change or poll), its ``seen_at``
+        becomes ``now`` (the TTL restarts, denied poll or not) before it is returned, with ``seen_at`` moved. Any
+        other task (unknown, expired, another principal's, polled just now) is returned as :meth:`get` returns it,
+        untouched."""
         ...
 
     async def update(self, record: TaskRecord) -> TaskRecord | None:

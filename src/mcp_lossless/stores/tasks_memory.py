@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..core.principal import Principal
-from ..core.tasks import TaskRecord, owned, seen
+from ..core.tasks import TaskRecord, noted, owned, seen
 from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
 
 
@@ -32,7 +32,7 @@ class MemoryTaskStore:
 
     async def poll(self, task_id: str, principal: Principal, now: float) -> TaskRecord | None:
         stored = self._tasks.get(task_id)
-        if stored is None or not owned(stored, task_id, principal, now):
+        if stored is None or not owned(stored, task_id, principal, now) or not noted(stored, now):
             return stored
         fresh = self._tasks[task_id] = seen(stored, now)
         return fresh

@@ -26,7 +26,7 @@ from typing import Any, cast
 from redis import exceptions as rx
 
 from ..core.principal import Principal
-from ..core.tasks import TaskRecord, decode_task, encode_task, owned, seen
+from ..core.tasks import TaskRecord, decode_task, encode_task, noted, owned, seen
 from .base import StoreUnavailable
 from .redis import RedisClient, RedisStore, is_outage
 from .tasks import DEFAULT_MAX_TASKS, TaskLimitReached, limit_message
@@ -152,7 +152,7 @@ class RedisTaskStore:
 
     async def poll(self, task_id: str, principal: Principal, now: float) -> TaskRecord | None:
         record = await self.get(task_id)
-        if record is None or not owned(record, task_id, principal, now):
+        if record is None or not owned(record, task_id, principal, now) or not noted(record, now):
             return record
         await self._touch(task_id, now)  # its script only moves seen_at forward, whatever another replica wrote
         return seen(record, now)

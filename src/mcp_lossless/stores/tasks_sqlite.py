@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from ..core.events import StoredEvent
 from ..core.principal import Principal
-from ..core.tasks import TaskRecord, decode_task, encode_task, owned, seen
+from ..core.tasks import TaskRecord, decode_task, encode_task, noted, owned, seen
 from .sqlite import SqliteStore
 from .tasks import DEFAULT_MAX_TASKS, Settled, TaskLimitReached, limit_message
 
@@ -150,7 +150,7 @@ class SqliteTaskStore:
     async def poll(self, task_id: str, principal: Principal, now: float) -> TaskRecord | None:
         def read_and_touch(db: sqlite3.Connection) -> TaskRecord | None:
             record = self._decoded.stored(task_id, db.execute(_RECORD, (task_id,)).fetchone())
-            if record is None or not owned(record, task_id, principal, now):
+            if record is None or not owned(record, task_id, principal, now) or not noted(record, now):
                 return record
             db.execute(_TOUCH, (now, now, task_id))
             return seen(record, now)

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Protocol
 
-from ...asgi import Receive, Send, disconnected, respond
+from ...asgi import Receive, Send, disconnected, respond, sent_whole
 from ...core import errors, frames, mrtr, protocol
 from ...core.events import RequestId
 from ...core.principal import Grant
@@ -262,16 +262,22 @@ class InlineRuns:
         params: dict[str, Any],
         work: Callable[[ToolContext], Coroutine[Any, Any, dict[str, Any]]],
         channel: RequestChannel,
+        running: set[asyncio.Task[Any]] | None = None,
     ) -> None:
-        """Run a request within its response: JSON, or SSE once it sends a notification. A disconnect cancels it."""
+        """Run a request within its response: JSON, or SSE once it sends a notification. A disconnect cancels it.
+        ``running``: where its task is held from its first suspension until it ends (:attr:`in_request`, for a
+        tool call); a request answered in its first step never suspends, so nothing could end it there."""
         ctx = ToolContext(grant, rid, progress_token(params), channel)
         coro = work(ctx)
         try:
             yielded = coro.send(None)  # its first step, here: all that a call answered at once needs
         except BaseException as exc:
-            quiet = channel.quiet()  # no task, no watcher, no stream: nothing else to wait for
+            queue = channel._queue  # RequestChannel.quiet written out: this runs once a request
+            quiet = queue is None or queue.empty()  # no task, no watcher, no stream: nothing else to wait for
             if quiet and type(exc) is StopIteration:  # answered, nearly every call: framed at once, no outcome kept
-                await respond(send, 200, completed(rid, exc.value), b"application/json")
+                body = frames.result(rid, {**exc.value, **COMPLETE})
+                if not sent_whole(send, 200, body, b"application/json"):
+                    await respond(send, 200, body, b"application/json")
                 return
             outcome = RunOutcome()
             outcome.settle(exc)
@@ -282,7 +288,7 @@ class InlineRuns:
         else:
             outcome = RunOutcome()
             outcome.pending = True
-        await self._stream_while(receive, send, rid, coro, yielded, outcome, channel)
+        await self._stream_while(receive, send, rid, coro, yielded, outcome, channel, running)
 
     async def _stream_while(
         self,
@@ -293,6 +299,7 @@ class InlineRuns:
         yielded: Any,
         outcome: RunOutcome,
         channel: RequestChannel,
+        running: set[asyncio.Task[Any]] | None,
     ) -> None:
         """The rest of a request that did not answer in its first step: the tool goes on *in this task* (its
         timeouts and cancel scopes see the task they began in), its notifications stream as SSE from a pump
@@ -320,6 +327,8 @@ class InlineRuns:
                 me.cancel("client disconnected")
 
         pumping, watching = loop.create_task(pump()), loop.create_task(watch())
+        if running is not None:
+            running.add(me)
         try:
             if outcome.pending:
                 try:
@@ -343,6 +352,8 @@ class InlineRuns:
             else:
                 await respond(send, status, answer, b"application/json")
         finally:
+            if running is not None:
+                running.discard(me)
             pumping.cancel()
             watching.cancel()
             if outcome.pending:
@@ -367,6 +378,10 @@ class InlineRuns:
         return 200, completed(rid, value)
 
 
+COMPLETE = {"resultType": "complete"}
+"""What the result of a request whose work returned marks it with."""
+
+
 def completed(rid: RequestId, value: dict[str, Any]) -> bytes:
     """The answer of a request whose work returned ``value``."""
-    return frames.result(rid, {**value, "resultType": "complete"})
+    return frames.result(rid, {**value, **COMPLETE})

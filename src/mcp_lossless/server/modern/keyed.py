@@ -58,6 +58,9 @@ class KeyedCalls:
         self.inline = inline
         self.running: set[asyncio.Task[bytes]] = set()
         """Keyed calls running detached from their request (:meth:`_run`)."""
+        self.storing: set[asyncio.Task[Any]] = set()
+        """Those of :attr:`running` whose answer exists and is being stored: the drain's deadline lets them finish
+        (:meth:`.ModernLeg.end_running`)."""
 
     async def call(
         self,
@@ -209,8 +212,9 @@ class KeyedCalls:
     @staticmethod
     def _answer_of(job: asyncio.Task[bytes], record: StreamRecord) -> bytes:
         """What the waiting client gets of a finished job: its answer, or execution lost when the drain's deadline
-        cancelled it (:meth:`.ModernLeg.end_running`): one outcome on the open request, never a cut response. The
-        key records nothing then (:meth:`_answer`); a retry finds its stream's owner gone and hears it lost."""
+        cancelled it before it answered (:meth:`.ModernLeg.end_running`): one outcome on the open request, never a
+        cut response. The key records nothing then (:meth:`_answer`); a retry finds its stream's owner gone and hears
+        it lost."""
         if job.cancelled():
             return frames.execution_lost(record.requests[0].request_id)
         return job.result()
@@ -219,7 +223,8 @@ class KeyedCalls:
         """The keyed call's answer, stored as its stream's one event (the key's outcome) before it is returned (and
         put in ``answered`` as soon as the work gave it: :meth:`_run` then only waits for its commit). A call cut
         short by shutdown stores nothing: its stream stays open under this instance, which a later duplicate finds
-        dead and settles as lost (execution lost naming the key)."""
+        dead and settles as lost (execution lost naming the key); one whose answer exists is let store it
+        (:attr:`storing`)."""
         s = self.state
         request = record.requests[0]
         answer = await work
@@ -229,10 +234,16 @@ class KeyedCalls:
             record.session_id, record.stream, 1, EventIdCodec.encode(record.stream, 1, mac), answer,
             request.request_id, request.tool, request.resources, True,
         )  # fmt: skip
+        job = asyncio.current_task(s.loop)
+        assert job is not None, "a keyed call is stored by its own job (:meth:`_run`)"
+        storing = self.storing
+        storing.add(job)
         try:
             await s.store.append(event, completes=True)
         except StoreUnavailable:  # the client still gets what ran; a duplicate will hear it may have run
             log.warning("the answer of keyed request %s could not be stored", request.request_id)
             with contextlib.suppress(StoreUnavailable):
                 await s.store.mark_lost(record.stream, s.instance, Loss.STORE)
+        finally:
+            storing.discard(job)
         return answer

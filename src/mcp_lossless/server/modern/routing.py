@@ -26,9 +26,9 @@ from ...stores.tasks import TaskStore
 from ..errors import Refused
 from ..idempotency import Keys
 from ..observability import now
-from ..requests import STATELESS_METHODS, extra, uncovered
+from ..requests import STATELESS_METHODS, extra, uncovered, unknown_tool, unnamed
 from ..state import ServerState
-from ..tools import MethodError, RegisteredTool, ToolContext
+from ..tools import MethodError, MethodHandler, RegisteredTool, ToolContext
 from .inline import InlineRuns, RequestChannel, input_before_task, run_tool
 from .keyed import KeyedCalls
 from .listen import Listeners
@@ -97,10 +97,14 @@ class ModernLeg:
     async def end_running(self) -> None:
         """A drain's deadline: each call running in its request answers execution lost on its stream (a keyed one
         too, while its client waits), each task records itself lost (the process goes); waited for, so every
-        outcome is out before connections close."""
+        outcome is out before connections close. A keyed call whose answer is being stored is waited for, not
+        cancelled: its write goes on regardless (SQLite's writer commits what was queued), so its commit, not the
+        deadline, decides the key's outcome, and its client gets what a re-issue of the key gets."""
         ending = [*self.in_request, *self.keyed.running, *self.tasks.running.values()]
+        storing = self.keyed.storing
         for task in ending:
-            task.cancel("server shutdown")
+            if task not in storing:
+                task.cancel("server shutdown")
         if ending:
             await asyncio.wait(ending, timeout=SHUTDOWN_SECONDS)
 
@@ -152,16 +156,12 @@ class ModernLeg:
             answers: dict[str, dict[str, Any]] | None = None
             bound: Callable[[], mrtr.Binding] | None = None
             if method in mrtr.MRTR_METHODS:
-
-                def binding() -> mrtr.Binding:
-                    return mrtr.Binding(
-                        grant.principal, method, params[protocol.NAME_PARAMS[method]], params.get("arguments")
-                    )
-
-                answers, bound = {}, binding
+                # A partial, not a closure: a nested function here would make cells of this method's variables on
+                # every request.
+                answers, bound = {}, functools.partial(_binding, grant, method, params)
                 if "requestState" in params or "inputResponses" in params:  # a first round pays for no state
                     try:
-                        answers = mrtr.answers_of(self.inline.state_key, params, binding(), now())
+                        answers = mrtr.answers_of(self.inline.state_key, params, bound(), now())
                     except mrtr.BadInput as exc:
                         await invalid_params(send, rid, str(exc))
                         return
@@ -175,20 +175,10 @@ class ModernLeg:
             elif kind == "listen":
                 await self.listeners.listen(receive, send, grant, rid, params, declared)
             elif kind == "extra":
-                handler = self.state.methods[method]
                 tags = self.state.method_tags.get(method)
                 if tags is not None:
                     self._require(grant, tags(params))
-
-                async def work(ctx: ToolContext) -> dict[str, Any]:
-                    try:
-                        result = await handler(ctx, params)
-                    except MethodError as exc:
-                        if exc.code == errors.RESOURCE_NOT_FOUND:
-                            raise MethodError(errors.INVALID_PARAMS, exc.message, exc.data) from None
-                        raise
-                    return {**result, **CACHE_HINTS} if method in CACHEABLE else result
-
+                work = functools.partial(_extra, self.state.methods[method], method, params)
                 await self.inline.run_now(receive, send, grant, rid, params, work, channel)
             else:
                 raise refused(404, errors.METHOD_NOT_FOUND, f"method {method!r} not found on {protocol.STATELESS}")
@@ -242,7 +232,9 @@ class ModernLeg:
             if field is not None:
                 name = index.get(b"mcp-name")
                 value = params.get(field)
-                if name is None or not isinstance(value, str) or header_text(name) != value:
+                if not isinstance(value, str):  # the body is wrong, whatever its header says
+                    raise refused(400, errors.INVALID_PARAMS, unnamed(method, field))
+                if name is None or header_text(name) != value:
                     raise refused(
                         400, errors.HEADER_MISMATCH, f"Mcp-Name header must be present and equal params.{field}"
                     )
@@ -276,15 +268,18 @@ class ModernLeg:
         name = params.get("name")
         tool = s.tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            await invalid_params(send, rid, f"unknown tool {name!r}")
+            await invalid_params(send, rid, unknown_tool(params))
             return
-        mirrored = self._mirrored(tool)
+        mirrors = self._mirrors.get(tool.name)  # _mirrored's answer at hand: a look-up, not a call
+        mirrored = mirrors[1] if mirrors is not None and mirrors[0] is tool else self._mirrored(tool)
         if mirrored:  # most tools mirror no argument: nothing to check
             try:
                 param_headers.check_mirrored(index, params.get("arguments"), mirrored)
             except param_headers.HeaderMismatch as exc:
                 raise refused(400, errors.HEADER_MISMATCH, str(exc)) from None
-        self._require(grant, s.tool_tags[tool.name])
+        tags = s.tool_tags[tool.name]
+        if s.policy.missing(grant.audience, tags, grant.scopes):  # _require's test, its refusal made only then
+            self._require(grant, tags)
         if tool.task == "required" and not declared:
             raise missing_extension()
         try:
@@ -318,14 +313,10 @@ class ModernLeg:
                     await answer(send, rid, await self.tasks.create(grant, tool, params, task_channel), "task")
                     return
 
-                me = asyncio.current_task()
-                assert me is not None
-                self.in_request.add(me)
-                try:
-                    work = functools.partial(run_tool, tool, params)
-                    await self.inline.run_now(receive, send, grant, rid, params, work, channel)
-                finally:
-                    self.in_request.discard(me)
+                # Held among the calls a drain's deadline ends from its first suspension (one answered at once
+                # never suspends)
+                work = functools.partial(run_tool, tool, params)
+                await self.inline.run_now(receive, send, grant, rid, params, work, channel, self.in_request)
             finally:
                 s.sessions.end_call(grant.principal)
 
@@ -344,3 +335,19 @@ class ModernLeg:
             cached = (tool, param_headers.server_mirrors(tool.input_schema()))
             self._mirrors[tool.name] = cached
         return cached[1]
+
+
+def _binding(grant: Grant, method: str, params: dict[str, Any]) -> mrtr.Binding:
+    """What a ``requestState`` of this request is bound to (:attr:`.inline.RequestChannel.binding`)."""
+    return mrtr.Binding(grant.principal, method, params[protocol.NAME_PARAMS[method]], params.get("arguments"))
+
+
+async def _extra(handler: MethodHandler, method: str, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """An extra method's answer: a missing resource is this revision's ``-32602``; a list carries cache hints."""
+    try:
+        result = await handler(ctx, params)
+    except MethodError as exc:
+        if exc.code == errors.RESOURCE_NOT_FOUND:
+            raise MethodError(errors.INVALID_PARAMS, exc.message, exc.data) from None
+        raise
+    return {**result, **CACHE_HINTS} if method in CACHEABLE else result
