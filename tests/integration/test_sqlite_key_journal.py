@@ -18,7 +18,7 @@ import pytest
 from mcp_lossless.core.events import PendingRequest, StoredEvent, StreamKind, StreamRecord
 from mcp_lossless.core.idempotency import KeyRecord, StreamTarget
 from mcp_lossless.core.principal import Principal
-from mcp_lossless.stores.base import SessionRecord
+from mcp_lossless.stores.base import SessionRecord, StoreUnavailable
 from mcp_lossless.stores.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
@@ -142,3 +142,38 @@ async def test_a_duplicate_reads_a_journaled_key_once_its_record_committed(tmp_p
     finally:
         blocker.close()
         await store.close()
+
+
+async def test_a_journaled_record_whose_transaction_fails_stays_known_and_is_read_back(tmp_path: Path) -> None:
+    """Its transaction fails (another connection holds the file past the busy timeout): the open fails, the key stays
+    known to the process (a duplicate finds it: its outcome is lost, never a second run), and its segment stays for
+    the next open, which inserts the key with its unanswered stream. The journal settles after the batch's outcomes
+    (not a done callback per record), so this holds for a record settled that way too."""
+    path = str(tmp_path / "keys.db")
+    store = SqliteStore(path)
+    await store.open()
+    blocker = sqlite3.connect(path, isolation_level=None)
+    try:
+        await store.put_session(SessionRecord("s1", ALICE, "2025-11-25", created_at=50.0, last_seen=100.0))
+        now = time.time()
+        key = KeyRecord(ALICE, "k-1", "charge", "hash", StreamTarget("keyed", 1), now, now + 3600)
+        blocker.execute("BEGIN EXCLUSIVE")
+        opening = store.enqueue_open(StreamRecord("s1", "keyed", StreamKind.POST, "me", (CALL,), 0), [key])
+        with pytest.raises(StoreUnavailable):
+            await opening  # the writer's busy timeout (2 s) passes with the file held
+        blocker.execute("ROLLBACK")
+        assert not store.lacks_key(ALICE, "k-1", now)
+        assert await store.get_key(ALICE, "k-1", now) == key, "known in process: its transaction failed"
+    finally:
+        blocker.close()
+        await store.close()
+    assert journal_files(tmp_path), "its segment stays for the next open"
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        assert await store.get_key(ALICE, "k-1", now) == key
+        stream = await store.get_stream("keyed")
+        assert stream is not None and (stream.completed, stream.answered) == (False, frozenset())
+    finally:
+        await store.close()
+    assert journal_files(tmp_path) == [], "read back, then gone"

@@ -107,9 +107,12 @@ def _reference_text(arguments: Any) -> bytes:
 
 
 _FLOAT_MARKS = re.compile(rb"\.|e[+-]")
-"""What every float ``orjson`` writes contains (``1.0``, ``1e+16``, ``1.5e-7``), and no other token it writes: one
-search (``mark in text`` for each of three marks first tries each mark as an integer, an exception raised and
-cleared each time: ~5,000 instructions a keyed call)."""
+"""What every float ``orjson`` writes contains (``1.0``, ``1e+16``, ``1.5e-7``), and no other token it writes."""
+_POINT = re.compile(rb"\.")
+_EXPONENT = re.compile(rb"e[+-]")
+""":data:`_FLOAT_MARKS` as two searches, each led by a literal (a fast scan for one byte): together about half the
+instructions of the alternation, which tries both branches at every position (~4,000 instructions a keyed call).
+(``mark in text`` for each mark first tries each mark as an integer, an exception raised and cleared each time.)"""
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
 """A JSON string as ``orjson`` writes it: what may hold those marks without being a float."""
 
@@ -123,7 +126,9 @@ def canonical_text(arguments: Any) -> bytes:
         text = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # orjson.JSONEncodeError is one
         return _reference_text(arguments)
-    if _FLOAT_MARKS.search(text) is not None and _FLOAT_MARKS.search(_STRINGS.sub(b"", text)) is not None:
+    if (_POINT.search(text) is not None or _EXPONENT.search(text) is not None) and _FLOAT_MARKS.search(
+        _STRINGS.sub(b"", text)
+    ) is not None:
         return _reference_text(arguments)  # a float outside every string
     return text
 

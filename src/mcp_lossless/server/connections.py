@@ -391,11 +391,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # The head came in the packet where the previous request ended and those counted since: when those bytes
         # are within the limit, so is the head, and its exact size need not be summed.
         size = self._head_bytes + self._carried
-        if size > guard.limits.max_header_bytes:
+        limits = guard.limits
+        if size > limits.max_header_bytes:
             size = len(self.url)
             for name, value in head:  # a plain loop: a generator or map costs more per header
                 size += len(name) + len(value)
-        self._refusal = verdicts.request_head(guard.limits, size, len(head))
+        # The verdict asked only of a head past a bound (nearly every head is within both, and passes)
+        if size > limits.max_header_bytes or len(head) > limits.max_headers:
+            self._refusal = verdicts.request_head(limits, size, len(head))
         if self._refusal is not None:
             # No request cycle, nothing of it reaches the app, and the parser stops here: neither this request's
             # body nor a request after it in the same packet is read (its answer would pass for this one's).

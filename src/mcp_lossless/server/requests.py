@@ -12,7 +12,6 @@ from collections.abc import Collection, Container, Iterable, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
 from ..core import denials, errors, protocol
-from ..core.idempotency import KEY_PARAM, key_of
 from ..core.resources import describe, resources_in
 from . import metadata
 from .observability import Metrics
@@ -170,8 +169,7 @@ async def call_tool(tool: RegisteredTool, params: dict[str, Any], ctx: ToolConte
     return value as content, a :class:`.ToolError` as an ``isError`` result, arguments that do not bind as a
     ``-32602`` :class:`.MethodError`. Anything else it raises goes to the era, which knows what it means there
     (a store outage is execution lost on a legacy stream; either era answers a crash :func:`tool_failed`)."""
-    # Valid: an invalid key was answered before anything ran. Looked for first: nearly every call carries none.
-    ctx.idempotency_key = key_of(params) if KEY_PARAM in params else None
+    ctx.params = params  # its idempotency key, read only by a tool that asks (a gateway's)
     try:
         kwargs = tool.bind(params.get("arguments"))
     except ToolInputError as exc:

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, get_type_hints
 
 import pydantic
 
+from ..core.idempotency import KEY_PARAM, key_of
 from ..core.principal import Grant, Principal
 from .arguments_schema import JSON_STRICT, json_typed
 from .errors import ServerError
@@ -61,19 +62,26 @@ class InputRequired(BaseException):
 class ToolContext:
     """What a running tool (or method handler) may use: its caller, progress, logs, client requests, cancellation."""
 
-    __slots__ = ("_asked", "_channel", "_progress_token", "cancelled", "grant", "idempotency_key", "request_id")
+    __slots__ = ("_asked", "_channel", "_progress_token", "cancelled", "grant", "params", "request_id")
 
     def __init__(self, grant: Grant, request_id: str | int, progress_token: str | int | None, channel: Channel) -> None:
         self.grant = grant
         self.request_id = request_id
         self.cancelled = False
         """The client cancelled this request (the tool sees it as ``asyncio.CancelledError`` at its next await)."""
-        self.idempotency_key: str | None = None
-        """The call's SEP-3182 key as its client sent it (set when the tool runs): the server has already recorded
-        it; a gateway passes it on to an upstream that dedups keys itself (ADR 0033)."""
+        self.params: Mapping[str, Any] | None = None
+        """The ``tools/call`` params (set when the tool runs), for :attr:`idempotency_key`."""
         self._progress_token = progress_token
         self._channel = channel
         self._asked = 0
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The call's SEP-3182 key as its client sent it: the server has already recorded it (and answered an
+        invalid one before anything ran); a gateway passes it on to an upstream that dedups keys itself (ADR 0033).
+        Read from the params when asked (a gateway's tool only), not for every call (~2,000 instructions)."""
+        params = self.params
+        return None if params is None or KEY_PARAM not in params else key_of(params)
 
     @property
     def principal(self) -> Principal:

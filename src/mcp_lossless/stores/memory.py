@@ -142,7 +142,7 @@ class MemoryStore:
         partition = self._partitions.get(principal)
         held = 0 if partition is None else partition.bytes
         keys = self._held_keys
-        return held if principal not in keys.holding else held + keys.bytes(principal, self._clock)  # a call less
+        return held if principal not in keys.expiries else held + keys.bytes(principal, self._clock)  # a call less
 
     async def open(self) -> None:
         """Forgets :meth:`enqueue`'s resolved future, made again on the loop that opened the store."""

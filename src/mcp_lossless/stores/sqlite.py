@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import queue
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl
@@ -342,7 +342,7 @@ class _Open:
         self.record = record
         self.future = future
         self.keys = keys
-        """The rows of its idempotency keys (:func:`_key_row`)."""
+        """The rows of its idempotency keys (made by :meth:`SqliteStore.enqueue_open`)."""
         self.requests = requests
         """The record's requests encoded (:func:`encode_requests`) when the loop did so already, for the key
         journal: not encoded twice."""
@@ -380,17 +380,9 @@ class _Settle(_Call):
 
 _Op = _Append | _Run | _Open | _Call
 _RECOVER_KEY = "INSERT OR IGNORE INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-"""A journaled key's row (:func:`_key_row`), unless its transaction committed it after all. (A key is otherwise
-inserted plainly: the decision to run it was taken on finding none live, :mod:`..core.idempotency`; a row left of
-the same key is expired, and the sweep deletes it.)"""
-
-
-def _key_row(key: KeyRecord, row: int) -> tuple[Any, ...]:
-    assert isinstance(key.target, StreamTarget), "a key recorded with a stream names that stream"
-    principal, target = key.principal, key.target
-    request_id = orjson.dumps(target.request_id).decode()
-    return (row, principal.issuer, principal.subject, principal.client_id, key.key, key.tool, key.arguments_hash,
-            target.stream, request_id, key.created, key.expires)  # fmt: skip
+"""A journaled key's row (made by :meth:`SqliteStore.enqueue_open`), unless its transaction committed it after
+all. (A key is otherwise inserted plainly: the decision to run it was taken on finding none live,
+:mod:`..core.idempotency`; a row left of the same key is expired, and the sweep deletes it.)"""
 
 
 _Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
@@ -488,7 +480,8 @@ class _Batch:
         self.request_id_text: str | None = None
         """The last request id encoded: a request's events carry the same id object, encoded once."""
         self.keys: list[tuple[Any, ...]] = []
-        """The idempotency keys' rows of the streams opened (:func:`_key_row`), written with one statement."""
+        """The idempotency keys' rows of the streams opened (made by :meth:`SqliteStore.enqueue_open`), written with
+        one statement."""
         self.held: dict[str, int] = {}
         """Bytes this transaction adds to (or, trimming, takes from) each session's count in the store's
         :class:`~.held.HeldBytes`: applied once it committed, so a rolled-back batch counts nothing."""
@@ -590,7 +583,7 @@ class _Batch:
         state.completes = record.completed
         if op.keys:
             self.keys += op.keys
-            state.kept_until = max(row[-1] for row in op.keys)
+            state.kept_until = op.keys[0][-1] if len(op.keys) == 1 else max(row[-1] for row in op.keys)
         self.held[record.session_id] = self.held.get(record.session_id, 0) + STREAM_BYTES
 
     def _holds(self, state: _StreamState, event: StoredEvent) -> bool:
@@ -723,6 +716,10 @@ class SqliteStore:
         self._journal: KeyJournal | None = None
         """Where a keyed stream's record is made durable before its call starts (:mod:`.key_journal`)."""
         self._unstored: dict[tuple[Principal, str], KeyRecord] = {}
+        self._journaling: deque[tuple[asyncio.Future[None], Segment, Sequence[KeyRecord]]] = deque()
+        """Journaled records in queue order, each with its segment and keys, until its write settled: settled by
+        :meth:`_journaled` after each batch's outcomes, on the loop (no done callback per call: its partial, its
+        scheduling and its frame were ~5,000 instructions a keyed call)."""
         """Keys journaled whose transaction failed: still known (their stream is not: "outcome gone") until the next
         open inserts them from the journal."""
         """What each principal's sessions hold in the file (writer thread only, but for :meth:`stored_bytes`)."""
@@ -1028,16 +1025,17 @@ class SqliteStore:
             elif type(op) is _Settle:
                 event = op.event
                 landed[event.session_id] = landed.get(event.session_id, 0) + len(event.data) + ROW_BYTES
-        if landed:
-            loop.call_soon_threadsafe(self._land, outcomes, landed)
-        else:
-            loop.call_soon_threadsafe(_settle, outcomes)
+        loop.call_soon_threadsafe(self._land, outcomes, landed)
         return committed
 
     def _land(self, outcomes: list[_Outcome], landed: dict[str, int]) -> None:
-        """On the loop: a batch's appends are written (counted by the writer then) or failed; settle them."""
-        self._counts.landed(landed)
+        """On the loop: a batch's appends are written (counted by the writer then) or failed; settle them, then
+        the journaled records they settled."""
+        if landed:
+            self._counts.landed(landed)
         _settle(outcomes)
+        if self._journaling:
+            self._journaled()
 
     def _transaction(self, db: sqlite3.Connection, writes: list[_Op]) -> list[_Outcome]:
         outcomes: list[_Outcome] = []
@@ -1054,9 +1052,12 @@ class SqliteStore:
                     outcome((op.future, None, batch.add_run(op.events)))
                 elif isinstance(op, _Open):
                     batch.open(op)
-                    if op.keys:  # a 2026-07-28 keyed call's own stream (its own session id): its key's principal's
+                    record = op.record
+                    # A 2026-07-28 keyed call's own stream (its own session id) counts for its key's principal; a
+                    # legacy POST's session is bound already (not a principal made for every keyed call).
+                    if op.keys and record.session_id == record.stream:
                         _row, issuer, subject, client_id, *_rest = op.keys[0]
-                        self._counts.bind(op.record.session_id, Principal(issuer, subject, client_id))
+                        self._counts.bind(record.session_id, Principal(issuer, subject, client_id))
                     outcome((op.future, None, None))
                 else:
                     batch.flush()
@@ -1342,11 +1343,14 @@ class SqliteStore:
         if not keys:
             self._submit(_Open(record.copy(), future))
             return future
-        rows = []
-        for key in keys:
+        rows = []  # each key's row in the table (:data:`_SCHEMA`), made here, with one unpack of its record
+        for principal, name, tool, arguments_hash, target, created, expires in keys:
+            assert type(target) is StreamTarget, "a key recorded with a stream names that stream"
+            stream, request_id = target
             row = self._next_key_row
             self._next_key_row = row + 1  # a rolled-back transaction leaves a gap, never a reuse
-            rows.append(_key_row(key, row))
+            rows.append((row, *principal, name, tool, arguments_hash, stream, orjson.dumps(request_id).decode(),
+                         created, expires))  # fmt: skip
         journal = self._journal
         requests = None
         if journal is not None:
@@ -1356,21 +1360,28 @@ class SqliteStore:
                 segment = journal.write((record.stream, record.session_id, kind, record.owner, requests, rows))
             except OSError as exc:
                 raise StoreUnavailable(f"sqlite store {self.path!r}: cannot journal an idempotency key: {exc}") from exc
-            future.add_done_callback(functools.partial(self._journaled, segment, keys))
+            self._journaling.append((future, segment, keys))
         held = self._held_keys
         for key, row_of in zip(keys, rows, strict=True):
             held.add(key.principal, key.key, key.expires, row_of[0])
         self._submit(_Open(record.copy(), future, rows, requests))
         return future
 
-    def _journaled(self, segment: Segment, keys: Sequence[KeyRecord], future: asyncio.Future[None]) -> None:
-        """A journaled record's transaction settled: its segment may go; if it failed, its keys stay known."""
-        stored = not future.cancelled() and future.exception() is None
-        if not stored and not future.cancelled():
-            for key in keys:
-                self._unstored[key.principal, key.key] = key
-        if self._journal is not None:  # else closed first: the segment was kept, and the next open reads it
-            self._journal.settled(segment, stored)
+    def _journaled(self) -> None:
+        """After a batch's futures settled (on the loop, before any task awaiting them resumes, so before a read
+        of a key returns): each journaled record whose transaction settled lets its segment go; if it failed, its
+        keys stay known. In queue order: one still queued holds those behind it (their segments go a batch later).
+        A cancelled future is settled as not committed: its segment stays for the next open."""
+        journaling, journal = self._journaling, self._journal
+        while journaling and journaling[0][0].done():
+            future, segment, keys = journaling.popleft()
+            stored = not future.cancelled()
+            if stored and future.exception() is not None:
+                stored = False
+                for key in keys:
+                    self._unstored[key.principal, key.key] = key
+            if journal is not None:  # else closed first: the segment was kept, and the next open reads it
+                journal.settled(segment, stored)
 
     def lacks_key(self, principal: Principal, key: str, now: float) -> bool:
         return self._held_keys.known(principal, key, now) is None  # one process owns the file: it knows every key
