@@ -31,6 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl
 
@@ -330,7 +331,7 @@ class _Open:
     """A queued :meth:`SqliteStore.open_stream`: part of the batch's appends, so a call's stream record and its
     answer arriving in one batch cost one row write and no read."""
 
-    __slots__ = ("future", "keys", "record", "requests")
+    __slots__ = ("future", "keys", "record", "requests", "session")
 
     def __init__(
         self,
@@ -338,6 +339,7 @@ class _Open:
         future: asyncio.Future[None],
         keys: Sequence[tuple[Any, ...]] = (),
         requests: str | None = None,
+        session: SessionRecord | None = None,
     ) -> None:
         self.record = record
         self.future = future
@@ -346,6 +348,8 @@ class _Open:
         self.requests = requests
         """The record's requests encoded (:func:`encode_requests`) when the loop did so already, for the key
         journal: not encoded twice."""
+        self.session = session
+        """The stream's session, stored in the same transaction (a task's stream, its own session)."""
 
 
 class _Call:
@@ -1051,6 +1055,8 @@ class SqliteStore:
                 elif isinstance(op, _Run):
                     outcome((op.future, None, batch.add_run(op.events)))
                 elif isinstance(op, _Open):
+                    if op.session is not None:
+                        self._put_session(db, op.session)
                     batch.open(op)
                     record = op.record
                     # A 2026-07-28 keyed call's own stream (its own session id) counts for its key's principal; a
@@ -1247,22 +1253,15 @@ class SqliteStore:
         return self._secret
 
     async def put_session(self, record: SessionRecord) -> None:
+        await self._write(lambda db: self._put_session(db, record))
+
+    def _put_session(self, db: sqlite3.Connection, record: SessionRecord) -> None:
+        """The session's row, and its principal's count (writer thread, inside the caller's transaction)."""
         p = record.principal
-        row = (
-            record.session_id,
-            p.issuer,
-            p.subject,
-            p.client_id,
-            record.protocol_version,
-            record.created_at,
-            record.last_seen,
-        )
-
-        def put(db: sqlite3.Connection) -> None:
-            db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", row)
-            self._counts.bind(record.session_id, p)
-
-        await self._write(put)
+        row = (record.session_id, p.issuer, p.subject, p.client_id, record.protocol_version, record.created_at,
+               record.last_seen)  # fmt: skip
+        db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+        self._counts.bind(record.session_id, p)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         rows = await self._read(
@@ -1335,13 +1334,15 @@ class SqliteStore:
 
     idempotency_keys = True
 
-    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
+    def enqueue_open(
+        self, record: StreamRecord, keys: Sequence[KeyRecord] = (), session: SessionRecord | None = None
+    ) -> asyncio.Future[None]:
         """Queue the stream's row for the next transaction: with the events enqueued after it in the same loop turn
         (a call that answers at once), one transaction writes it and them, the row whole with its last position;
-        its idempotency keys' rows go in the same transaction."""
+        its idempotency keys' rows, and its session's, go in the same transaction."""
         future = self._future()
         if not keys:
-            self._submit(_Open(record.copy(), future))
+            self._submit(_Open(record.copy(), future, session=session))
             return future
         rows = []  # each key's row in the table (:data:`_SCHEMA`), made here, with one unpack of its record
         for principal, name, tool, arguments_hash, target, created, expires in keys:
@@ -1364,7 +1365,7 @@ class SqliteStore:
         held = self._held_keys
         for key, row_of in zip(keys, rows, strict=True):
             held.add(key.principal, key.key, key.expires, row_of[0])
-        self._submit(_Open(record.copy(), future, rows, requests))
+        self._submit(_Open(record.copy(), future, rows, requests, session))
         return future
 
     def _journaled(self) -> None:
@@ -1599,7 +1600,7 @@ def _insert_rows(db: sqlite3.Connection, table: str, rows: list[tuple[Any, ...]]
         if sql is None:
             row = "(" + ", ".join(["?"] * width) + ")"
             sql = _INSERTS[shape] = f"INSERT INTO {table} VALUES " + ", ".join([row] * len(chunk))
-        db.execute(sql, [value for one in chunk for value in one])
+        db.execute(sql, list(chain.from_iterable(chunk)))  # in C: a comprehension ran ~2 opcodes a value
 
 
 def _settle(outcomes: list[_Outcome]) -> None:
