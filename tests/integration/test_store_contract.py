@@ -151,6 +151,20 @@ async def test_an_enqueued_open_is_stored_before_the_events_enqueued_after_it(st
     assert await store.read_after("k1", -1) == events
 
 
+async def test_an_enqueued_open_stores_its_session_in_the_same_write(store: EventStore) -> None:
+    """``enqueue_open(..., session=...)`` (a task's stream, a session of its own: ADR 0040): the session is stored
+    with the stream, its events count for the session's principal, and the stream goes with the session."""
+    own = session("own", BOB)
+    opened = store.enqueue_open(stream("own", "own"), session=own)
+    appended = store.enqueue(event("own", 0, session_id="own"), completes=False)
+    with anyio.fail_after(10):
+        await asyncio.gather(opened, appended)
+    assert await store.get_session("own") == own
+    assert await store.get_stream("own") is not None and store.stored_bytes(BOB) > 0
+    await store.delete_session("own")
+    assert await store.get_stream("own") is None and store.stored_bytes(BOB) == 0
+
+
 async def test_delete_session_removes_its_streams_and_events_only(store: EventStore) -> None:
     await store.put_session(session("s1"))
     await store.put_session(session("s2", BOB))

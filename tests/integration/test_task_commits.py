@@ -1,6 +1,6 @@
 """What a task costs the SQLite store's writer thread: each trip to it (a batch, one transaction) is a thread hand-over
 both ways and a commit, the dearest part of a task on that store. The task's record is queued with its event
-stream's session, so a task is stored in two batches (record and session; stream record and first event), not four;
+stream, the stream's session and its first event, so a task is stored in one batch (ADR 0040), not four;
 a poll reads the task and notes its owner's poll (the TTL restarts) in one, not two; the outcome is stored with its
 event in one (ADR 0037), not two, and a task found terminal keeps its first outcome and gets that one's event.
 
@@ -58,13 +58,17 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[InProcess, Counted, asyn
         release.set()
 
 
-async def test_a_task_is_stored_in_two_trips_to_the_writer(served: tuple[InProcess, Counted, asyncio.Event]) -> None:
+async def test_a_task_is_stored_in_one_trip_to_the_writer(served: tuple[InProcess, Counted, asyncio.Event]) -> None:
     server, store, release = served
     peer = server.peer()
     first = await create_task(peer, "quiet_task")  # the first task of a process also purges the expired ones
     before = store.batches
     second = await create_task(peer, "quiet_task")
-    assert store.batches - before == 2  # the record with the stream's session, then the stream with its first event
+    assert store.batches - before == 1  # the record, the stream's session, the stream and its first event (ADR 0040)
+    stream = await store.get_stream(stream_of(second))
+    session = await store.get_session(stream_of(second))
+    record = await server.tasks.get(second)
+    assert stream is not None and session is not None and record is not None and session.principal == record.principal
     release.set()
     for task_id in (first, second):
         result = await polled_until(peer, task_id, "working")

@@ -307,3 +307,37 @@ async def test_sqlite_reads_the_files_record_when_it_differs_from_what_this_proc
         assert await tasks.get(working.task_id) == working
     finally:
         await events.close()
+
+
+async def test_sqlite_updates_by_the_rows_seen_at_not_by_what_this_process_believes(tmp_path: Path) -> None:
+    """ADR 0041: an update is one plain ``UPDATE`` that holds only while the row's ``seen_at`` is the one this process
+    last wrote there; a row whose ``seen_at`` moved behind its back (another path, a poll rolled back) is updated as
+    before, its ``seen_at`` kept forward and the expiry counted from it."""
+    events = SqliteStore(str(tmp_path / "seen.db"))
+    await events.open()
+    tasks = SqliteTaskStore(events)
+
+    def row(task_id: str) -> Callable[[sqlite3.Connection], tuple[float, float]]:
+        return lambda db: tuple(
+            db.execute("SELECT seen_at, expires_at FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        )
+
+    try:
+        moved = task("moved")
+        await tasks.create(moved)
+        await events.run_write(lambda db: db.execute("UPDATE tasks SET seen_at = ? WHERE task_id = 'moved'", (T0 + 7,)))
+        done = advance(moved, TaskStatus.COMPLETED, T0 + 5, result={"content": []})
+        assert await tasks.update(done) == replace(done, seen_at=T0 + 7) == await tasks.get("moved")
+        assert await events.run_read(row("moved")) == (T0 + 7, T0 + 37)
+
+        kept = task("kept")
+        await tasks.create(kept)
+        assert await tasks.poll("kept", ALICE, T0 + 3) == replace(kept, seen_at=T0 + 3)
+        done = advance(kept, TaskStatus.COMPLETED, T0 + 4, result={"content": []})
+        assert await tasks.update(done) == replace(done, seen_at=T0 + 3) == await tasks.get("kept")
+        assert await events.run_read(row("kept")) == (T0 + 3, T0 + 34)
+        assert await tasks.update(advance(kept, TaskStatus.CANCELLED, T0 + 6, message="late")) == replace(
+            done, seen_at=T0 + 3
+        )
+    finally:
+        await events.close()

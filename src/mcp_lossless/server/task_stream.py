@@ -103,12 +103,14 @@ class TaskEvents:
         hears of the task: a task id never names a task without its stream."""
         sid = stream_of(record.task_id)
         at = now()
-        await self.store.put_session(SessionRecord(sid, record.principal, protocol.STATELESS, at, at))
+        session = SessionRecord(sid, record.principal, protocol.STATELESS, at, at)
         resources = frozenset(requirement(record.requirement.resources, record.requirement.scopes))
         pending = PendingRequest(record.task_id, "tools/call", record.tool, resources)
-        # The record queued, not awaited, before the first event: one write stores both (enqueue_open), and the
-        # event's future resolves only after the record's.
-        opened = self.store.enqueue_open(StreamRecord(sid, sid, StreamKind.POST, self.instance, (pending,)))
+        # The session and the record queued, not awaited, before the first event: one write stores the three
+        # (enqueue_open; on SQLite with the task's own record, queued before: ADR 0040), and the event's future
+        # resolves only after the record's.
+        stream = StreamRecord(sid, sid, StreamKind.POST, self.instance, (pending,))
+        opened = self.store.enqueue_open(stream, session=session)
         self._produced[record.task_id] = _Produced(record, 0, sid, resources)
         try:
             await self.emit(record.task_id, EventType.STATUS, {"status": record.status.value})

@@ -116,7 +116,9 @@ class EventStore(Protocol):
     A shared store's write decides between processes (:class:`KeyTaken`): it is awaited."""
 
     async def open_stream(self, record: StreamRecord) -> None: ...
-    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
+    def enqueue_open(
+        self, record: StreamRecord, keys: Sequence[KeyRecord] = (), session: SessionRecord | None = None
+    ) -> asyncio.Future[None]:
         """:meth:`open_stream` queued as :meth:`enqueue` queues an append: returns at once, and the future resolves
         once the record is stored (or fails as :meth:`open_stream` would), before any future of an event of the
         stream enqueued after it. So a call's stream record and its first events share one write. The record is
@@ -131,6 +133,9 @@ class EventStore(Protocol):
         store records each key only if no other process holds it (one concurrent first use wins); when one is held,
         the future fails with :class:`KeyTaken` and nothing of the stream or its keys is kept. A keyed stream is
         kept, once completed, as long as its key.
+
+        ``session``: the stream's session, stored (as :meth:`put_session` stores it) in the same write, before the
+        stream: a stream that is a session of its own (a task's, ADR 0040) costs one write, not two.
         """
         ...
 

@@ -27,13 +27,13 @@ KEY_BYTES = 512
 hash, stream, request id, times) and its index entry, whichever store holds it (ADR 0029)."""
 
 
-class _Queued:
-    """Bytes queued and not landed yet, of one session (``total``: its principal's :class:`_QueuedTotal`) or of one
-    principal. Mutable, so that a queued event adds to both without a new tuple or a lookup by principal."""
+class QueuedBytes:
+    """Bytes queued and not landed yet, of one session (``total``: its principal's entry) or of one principal.
+    Mutable, so that a queued event adds to both without a new tuple or a lookup by principal."""
 
     __slots__ = ("principal", "size", "total")
 
-    def __init__(self, principal: Principal, total: _Queued | None = None) -> None:
+    def __init__(self, principal: Principal, total: QueuedBytes | None = None) -> None:
         self.principal = principal
         self.size = 0
         self.total = self if total is None else total
@@ -58,10 +58,10 @@ class HeldBytes:
         """Each session's principal and the bytes counted for it."""
         self._held: dict[Principal, int] = {}
         """Each principal's total over its sessions; a principal holding nothing has no entry."""
-        self._queued: dict[str, _Queued] = {}
+        self._queued: dict[str, QueuedBytes] = {}
         """Bytes queued for each session and not yet written or failed (loop thread only); an entry goes once its
         bytes have all landed."""
-        self._queued_held: dict[Principal, _Queued] = {}
+        self._queued_held: dict[Principal, QueuedBytes] = {}
         """The same per principal, each its sessions' ``total``; an entry goes once its bytes have all landed (then
         so have those of every session of the principal)."""
 
@@ -93,21 +93,26 @@ class HeldBytes:
         if account is not None:
             self._count(account[0], -account[1])
 
-    def queue(self, session_id: str, size: int) -> None:
+    def queue(self, session_id: str, size: int) -> QueuedBytes | None:
         """On the loop: ``size`` bytes queued for ``session_id``, counted until :meth:`landed`. Called per event: the
-        session's entry, once made, is one lookup and two additions."""
+        session's entry, once made, is one lookup and two additions. Returns the entry (``None``: a session never
+        bound, not counted), which a store may add more of the session's bytes to directly (``size`` and
+        ``total.size``) while its ``size`` is above 0: an entry goes (:meth:`landed`) only once its size is 0 (bytes
+        that landed may include some queued before the session was bound, never counted), and nothing adds to it
+        after."""
         queued = self._queued.get(session_id)
         if queued is None:
             account = self._sessions.get(session_id)
             if account is None:
-                return
+                return None
             principal = account[0]
             total = self._queued_held.get(principal)
             if total is None:
-                total = self._queued_held[principal] = _Queued(principal)
-            queued = self._queued[session_id] = _Queued(principal, total)
+                total = self._queued_held[principal] = QueuedBytes(principal)
+            queued = self._queued[session_id] = QueuedBytes(principal, total)
         queued.size += size
         queued.total.size += size
+        return queued
 
     def landed(self, sizes: dict[str, int]) -> None:
         """On the loop: what :meth:`queue` counted was written (and counted by then) or failed."""

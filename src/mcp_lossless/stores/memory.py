@@ -155,6 +155,9 @@ class MemoryStore:
         return self._secret
 
     async def put_session(self, record: SessionRecord) -> None:
+        self._put_session(record)
+
+    def _put_session(self, record: SessionRecord) -> None:
         self._sessions[record.session_id] = record
         self._by_session.setdefault(record.session_id, set())
 
@@ -237,9 +240,13 @@ class MemoryStore:
     idempotency_keys = True
     keys_durable_when_queued = True
 
-    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
-        """Opens at once, with its keys: the future is the shared resolved one :meth:`enqueue` returns. A keyed
-        stream no session holds (a 2026-07-28 call's own) is its key's principal's."""
+    def enqueue_open(
+        self, record: StreamRecord, keys: Sequence[KeyRecord] = (), session: SessionRecord | None = None
+    ) -> asyncio.Future[None]:
+        """Opens at once, with its keys (and its session first): the future is the shared resolved one
+        :meth:`enqueue` returns. A keyed stream no session holds (a 2026-07-28 call's own) is its key's principal's."""
+        if session is not None:
+            self._put_session(session)
         self._open(record, keys[0].principal if keys else None)
         for key in keys:
             self._keys[key.principal, key.key] = key

@@ -1055,14 +1055,24 @@ class RedisStore:
     idempotency_keys = True
     keys_durable_when_queued = False
 
-    def enqueue_open(self, record: StreamRecord, keys: Sequence[KeyRecord] = ()) -> asyncio.Future[None]:
-        """:meth:`open_stream` in a task of its own; appends enqueued after it go in a pipeline sent once it is
-        done, so the record is in Redis before any of its events (or they are refused: unknown stream)."""
+    def enqueue_open(
+        self, record: StreamRecord, keys: Sequence[KeyRecord] = (), session: SessionRecord | None = None
+    ) -> asyncio.Future[None]:
+        """:meth:`open_stream` in a task of its own (after :meth:`put_session` of ``session``, if given); appends
+        enqueued after it go in a pipeline sent once it is done, so the record is in Redis before any of its events
+        (or they are refused: unknown stream)."""
         key = record.stream
-        task = asyncio.ensure_future(self.open_stream(record.copy(), keys))  # as it is now: its stream goes on
+        copy = record.copy()  # as it is now: its stream goes on
+        task = asyncio.ensure_future(
+            self.open_stream(copy, keys) if session is None else self._open_in(session, copy, keys)
+        )
         self._opening[key] = task
         task.add_done_callback(lambda _done: self._opened(key, task))
         return task
+
+    async def _open_in(self, session: SessionRecord, record: StreamRecord, keys: Sequence[KeyRecord]) -> None:
+        await self.put_session(session)
+        await self.open_stream(record, keys)
 
     def _opened(self, key: str, task: asyncio.Task[None]) -> None:
         if self._opening.get(key) is task:
