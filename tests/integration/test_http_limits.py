@@ -366,14 +366,15 @@ def test_the_guarded_protocol_gives_the_app_what_uvicorns_own_gives_it() -> None
 
 
 WHOLE_TAKEN: list[str] = []
-"""What :func:`_whole` found behind its ``send``: the cycle's class when it offers a whole response."""
+"""What :func:`_whole` found behind its ``send``: the class of the cycle's transport when it offers a whole
+response."""
 
 
 async def _whole(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Answers through :func:`..asgi.respond`: the status, headers and body a request's path names."""
     await read_body(receive)
-    owner = getattr(send, "__self__", None)
-    WHOLE_TAKEN.append(type(owner).__name__ if hasattr(owner, WHOLE) else "")
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    WHOLE_TAKEN.append(type(transport).__name__ if hasattr(transport, WHOLE) else "")
     path = scope["path"]
     if path == "/none":
         await respond(send, 204)
@@ -397,7 +398,7 @@ WHOLE_REQUESTS = [
 
 def test_a_whole_response_is_written_as_uvicorns_own_protocol_writes_its_two_messages() -> None:
     """:func:`..asgi.respond` (and :func:`..asgi.sent_whole`) through the guarded protocol writes a response whole
-    (``WholeCycle.send_whole``): byte for byte what uvicorn's own protocol writes from the two messages (the date
+    (``connections.send_whole``): byte for byte what uvicorn's own protocol writes from the two messages (the date
     aside), a 204, a ``HEAD`` (no body), a framing header of the app's (left to uvicorn), HTTP/1.0 (closed) and
     ``Expect: 100-continue`` included, pipelined requests one after another."""
 
@@ -416,7 +417,7 @@ def test_a_whole_response_is_written_as_uvicorns_own_protocol_writes_its_two_mes
     WHOLE_TAKEN.clear()
     with serve_guarded(_whole, ConnectionGuard(Limits(), cap=16)) as guarded:
         got = answers(guarded)
-    assert WHOLE_TAKEN == ["WholeCycle"] * 7
+    assert WHOLE_TAKEN == ["HeldHead"] * 7
     assert b"x-shown: a b\r\n" in expected[0] and expected[0].count(b"HTTP/1.1 ") == 4
     assert got == expected
 

@@ -10,19 +10,24 @@ import orjson
 from .types import Headers, Send
 
 WHOLE = "send_whole"
-"""What the server's side of ``send`` (the object a bound ``send`` belongs to) may offer: ``send_whole(status,
-headers, body) -> bool`` writes a complete response (``headers`` without its length) at once, as the two
-messages would, and says whether it did; ``False``: not now (a paused write, a ``HEAD``), send the messages. The
-serving protocol offers it (:class:`..server.connections.WholeCycle`): a response's two messages through uvicorn
-cost two coroutines, two dicts and a general header walk, some 8,000 instructions more; any other ASGI server
-takes the messages."""
+"""What the transport of the server's side of ``send`` (a bound ``send``'s object, uvicorn's request cycle) may
+offer: ``send_whole(cycle, status, headers, body) -> bool`` writes a complete response (``headers`` without its
+length) at once, as the two messages would, and says whether it did; ``False``: not now (a paused write, a
+``HEAD``), send the messages. The serving protocol offers it (:func:`..server.connections.send_whole`): a
+response's two messages through uvicorn cost two coroutines, two dicts and a general header walk, some 8,000
+instructions more; any other ASGI server takes the messages."""
+
+
+def _whole(send: Send) -> tuple[Any, Any]:
+    cycle = getattr(send, "__self__", None)
+    return cycle, getattr(getattr(cycle, "transport", None), WHOLE, None)
 
 
 def sent_whole(send: Send, status: int, body: bytes, content_type: bytes) -> bool:
     """Whether the response went out whole at once (:data:`WHOLE`), with no coroutine of :func:`respond`'s: for the
     answer nearly every request ends with; ``False``: nothing was sent, await :func:`respond`."""
-    whole = getattr(getattr(send, "__self__", None), WHOLE, None)
-    return whole is not None and bool(whole(status, [(b"content-type", content_type)], body))
+    cycle, whole = _whole(send)
+    return whole is not None and bool(whole(cycle, status, [(b"content-type", content_type)], body))
 
 
 async def respond(
@@ -35,8 +40,8 @@ async def respond(
     out: Headers = list(headers)
     if content_type is not None:
         out.append((b"content-type", content_type))
-    whole = getattr(getattr(send, "__self__", None), WHOLE, None)
-    if whole is not None and whole(status, out, body):
+    cycle, whole = _whole(send)
+    if whole is not None and whole(cycle, status, out, body):
         return
     out.append((b"content-length", b"%d" % len(body)))
     await send({"type": "http.response.start", "status": status, "headers": out})
