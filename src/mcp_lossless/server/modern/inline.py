@@ -177,6 +177,8 @@ def input_before_task(tool: RegisteredTool, params: dict[str, Any], ctx: ToolCon
     return None
 
 
+_JSON = b"application/json"
+"""The media type of every answer not streamed."""
 _END_OF_NOTES = b""
 """Put behind a request's last notification: its pump stops there (a notification is never empty)."""
 
@@ -253,7 +255,7 @@ class InlineRuns:
         log_decision("input_required", keys=sorted(asked.requests))
         return {"inputRequests": asked.requests, "requestState": state}
 
-    async def run_now(
+    def run_now(
         self,
         receive: Receive,
         send: Send,
@@ -263,10 +265,14 @@ class InlineRuns:
         work: Callable[[ToolContext], Coroutine[Any, Any, dict[str, Any]]],
         channel: RequestChannel,
         running: set[asyncio.Task[Any]] | None = None,
-    ) -> None:
+    ) -> Coroutine[Any, Any, None] | None:
         """Run a request within its response: JSON, or SSE once it sends a notification. A disconnect cancels it.
-        ``running``: where its task is held from its first suspension until it ends (:attr:`in_request`, for a
-        tool call); a request answered in its first step never suspends, so nothing could end it there."""
+
+        Its first step runs here, in the caller's frame: ``None`` when that answered it whole already (nearly every
+        call: no coroutine of this step's at all); else the rest, which the caller awaits (the answer's messages, or
+        the work going on beside its stream). ``running``: where its task is held from its first suspension until it
+        ends (:attr:`in_request`, for a tool call); a request answered in its first step never suspends, so nothing
+        could end it there."""
         ctx = ToolContext(grant, rid, progress_token(params), channel)
         coro = work(ctx)
         try:
@@ -276,19 +282,16 @@ class InlineRuns:
             quiet = queue is None or queue.empty()  # no task, no watcher, no stream: nothing else to wait for
             if quiet and type(exc) is StopIteration:  # answered, nearly every call: framed at once, no outcome kept
                 body = frames.result(rid, {**exc.value, **COMPLETE})
-                if not sent_whole(send, 200, body, b"application/json"):
-                    await respond(send, 200, body, b"application/json")
-                return
+                return None if sent_whole(send, 200, body, _JSON) else respond(send, 200, body, _JSON)
             outcome = RunOutcome()
             outcome.settle(exc)
             if quiet:
-                await respond(send, *self.outcome(rid, outcome, channel), b"application/json")
-                return
+                return respond(send, *self.outcome(rid, outcome, channel), _JSON)
             yielded = None
         else:
             outcome = RunOutcome()
             outcome.pending = True
-        await self._stream_while(receive, send, rid, coro, yielded, outcome, channel, running)
+        return self._stream_while(receive, send, rid, coro, yielded, outcome, channel, running)
 
     async def _stream_while(
         self,
@@ -350,7 +353,7 @@ class InlineRuns:
             if streaming:
                 await send({"type": "http.response.body", "body": frames.sse(None, answer)})
             else:
-                await respond(send, status, answer, b"application/json")
+                await respond(send, status, answer, _JSON)
         finally:
             if running is not None:
                 running.discard(me)

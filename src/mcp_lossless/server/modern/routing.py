@@ -179,7 +179,9 @@ class ModernLeg:
                 if tags is not None:
                     self._require(grant, tags(params))
                 work = functools.partial(_extra, self.state.methods[method], method, params)
-                await self.inline.run_now(receive, send, grant, rid, params, work, channel)
+                rest = self.inline.run_now(receive, send, grant, rid, params, work, channel)
+                if rest is not None:
+                    await rest
             else:
                 raise refused(404, errors.METHOD_NOT_FOUND, f"method {method!r} not found on {protocol.STATELESS}")
         except Refused as exc:
@@ -316,7 +318,9 @@ class ModernLeg:
                 # Held among the calls a drain's deadline ends from its first suspension (one answered at once
                 # never suspends)
                 work = functools.partial(run_tool, tool, params)
-                await self.inline.run_now(receive, send, grant, rid, params, work, channel, self.in_request)
+                rest = self.inline.run_now(receive, send, grant, rid, params, work, channel, self.in_request)
+                if rest is not None:  # not answered in its first step
+                    await rest
             finally:
                 s.sessions.end_call(grant.principal)
 
