@@ -103,7 +103,10 @@ class TaskEvents:
         hears of the task: a task id never names a task without its stream."""
         sid = stream_of(record.task_id)
         at = now()
-        session = SessionRecord(sid, record.principal, protocol.STATELESS, at, at)
+        # The session is never touched (no request is made on it): dated at the task's expiry, the idle sweep
+        # leaves its stream for as long as the task's TTL, not ``session_idle_seconds`` from its creation
+        # (30 minutes, when a task lives an hour), after which the sweep treats it as any session
+        session = SessionRecord(sid, record.principal, protocol.STATELESS, at, at + (record.ttl or 0.0))
         resources = frozenset(requirement(record.requirement.resources, record.requirement.scopes))
         pending = PendingRequest(record.task_id, "tools/call", record.tool, resources)
         # The session and the record queued, not awaited, before the first event: one write stores the three
@@ -180,6 +183,11 @@ class TaskEvents:
                 break
             except StreamTakenOver:
                 produced.broken = True
+                break
+            except KeyError:  # the stream is gone (its session idled out, or was deleted): the tool goes on
+                produced.broken = True  # and its outcome is the task's; a tasks/stream hears events_gone
+                produced.pending.clear()
+                log.warning("task %s: its event stream is gone; event %d and later not kept", task_id[:8], event.seq)
                 break
             except StoreUnavailable:
                 if not terminal:
