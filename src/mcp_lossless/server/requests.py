@@ -41,24 +41,25 @@ def era(index: dict[bytes, bytes], first: dict[str, Any] | None, alone: bool) ->
     ``_meta``'s (:func:`.checks.served_revision` refuses one not served; ``initialize`` negotiates instead).
     """
     raw = index.get(b"mcp-protocol-version")
-    requested = None if raw is None else raw.decode("latin-1")
     meta = None
     if first is not None:
         params = first.get("params")
         meta = params.get("_meta") if isinstance(params, dict) else None
         if alone:
             if isinstance(meta, dict) and protocol.VERSION_META_KEY in meta:
-                return STATELESS_LEG
+                return STATELESS_LEG  # its header is the modern leg's to decode and check
             if (
-                requested is not None
+                raw is not None
                 and b"mcp-session-id" not in index
-                and requested not in protocol.HANDSHAKE_VERSIONS
+                and raw.decode("latin-1") not in protocol.HANDSHAKE_VERSIONS
             ):
                 return STATELESS_LEG
-    if requested is None and isinstance(meta, dict):
+    if raw is not None:
+        return raw.decode("latin-1")
+    if isinstance(meta, dict):
         value = meta.get(protocol.VERSION_META_KEY)
-        requested = value if isinstance(value, str) else None
-    return requested
+        return value if isinstance(value, str) else None
+    return None
 
 
 # -- the method table -----------------------------------------------------------------------------------------
