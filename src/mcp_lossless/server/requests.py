@@ -8,6 +8,7 @@ either lives here once, as uvicorn's two HTTP implementations share ``flow_contr
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Collection, Container, Iterable, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
@@ -41,24 +42,25 @@ def era(index: dict[bytes, bytes], first: dict[str, Any] | None, alone: bool) ->
     ``_meta``'s (:func:`.checks.served_revision` refuses one not served; ``initialize`` negotiates instead).
     """
     raw = index.get(b"mcp-protocol-version")
-    requested = None if raw is None else raw.decode("latin-1")
     meta = None
     if first is not None:
         params = first.get("params")
         meta = params.get("_meta") if isinstance(params, dict) else None
         if alone:
             if isinstance(meta, dict) and protocol.VERSION_META_KEY in meta:
-                return STATELESS_LEG
+                return STATELESS_LEG  # its header is the modern leg's to decode and check
             if (
-                requested is not None
+                raw is not None
                 and b"mcp-session-id" not in index
-                and requested not in protocol.HANDSHAKE_VERSIONS
+                and raw.decode("latin-1") not in protocol.HANDSHAKE_VERSIONS
             ):
                 return STATELESS_LEG
-    if requested is None and isinstance(meta, dict):
+    if raw is not None:
+        return raw.decode("latin-1")
+    if isinstance(meta, dict):
         value = meta.get(protocol.VERSION_META_KEY)
-        requested = value if isinstance(value, str) else None
-    return requested
+        return value if isinstance(value, str) else None
+    return None
 
 
 # -- the method table -----------------------------------------------------------------------------------------
@@ -164,22 +166,33 @@ def unknown_tool(params: object) -> str:
     return f"unknown tool {name!r}"
 
 
-async def call_tool(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+async def call_tool(
+    tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext, crashes: logging.Logger | None = None
+) -> dict[str, Any]:
     """Run ``tool`` for a ``tools/call`` with ``params`` and shape its ``CallToolResult``, in either era: its
     return value as content, a :class:`.ToolError` as an ``isError`` result, arguments that do not bind as a
     ``-32602`` :class:`.MethodError`. Anything else it raises goes to the era, which knows what it means there
-    (a store outage is execution lost on a legacy stream; either era answers a crash :func:`tool_failed`)."""
-    ctx.params = params  # its idempotency key, read only by a tool that asks (a gateway's)
+    (a store outage is execution lost on a legacy stream; either era answers a crash :func:`tool_failed`), unless
+    the era gives ``crashes``: then any other :class:`Exception` is a crash, logged there and answered
+    :func:`tool_failed` here (the 2026-07-28 leg's, in this coroutine: no coroutine of the era's around it)."""
     try:
-        kwargs = tool.bind(params.get("arguments"))
-    except ToolInputError as exc:
-        raise MethodError(errors.INVALID_PARAMS, f"invalid arguments for {tool.name}: {exc}") from None
-    if tool.context_param is not None:
-        kwargs[tool.context_param] = ctx
-    try:
+        ctx.params = params  # its idempotency key, read only by a tool that asks (a gateway's)
+        try:
+            kwargs = tool.bind(params.get("arguments"))
+        except ToolInputError as exc:
+            raise MethodError(errors.INVALID_PARAMS, f"invalid arguments for {tool.name}: {exc}") from None
+        if tool.context_param is not None:
+            kwargs[tool.context_param] = ctx
         return content_of(await tool.fn(**kwargs))
     except ToolError as exc:
         return tool_error(str(exc))
+    except MethodError:
+        raise
+    except Exception:
+        if crashes is None:
+            raise
+        crashes.exception("tool %s failed", tool.name)
+        return tool_failed(tool.name)
 
 
 def tool_error(text: str) -> dict[str, Any]:

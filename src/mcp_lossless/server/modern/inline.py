@@ -20,7 +20,7 @@ from ...core import errors, frames, mrtr, protocol
 from ...core.events import RequestId
 from ...core.principal import Grant
 from ..observability import log_decision, now
-from ..requests import call_tool, tool_failed
+from ..requests import call_tool
 from ..tools import (
     InputRequests,
     InputRequired,
@@ -145,17 +145,12 @@ def progress_token(params: dict[str, Any]) -> str | int | None:
     return token if isinstance(token, (str, int)) and not isinstance(token, bool) else None
 
 
-async def run_tool(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+def run_tool(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> Coroutine[Any, Any, dict[str, Any]]:
     """A tool's ``CallToolResult`` (:func:`..requests.call_tool`); a crash is its ``isError`` result
-    (:func:`..requests.tool_failed`), whatever it raised; a :class:`MethodError` for a JSON-RPC error (bad
-    arguments, client input), which this leg answers as an error, and a cancellation go on up."""
-    try:
-        return await call_tool(tool, params, ctx)
-    except (MethodError, asyncio.CancelledError):
-        raise
-    except Exception:
-        log.exception("tool %s failed", tool.name)
-        return tool_failed(tool.name)
+    (:func:`..requests.tool_failed`), whatever it raised, logged here; a :class:`MethodError` for a JSON-RPC error
+    (bad arguments, client input), which this leg answers as an error, and a cancellation go on up. A function
+    returning ``call_tool``'s coroutine, not one awaiting it: one coroutine a call, not two."""
+    return call_tool(tool, params, ctx, log)
 
 
 def input_before_task(tool: RegisteredTool, params: dict[str, Any], ctx: ToolContext) -> InputRequired | None:

@@ -8,8 +8,9 @@ legacy sessions (:func:`..requests.era` decides which); ``initialize`` keeps sel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ... import __version__, tracing
@@ -167,7 +168,9 @@ class ModernLeg:
                         return
             channel = RequestChannel(capabilities, params["_meta"].get(protocol.LOG_LEVEL_META_KEY), answers, bound)
             if kind == "call":
-                await self._call(receive, send, grant, index, rid, params, declared, channel)
+                called = self._call(receive, send, grant, index, rid, params, declared, channel)
+                if called is not None:
+                    await called
             elif kind == "discover":
                 await answer(send, rid, self._discover())
             elif kind == "list_tools":
@@ -255,7 +258,7 @@ class ModernLeg:
 
     # -- tools/call ----------------------------------------------------------------------------------
 
-    async def _call(
+    def _call(
         self,
         receive: Receive,
         send: Send,
@@ -265,13 +268,15 @@ class ModernLeg:
         params: dict[str, Any],
         declared: bool,
         channel: RequestChannel,
-    ) -> None:
+    ) -> Coroutine[Any, Any, None] | None:
+        """A ``tools/call``: its checks, then its run. A function, not a coroutine: an untraced call without key or
+        task answered in its first step (nearly every call) makes no coroutine of this step's; otherwise what goes
+        on is returned, for the caller to await at once."""
         s = self.state
         name = params.get("name")
         tool = s.tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            await invalid_params(send, rid, unknown_tool(params))
-            return
+            return invalid_params(send, rid, unknown_tool(params))
         mirrors = self._mirrors.get(tool.name)  # _mirrored's answer at hand: a look-up, not a call
         mirrored = mirrors[1] if mirrors is not None and mirrors[0] is tool else self._mirrored(tool)
         if mirrored:  # most tools mirror no argument: nothing to check
@@ -287,18 +292,51 @@ class ModernLeg:
         try:
             key = key_of(params) if KEY_PARAM in params and s.store.idempotency_keys else None
         except InvalidKey as exc:
-            await invalid_params(send, rid, str(exc))
-            return
+            return invalid_params(send, rid, str(exc))
         exceeded = s.sessions.start_call(grant.principal)  # one cap per principal, both eras counted
         if exceeded is not None:
             raise Refused.over(exceeded)
         meta = params.get("_meta")
         carrier = meta if isinstance(meta, dict) else None
         if tracing.silent(carrier):  # its name and attributes are made only for a span that is made
+            if key is None and (tool.task is None or not declared):  # no span to enter, nothing but the inline run
+                try:
+                    rest = self._run_inline(receive, send, grant, rid, tool, params, channel)
+                except BaseException:
+                    s.sessions.end_call(grant.principal)
+                    raise
+                if rest is None:
+                    s.sessions.end_call(grant.principal)
+                    return None
+                return self._ended(rest, grant)
             span = tracing.UNTRACED
         else:
             called = {"mcp.method.name": "tools/call", "gen_ai.tool.name": tool.name, "jsonrpc.request.id": str(rid)}
             span = tracing.span(f"tools/call {tool.name}", called, carrier=carrier, kind="server")
+        return self._call_within(receive, send, grant, rid, tool, params, declared, channel, key, span)
+
+    async def _ended(self, rest: Coroutine[Any, Any, None], grant: Grant) -> None:
+        """The rest of an inline call, then its count ends (:meth:`_call`)."""
+        try:
+            await rest
+        finally:
+            self.state.sessions.end_call(grant.principal)
+
+    async def _call_within(
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        rid: RequestId,
+        tool: RegisteredTool,
+        params: dict[str, Any],
+        declared: bool,
+        channel: RequestChannel,
+        key: str | None,
+        span: contextlib.AbstractContextManager[Any],
+    ) -> None:
+        """A counted call within its span: keyed, creating a task, or run inline; its count ends with it."""
+        s = self.state
         with span:
             try:  # whatever refuses the call below (a 503 included) comes after the count: the finally releases it
                 if key is not None and await self.keyed.call(
@@ -315,14 +353,26 @@ class ModernLeg:
                     await answer(send, rid, await self.tasks.create(grant, tool, params, task_channel), "task")
                     return
 
-                # Held among the calls a drain's deadline ends from its first suspension (one answered at once
-                # never suspends)
-                work = functools.partial(run_tool, tool, params)
-                rest = self.inline.run_now(receive, send, grant, rid, params, work, channel, self.in_request)
+                rest = self._run_inline(receive, send, grant, rid, tool, params, channel)
                 if rest is not None:  # not answered in its first step
                     await rest
             finally:
                 s.sessions.end_call(grant.principal)
+
+    def _run_inline(
+        self,
+        receive: Receive,
+        send: Send,
+        grant: Grant,
+        rid: RequestId,
+        tool: RegisteredTool,
+        params: dict[str, Any],
+        channel: RequestChannel,
+    ) -> Coroutine[Any, Any, None] | None:
+        """A call run within its request (:meth:`.inline.InlineRuns.run_now`), held among the calls a drain's
+        deadline ends from its first suspension (one answered at once never suspends)."""
+        work = functools.partial(run_tool, tool, params)
+        return self.inline.run_now(receive, send, grant, rid, params, work, channel, self.in_request)
 
     def _require(self, grant: Grant, tags: frozenset[str]) -> None:
         """403 naming what the token lacks of ``tags`` (a tool's, or an extra method request's), with its challenge."""
