@@ -377,6 +377,20 @@ def close_all(sessions: list[Session]) -> None:
         connection.close()
 
 
+async def end_sessions(sessions: list[Session]) -> None:
+    """DELETE each session, as a client done with it should (after the measured window): what a server keeps for
+    a session's completed calls is released, so one phase's ~50,000 calls under one principal do not count against
+    the next phase's (mcp-lossless refuses a principal past ``stored_bytes_per_principal``, 64 MiB by default). A
+    session whose connection failed, or a server that refuses, is left as it is."""
+
+    async def end(session: Session) -> None:
+        with contextlib.suppress(*FAILURES):
+            request = session.connection.request("DELETE", session.connection.target.path, session.post_head)
+            await asyncio.wait_for(request, REQUEST_TIMEOUT_S)
+
+    await asyncio.gather(*(end(session) for session in sessions))
+
+
 async def echo(target: Target, server_pid: int, concurrency: int, warmup_s: float, duration_s: float) -> dict[str, Any]:
     """Closed loop of `search(steps=0, delay_ms=0)`; each worker owns one connection and one session."""
     sessions = await open_sessions(target, concurrency, parallel=concurrency)
@@ -416,6 +430,7 @@ async def echo(target: Target, server_pid: int, concurrency: int, warmup_s: floa
     cpu_task = asyncio.create_task(sample_cpu())
     await asyncio.gather(*(worker(session) for session in sessions))
     cpu = await cpu_task
+    await end_sessions(sessions)
     close_all(sessions)
     latencies.sort()
     return {
